@@ -1,0 +1,27 @@
+"""fdecode: speculative decoding as one pure, compiled function per decode iteration.
+
+    cfg   = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=8, max_seq_len=2048)
+    step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, or "mtp"
+    state = step.prefill(prompts)
+    state, out = step(state)                      # validate -> sample -> prepare -> draft
+    texts = fdecode.generate(step, prompts, max_new_tokens=128)
+"""
+
+from fdecode import ops  # registers torch.ops.fdecode.*
+from fdecode.config import DecodeConfig
+from fdecode.generate import generate
+from fdecode.graphs import GraphReport, Step, compile, inspect
+from fdecode.state import DecodeState, StepOutput
+
+__all__ = [
+    "DecodeConfig",
+    "DecodeState",
+    "GraphReport",
+    "Step",
+    "StepOutput",
+    "compile",
+    "generate",
+    "inspect",
+    "ops",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,97 @@
+"""`fdecode.compile`: bind models and config into a `Step`, captured by the chosen backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fdecode.config import DecodeConfig
+from fdecode.graphs.backends import choose_backend
+from fdecode.models.resolve import resolve_draft, resolve_target
+from fdecode.prefill import Prompt, prefill
+from fdecode.state import DecodeState, StepOutput
+from fdecode.step import decode_step
+
+
+class Step:
+    """A compiled decode step: `state, out = step(state)`; `state = step.prefill(prompts)`.
+
+    Attributes: `target`, `draft` (fdecode models), `config`, `draft_kind`
+    ("mtp" or "model"), `backend` (what runs), `fallback_reason` (why that is
+    not the requested backend, else None), `fn` (the uncompiled pure function).
+    """
+
+    def __init__(self, target, draft, config: DecodeConfig, *, draft_kind: str, backend: str, fallback_reason):
+        self.target = target
+        self.draft = draft
+        self.config = config
+        self.draft_kind = draft_kind
+        self.backend = backend
+        self.fallback_reason = fallback_reason
+        self._compiled = self.fn if backend == "eager" else torch.compile(
+            self.fn, backend=backend, fullgraph=True, dynamic=False
+        )
+
+    def fn(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
+        """The pure step function (what every backend captures)."""
+        return decode_step(self.target, self.draft, self.config, state)
+
+    def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
+        self.check_state(state)
+        with torch.no_grad():
+            return self._compiled(state)
+
+    def prefill(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_new_tokens: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> DecodeState:
+        """Prime a fresh state: one lane per prompt; the first new token is in `state.step_output`."""
+        return prefill(
+            self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id
+        )
+
+    def check_state(self, state: DecodeState) -> None:
+        """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
+        if not isinstance(state, DecodeState):
+            raise TypeError(f"expected a DecodeState, got {type(state).__name__}")
+        cfg = self.config
+        if tuple(state.tokens.shape) != (cfg.max_batch, cfg.W):
+            raise ValueError(
+                f"state.tokens is {tuple(state.tokens.shape)}, this step expects [max_batch, K+1] = "
+                f"[{cfg.max_batch}, {cfg.W}]: was the state made by a step with another DecodeConfig?"
+            )
+        want = torch.device(cfg.device)
+        have = state.tokens.device
+        if have.type != want.type or (want.index is not None and have.index != want.index):
+            raise ValueError(f"state is on {state.tokens.device}, the step runs on {cfg.device}")
+        if state.target_kv.dtype != cfg.dtype:
+            raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
+
+    def __repr__(self) -> str:
+        cfg, t = self.config, self.target.config
+        fallback = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
+        return (
+            f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
+            f"draft={self.draft_kind}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
+            f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device})"
+        )
+
+
+def compile(target, draft, config: DecodeConfig, *, fallback: bool = False) -> Step:  # noqa: A001 - mirrors torch.compile
+    """Bind `target` and `draft` to `config` and capture the decode step.
+
+    target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
+    draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
+    fallback: run eager (and say why in `step.fallback_reason`) instead of raising when
+        the requested backend cannot capture this configuration.
+    """
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a fdecode.DecodeConfig, got {type(config).__name__}")
+    backend, reason = choose_backend(config, fallback=fallback)
+    target_model = resolve_target(target, config)
+    draft_model, kind = resolve_draft(draft, target_model, config)
+    return Step(target_model, draft_model, config, draft_kind=kind, backend=backend, fallback_reason=reason)

@@ -1,0 +1,158 @@
+"""Building blocks shared by the target LM and the MTP head: RMSNorm, paged attention, SwiGLU MLP.
+
+Paged attention, per layer and per call (all shapes fixed, no host sync):
+1. project the B*Q query tokens to q, k, v; (Qwen3) RMSNorm each head of q and k; RoPE at `positions`;
+2. write k, v into the cache at `slots` *before* attending, so a query sees the keys of
+   earlier tokens of the same call; causality inside the window comes from the mask;
+3. gather each lane's keys through its block table: key j of lane b lives in slot
+   `block_tables[b, j // bs] * bs + j % bs` and has position j; unallocated blocks (-1)
+   read block 0, the scratch block, and are masked out by position anyway;
+4. key j is visible to a query at position p iff j <= p; key 0 is always visible so a
+   padding row (negative position) attends to something and stays finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """HF-compatible RMSNorm: normalise in float32, cast back, then scale (in the input dtype)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)  # [..., dim]
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def context_slots(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat KV slot of every key position a lane can hold.
+
+    block_tables: [B, max_blocks] int64, -1 = unallocated. Returns [B, max_blocks * block_size] int64.
+    """
+    offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
+    slots = block_tables.clamp_min(0)[:, :, None] * block_size + offsets  # [B, max_blocks, bs]
+    return slots.flatten(1)
+
+
+def context_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """positions: [B, Q] int64. Returns [B, 1, Q, num_keys] bool, True = key visible."""
+    key_pos = torch.arange(num_keys, dtype=positions.dtype, device=positions.device)  # [S]
+    visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
+    return visible[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        # HF Llama/Qwen3 put `attention_bias` on o_proj too; Qwen2 biases only q/k/v.
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.attention_bias and cfg.model_type != "qwen2")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, Q, H]
+        positions: torch.Tensor,  # [B, Q] int64
+        slots: torch.Tensor,  # [B, Q] int64, where each token's k/v is written
+        kv: torch.Tensor,  # [2, num_slots, Hkv, D] this layer's cache, written in place
+        key_slots: torch.Tensor,  # [B, S] int64, slot of key position j of each lane
+        mask: torch.Tensor,  # [B, 1, Q, S] bool
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)  # [B, Q, Hq, D]
+        k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)  # [B, Q, Hkv, D]
+        v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)  # [B, Q, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, positions), rotary(k, positions)
+
+        # In-place writes: the functional index_copy would copy the whole cache under torch.compile.
+        flat_slots = slots.reshape(-1)  # [B*Q]
+        kv[0].index_copy_(0, flat_slots, k.reshape(-1, self.num_kv_heads, self.head_dim).to(kv.dtype))
+        kv[1].index_copy_(0, flat_slots, v.reshape(-1, self.num_kv_heads, self.head_dim).to(kv.dtype))
+
+        num_keys = key_slots.shape[1]
+        keys = kv[0][key_slots.reshape(-1)].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
+        values = kv[1][key_slots.reshape(-1)].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),  # [B, Hq, Q, D]
+            keys.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
+            values.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
+            attn_mask=mask,
+            scale=1.0 / math.sqrt(self.head_dim),
+            enable_gqa=True,
+        )  # [B, Hq, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, Q, H]
+        positions: torch.Tensor,  # [B, Q] int64
+        slots: torch.Tensor,  # [B, Q] int64
+        kv: torch.Tensor,  # [2, num_slots, Hkv, D]
+        key_slots: torch.Tensor,  # [B, S] int64
+        mask: torch.Tensor,  # [B, 1, Q, S] bool
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, key_slots, mask, rotary)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def init_random_(module: nn.Module, *, seed: int, std: float) -> None:
+    """Deterministic init from a local generator: weights and biases ~ N(0, std), norm weights ~ 1 + N(0, std).
+
+    Norm weights are not exactly 1 so that a test notices a norm weight that is dropped or swapped.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            if name.endswith("norm.weight"):
+                noise += 1.0
+            param.copy_(noise.to(param.dtype))

@@ -1,0 +1,68 @@
+"""Llama-family decoder LM (Llama, Qwen2, Qwen3) over a caller-owned paged KV cache.
+
+The module owns weights only. The KV cache is an argument written in place
+(a state leaf under the donation contract, see DESIGN.md), so one forward is a
+pure function of (weights, tokens, positions, slots, kv, block_tables) plus
+that write, with fixed shapes, ready for `torch.compile(fullgraph=True)`.
+Submodule names mirror HF's `model.*` / `lm_head` so checkpoints map 1:1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.layers import DecoderLayer, RMSNorm, context_mask, context_slots, init_random_
+from fdecode.models.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from fdecode.models.mtp import MTPHead
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg)
+        self.tie_weights_()
+        # Set by the loader when the checkpoint carries a multi-token-prediction head.
+        self.mtp: MTPHead | None = None
+        self.requires_grad_(False)  # inference only: no autograd graph in eager or compiled calls
+
+    def tie_weights_(self) -> None:
+        """Make lm_head.weight the very tensor of embed_tokens.weight when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> LlamaModel:
+        model = cls(cfg).to(dtype)
+        init_random_(model, seed=seed, std=std)
+        return model
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, Q] int64
+        positions: torch.Tensor,  # [B, Q] int64, position of each query token
+        slots: torch.Tensor,  # [B, Q] int64, flat KV slot each token's k/v goes to (0 = scratch)
+        kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D], written in place
+        block_tables: torch.Tensor,  # [B, max_blocks] int64, -1 = unallocated
+        *,
+        block_size: int,
+        hidden_in: torch.Tensor | None = None,  # unused: keeps the signature of MTPHead
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns logits [B, Q, V] float32 and the final-norm hidden state [B, Q, H] (model dtype)."""
+        key_slots = context_slots(block_tables, block_size)  # [B, S]
+        mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
+        x = self.embed_tokens(tokens)  # [B, Q, H]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, slots, kv[i], key_slots, mask, self.rotary)
+        hidden = self.norm(x)  # [B, Q, H]
+        return self.lm_head(hidden).float(), hidden

@@ -1,0 +1,230 @@
+"""Load and save fdecode models in the Hugging Face layout.
+
+`from_hf` accepts a transformers model instance or a local checkpoint folder
+(config.json + safetensors, sharded or not; read without transformers and
+never through pickle). `save_hf` writes a folder both fdecode and
+`transformers.AutoModelForCausalLM.from_pretrained` can read.
+
+Key names: HF `model.<name>` is fdecode `<name>`, `lm_head.weight` is the same.
+A multi-token-prediction head is recognised in three layouts and loaded as `model.mtp`:
+  (a) Qwen3-Next: mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*, mtp.norm
+  (b) DeepSeek-V3: model.layers.<num_layers>.{enorm,hnorm,eh_proj,shared_head.norm,<decoder layer>}
+  (c) fdecode (what save_hf writes): mtp.enorm, mtp.hnorm, mtp.eh_proj, mtp.layer.*, mtp.norm
+Only the key names are translated: the MTP layer must have this model's decoder-layer shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fdecode.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from fdecode.models.llama import LlamaModel
+from fdecode.models.mtp import MTPHead
+from fdecode.models.rope import rope_inv_freq
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# transformers' defaults for fields a config.json may leave out.
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
+_QWEN3_DEFAULT_HEAD_DIM = 128  # Qwen3Config's default; the other types derive head_dim from the hidden size
+_QWEN3_NEXT_NAMES = {
+    "mtp.fc.": "mtp.eh_proj.",
+    "mtp.pre_fc_norm_embedding.": "mtp.enorm.",
+    "mtp.pre_fc_norm_hidden.": "mtp.hnorm.",
+    "mtp.layers.0.": "mtp.layer.",
+}
+
+
+def config_from_hf(hf: dict[str, object]) -> ModelConfig:
+    """Build a ModelConfig from a config.json dict (transformers 4 or 5 field names)."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r}; fdecode supports {SUPPORTED_MODEL_TYPES}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    if hf.get("mlp_bias") or hf.get("use_sliding_window"):
+        raise ValueError("mlp_bias and sliding-window attention are not supported")
+    heads = int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or (_QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else None)
+    rope_theta, rope_scaling = _rope_from_hf(hf)
+    cfg = ModelConfig(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(head_dim or int(hf["hidden_size"]) // heads),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=model_type == "qwen3",
+        # Qwen2 always biases q/k/v (its HF config has no switch for it).
+        attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[model_type]),
+        model_type=model_type,
+    )
+    rope_inv_freq(cfg)  # refuse unsupported RoPE types now rather than at the first forward
+    return cfg
+
+
+def _rope_from_hf(hf: dict[str, object]) -> tuple[float, tuple[tuple[str, object], ...] | None]:
+    params: dict[str, object] = {}
+    # transformers 4 writes `rope_scaling`, transformers 5 `rope_parameters` (which also holds rope_theta).
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(hf.get(key), dict):
+            params.update(hf[key])
+    theta = float(params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0)
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if rope_type == "default":
+        return theta, None
+    if "original_max_position_embeddings" in hf and rope_type in ("llama3", "yarn"):
+        # As in transformers: a top-level value (Phi-3 style) wins over the one inside the rope dict.
+        params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    params["rope_type"] = rope_type
+    hashable = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    return theta, tuple(sorted(hashable.items()))
+
+
+def config_to_hf(cfg: ModelConfig, *, dtype: torch.dtype) -> dict[str, object]:
+    """config.json fields (transformers 5 layout) describing `cfg`."""
+    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    rope["rope_theta"] = cfg.rope_theta
+    return {
+        "architectures": [ARCHITECTURES[cfg.model_type]],
+        "model_type": cfg.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": cfg.attention_bias,
+        "rope_parameters": rope,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def _rename(hf_key: str, num_layers: int) -> str | None:
+    """fdecode name of a checkpoint key, or None for keys that are deliberately ignored."""
+    if hf_key.endswith("rotary_emb.inv_freq"):
+        return None  # older checkpoints saved the RoPE table; fdecode recomputes it
+    mtp_prefix = f"model.layers.{num_layers}."
+    if hf_key.startswith(mtp_prefix):  # (b) DeepSeek-V3
+        rest = hf_key[len(mtp_prefix) :]
+        if rest.startswith(("embed_tokens.", "shared_head.head.")):
+            return None  # copies of the target's embedding / LM head, which the head shares
+        if rest.startswith(("enorm.", "hnorm.", "eh_proj.")):
+            return "mtp." + rest
+        if rest.startswith("shared_head.norm."):
+            return "mtp.norm." + rest[len("shared_head.norm.") :]
+        return "mtp.layer." + rest
+    for old, new in _QWEN3_NEXT_NAMES.items():  # (a) Qwen3-Next
+        if hf_key.startswith(old):
+            return new + hf_key[len(old) :]
+    if hf_key.startswith("model."):
+        return hf_key[len("model.") :]
+    return hf_key  # lm_head.*, and mtp.* of layouts (a) norm and (c)
+
+
+def _few(keys: set[str]) -> str:
+    return ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else "")
+
+
+def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], *, dtype, device) -> LlamaModel:  # noqa: ANN001
+    renamed = {}
+    for key, tensor in weights.items():
+        name = _rename(key, cfg.num_layers)
+        if name is not None:
+            renamed[name] = tensor
+    if cfg.tie_word_embeddings:
+        renamed.pop("lm_head.weight", None)  # a redundant copy of the embedding in some checkpoints
+    has_mtp = any(k.startswith("mtp.") for k in renamed)
+    # Meta-device construction: no memory for weights that are about to be replaced.
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+        if has_mtp:
+            model.mtp = MTPHead(cfg)
+    expected = set(model.state_dict()) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    missing, unexpected = expected - set(renamed), set(renamed) - expected
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]")
+    # copy=True: the fdecode model owns its weights even when the source is a live HF model.
+    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype, copy=True) for k, t in renamed.items()}
+    try:
+        model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:  # shape mismatches
+        raise ValueError(str(err)) from err
+    model.tie_weights_()  # assign=True replaced embed_tokens.weight, breaking the tie
+    if model.mtp is not None:
+        model.mtp.bind(model)
+    model.requires_grad_(False)
+    # Moves the CPU-built RoPE buffers next to the weights.
+    return model.to(device=model.embed_tokens.weight.device)
+
+
+def _read_folder_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file  # local import: only needed for folders
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file), device="cpu"))
+    return weights
+
+
+def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> LlamaModel:
+    """LlamaModel (with `.mtp` when the checkpoint has an MTP head) from a transformers model or a folder.
+
+    dtype / device default to those of the source weights.
+    """
+    if isinstance(obj, (str, os.PathLike)):
+        folder = Path(obj)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no config.json")
+        # The config is checked before any weight is read.
+        cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+        weights = _read_folder_weights(folder)
+    elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
+        cfg, weights = config_from_hf(obj.config.to_dict()), obj.state_dict()
+    else:
+        raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
+    return _build(cfg, weights, dtype=dtype, device=device)
+
+
+def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:
+    """Write config.json + model.safetensors in the HF layout (MTP head, if any, in layout (c))."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    if cfg.model_type == "qwen2" and not cfg.attention_bias:
+        raise ValueError("a qwen2 checkpoint always has q/k/v biases; this model has none")
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # safetensors refuses shared storage; the tie is in config.json
+        hf_name = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+        tensors[hf_name] = tensor.detach().to("cpu").contiguous()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = config_to_hf(cfg, dtype=model.embed_tokens.weight.dtype)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # transformers rejects safetensors files without the "format" metadata.
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,76 @@
+"""Multi-token-prediction (MTP) head, DeepSeek-V3 / Qwen3-Next style.
+
+One step predicts the token after `tokens` from that token and the hidden state
+the previous model (the target, or the previous MTP step) produced for the
+token before it:
+
+    h      = layer(eh_proj(cat([enorm(embed(tokens)), hnorm(hidden_in)], -1)))
+    logits = lm_head(norm(h))
+
+The head has one decoder layer (so a 1-layer paged KV cache, `kv_config`) and
+borrows the target's embedding and LM head: `bind(target)` keeps references,
+outside the module tree, so they are neither copied nor saved twice. Its KV
+entry at position p pairs the token at p with the hidden from p - 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.layers import DecoderLayer, RMSNorm, context_mask, context_slots, init_random_
+from fdecode.models.llama import LlamaModel
+from fdecode.models.rope import RotaryEmbedding
+
+
+class MTPHead(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.kv_config = cfg.replace(num_layers=1)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layer = DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg)
+        # (embed_tokens, lm_head) of the bound target. A plain tuple is not registered by nn.Module,
+        # so the target's weights are neither owned, moved nor saved by this head.
+        self._shared: tuple[nn.Embedding, nn.Linear] | None = None
+        self.requires_grad_(False)
+
+    def bind(self, target: LlamaModel) -> MTPHead:
+        if target.config.hidden_size != self.config.hidden_size or target.config.vocab_size != self.config.vocab_size:
+            raise ValueError("MTP head and target disagree on hidden_size or vocab_size")
+        self._shared = (target.embed_tokens, target.lm_head)
+        return self
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> MTPHead:
+        head = cls(cfg).to(dtype)
+        init_random_(head, seed=seed, std=std)
+        return head
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, Q] int64
+        positions: torch.Tensor,  # [B, Q] int64
+        slots: torch.Tensor,  # [B, Q] int64, flat KV slot each row's k/v goes to (0 = scratch)
+        kv: torch.Tensor,  # [1, 2, num_slots, Hkv, D], written in place
+        block_tables: torch.Tensor,  # [B, max_blocks] int64, -1 = unallocated
+        *,
+        block_size: int,
+        hidden_in: torch.Tensor | None = None,  # [B, Q, H], hidden of the previous position
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns logits [B, Q, V] float32 and the layer output [B, Q, H] before the final norm."""
+        if self._shared is None:
+            raise RuntimeError("MTPHead.bind(target) must be called before forward")
+        if hidden_in is None:
+            raise ValueError("MTPHead needs hidden_in [B, Q, H]")
+        embed_tokens, lm_head = self._shared
+        x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
+        key_slots = context_slots(block_tables, block_size)  # [B, S]
+        mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
+        h = self.layer(self.eh_proj(x), positions, slots, kv[0], key_slots, mask, self.rotary)  # [B, Q, H]
+        return lm_head(self.norm(h)).float(), h

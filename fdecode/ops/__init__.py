@@ -1,0 +1,7 @@
+"""Pure functions and custom ops of the decode step (the math; graphs/ only composes them)."""
+
+from fdecode.ops.paging import slot_of
+from fdecode.ops.prepare import prepare_next_draft, prepare_next_draft_reference
+from fdecode.ops.sampling import apply_stops, greedy_accept
+
+__all__ = ["apply_stops", "greedy_accept", "prepare_next_draft", "prepare_next_draft_reference", "slot_of"]

@@ -1,0 +1,5 @@
+"""What a decode step carries: the immutable state pytree and its output."""
+
+from fdecode.state.decode_state import DecodeState, StepOutput
+
+__all__ = ["DecodeState", "StepOutput"]

@@ -1,0 +1,98 @@
+"""`DecodeState` and `StepOutput`: the immutable pytrees a decode step consumes and returns.
+
+Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
+- *committed*: a token that is part of the output sequence; *t* is the last
+  committed token, which is not yet in the target KV.
+- *window*: `tokens[b] = [t, d1 .. dK]`, validated at positions `base_pos[b] + 0..K`.
+- *accepted*: the L new tokens a step commits (1 <= L <= W for an active lane,
+  0 for an inactive one), reported padded with -1.
+
+Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV
+leaves are written in place and aliased into the new state, so a step costs
+O(work), never O(cache capacity). Do not use a state after passing it to a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one transition (prefill or step) committed, packed so the host does one device->host copy."""
+
+    packed: torch.Tensor  # [B, W + 2] int64: accepted tokens (-1 padded) | count L | finished (0/1)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """[B, W] int64: the accepted tokens of each lane, padded with -1."""
+        return self.packed[:, :-2]
+
+    @property
+    def num_tokens(self) -> torch.Tensor:
+        """[B] int64: L, the number of tokens each lane committed (0 for an inactive lane)."""
+        return self.packed[:, -2]
+
+    @property
+    def finished(self) -> torch.Tensor:
+        """[B] bool: the lane is done (stop id, budget or capacity reached, or never started)."""
+        return self.packed[:, -1].bool()
+
+    @staticmethod
+    def pack(tokens: torch.Tensor, num_tokens: torch.Tensor, finished: torch.Tensor) -> StepOutput:
+        return StepOutput(torch.cat([tokens, num_tokens[:, None], finished[:, None].long()], dim=1))
+
+    def __repr__(self) -> str:
+        b, w = self.packed.shape[0], self.packed.shape[1] - 2
+        return f"StepOutput(lanes={b}, window={w}, device={self.packed.device})"
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """Everything a decode step reads and writes; fixed-shape tensors only."""
+
+    tokens: torch.Tensor  # [B, W] int64: t then K drafts
+    base_pos: torch.Tensor  # [B] int64: position of t; the target KV holds positions < base_pos
+    block_tables: torch.Tensor  # [B, max_blocks] int64: KV block of each lane, -1 = unallocated
+    target_kv: torch.Tensor  # [L_t, 2, num_slots, Hkv_t, D_t] target paged KV (block 0 = scratch)
+    draft_kv: torch.Tensor  # [L_d, 2, num_slots, Hkv_d, D_d] draft paged KV (block 0 = scratch)
+    active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
+    remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
+    stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none
+    output: torch.Tensor  # [B, W + 2] int64: packed StepOutput of the transition that made this state
+
+    @property
+    def step_output(self) -> StepOutput:
+        return StepOutput(self.output)
+
+    def replace(self, **changes: torch.Tensor) -> DecodeState:
+        return dataclasses.replace(self, **changes)
+
+    def clone(self) -> DecodeState:
+        """A deep copy (KV included): a state that can be stepped without consuming this one."""
+        return DecodeState(*(t.clone() for t in _fields(self)))
+
+    def __repr__(self) -> str:
+        b, w = self.tokens.shape
+        return (
+            f"DecodeState(lanes={b}, window={w}, active={int(self.active.sum())}, "
+            f"device={self.tokens.device}, kv_dtype={self.target_kv.dtype}, "
+            f"target_kv={tuple(self.target_kv.shape)}, draft_kv={tuple(self.draft_kv.shape)})"
+        )
+
+
+def _fields(obj: object) -> list[torch.Tensor]:
+    return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+
+
+for _cls in (DecodeState, StepOutput):
+    pytree.register_pytree_node(
+        _cls,
+        lambda obj: (_fields(obj), None),
+        lambda leaves, _ctx, cls=_cls: cls(*leaves),
+        serialized_type_name=f"fdecode.{_cls.__name__}",
+    )

@@ -1,0 +1,97 @@
+"""The decode step: validate -> sample -> prepare -> draft, one pure function of the state.
+
+    state --validate--> target logits/hidden over the window [t, d1 .. dK]
+          --sample----> accepted tokens (greedy), cut at stop ids and budgets
+          --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`)
+          --draft-----> K draft forwards -> next window [last, d'1 .. d'K]
+
+Nothing here reads a tensor value on the host: every per-lane quantity stays a
+tensor, so the whole function captures as one graph with fixed shapes. The KV
+leaves are written in place (donation contract, see `DecodeState`); everything
+else in the returned state is freshly built.
+
+`advance` (prepare + draft) is shared with priming: after a prefill the host
+hands it a one-token accepted run, and the device-resident path takes over.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fdecode.config import DecodeConfig
+from fdecode.ops.paging import slot_of
+from fdecode.ops.prepare import prepare_next_draft
+from fdecode.ops.sampling import apply_stops, greedy_accept
+from fdecode.state import DecodeState, StepOutput
+
+
+def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[DecodeState, StepOutput]:
+    """One speculative decoding iteration. Consumes `state` (its KV is updated in place)."""
+    window = cfg.W
+    positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
+    slots = torch.where(
+        state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
+    )
+    logits, hidden = target(
+        state.tokens, positions, slots, state.target_kv, state.block_tables, block_size=cfg.block_size
+    )  # [B, W, V], [B, W, H]
+    accepted, length = greedy_accept(state.tokens, logits)
+    accepted, _, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
+    new_state = advance(draft, cfg, state, accepted, hidden, remaining=remaining, finished=finished)
+    return new_state, new_state.step_output
+
+
+def advance(
+    draft,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    accepted: torch.Tensor,  # [B, W] int64, committed tokens of this transition, -1 padded
+    hidden: torch.Tensor,  # [B, W, H] target hidden of the rows that produced them
+    *,
+    remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
+    finished: torch.Tensor,  # [B] bool
+) -> DecodeState:
+    """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
+    batch, window = accepted.shape
+    bs = cfg.block_size
+    width = hidden.shape[-1]
+    placeholder = hidden.new_zeros(width)
+    tokens, rows_hidden, rows_pos, _kv_lens, rows_slots = prepare_next_draft(
+        accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs
+    )
+    live = (accepted >= 0).any(dim=1)  # [B] lanes that committed something write draft KV
+    logits, draft_hidden = draft(
+        tokens.view(batch, 2),
+        rows_pos.view(batch, 2),
+        rows_slots.view(batch, 2),
+        state.draft_kv,
+        state.block_tables,
+        block_size=bs,
+        hidden_in=rows_hidden.view(batch, 2, width),
+    )  # the `current` row (column 1) proposes d'1 at P + 1
+    last = tokens.view(batch, 2)[:, 1]
+    pos = rows_pos.view(batch, 2)[:, 1]  # P, the position of `last`
+    proposal = logits[:, 1].argmax(dim=-1)
+    h = draft_hidden[:, 1:2]
+    drafts = [proposal]
+    for j in range(1, window - 1):
+        p = (pos + j)[:, None]
+        slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
+        logits, h = draft(
+            proposal[:, None], p, slot, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h
+        )
+        proposal = logits[:, 0].argmax(dim=-1)
+        drafts.append(proposal)
+
+    output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), finished)
+    return DecodeState(
+        tokens=torch.stack([last, *drafts], dim=1),
+        base_pos=pos,
+        block_tables=state.block_tables,
+        target_kv=state.target_kv,
+        draft_kv=state.draft_kv,
+        active=~finished,
+        remaining=remaining,
+        stop_ids=state.stop_ids,
+        output=output.packed,
+    )

@@ -1,0 +1,86 @@
+"""Lossless greedy: speculative output == transformers' greedy output, token for token.
+
+Whatever the draft proposes, the committed tokens must be the target's greedy
+tokens; the draft only changes how many arrive per step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdecode
+from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
+
+PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
+NEW = 20
+
+
+def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None):
+    """generate() plus the per-step accepted lengths of the active lanes."""
+    lengths = []
+    state = step.prefill(prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
+    outs = [[] for _ in prompts]
+    out, from_step = state.step_output, False
+    while True:
+        packed = out.packed
+        for lane in range(len(prompts)):
+            n = int(packed[lane, -2])
+            outs[lane] += packed[lane, :n].tolist()
+            if n and from_step:
+                lengths.append(n)
+        if bool(out.finished[: len(prompts)].all()):
+            return outs, lengths
+        state, out = step(state)
+        from_step = True
+
+
+def build(kind: str, draft_kind: str, k: int, backend: str = "eager"):
+    layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
+    target = fdecode_target(layers)
+    draft = mtp_head(kind, target) if draft_kind == "mtp" else independent_draft(kind, target)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend=backend)
+    return fdecode.compile(target, draft, cfg), layers
+
+
+def check_against_hf(step, layers, eos=None):
+    outs, lengths = run(step, eos=eos)
+    for prompt, got in zip(PROMPTS, outs):
+        assert got == hf_greedy(prompt, NEW, eos, layers)
+    return lengths
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+@pytest.mark.parametrize("kind", ["self", "partial", "random"])
+def test_greedy_equals_transformers_eager(kind, draft_kind, k):
+    step, layers = build(kind, draft_kind, k)
+    lengths = check_against_hf(step, layers)
+    window = k + 1
+    mean = sum(lengths) / len(lengths)
+    if kind == "self":
+        # The last step of a lane is cut by the budget, so allow a little below W.
+        assert mean >= 0.85 * window, lengths
+    elif kind == "random":
+        assert mean <= 1.5, lengths
+    else:
+        assert len(set(lengths)) >= 2, f"expected a mixture of accepted lengths, got {lengths}"
+
+
+def test_generate_matches_and_stops_at_eos():
+    step, layers = build("partial", "model", 3)
+    reference = hf_greedy(PROMPTS[0], NEW, None, layers)
+    eos = reference[5]  # a token the target really emits, mid-sequence
+    got = fdecode.generate(step, PROMPTS, max_new_tokens=NEW, eos_token_id=eos)
+    for prompt, seq in zip(PROMPTS, got):
+        assert seq == hf_greedy(prompt, NEW, eos, layers)
+    assert got[0][-1] == eos and len(got[0]) <= 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+def test_greedy_equals_transformers_inductor(draft_kind):
+    step, layers = build("partial", draft_kind, 2, backend="inductor")
+    assert step.backend == "inductor"
+    lengths = check_against_hf(step, layers)
+    assert len(set(lengths)) >= 2
