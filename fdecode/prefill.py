@@ -137,7 +137,7 @@ def prefill(
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
     target_kv = target.config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
-    draft_kv = getattr(draft, "kv_config", draft.config).new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
+    draft_kv = draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
     logits, hidden = target(tokens, positions, slots, target_kv, table, block_size=bs)  # [B, T, V], [B, T, H]
     last = (length - 1).clamp_min(0)
     first = logits[torch.arange(batch, device=device), last].argmax(dim=-1)  # [B]

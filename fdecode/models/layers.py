@@ -75,7 +75,8 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [B, Q, H]
         positions: torch.Tensor,  # [B, Q] int64
         slots: torch.Tensor,  # [B, Q] int64, where each token's k/v is written
-        kv: torch.Tensor,  # [2, num_slots, Hkv, D] this layer's cache, written in place
+        kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D] the whole cache leaf, written in place
+        layer: int,  # which layer of `kv` this is
         key_slots: torch.Tensor,  # [B, S] int64, slot of key position j of each lane
         mask: torch.Tensor,  # [B, 1, Q, S] bool
         rotary: RotaryEmbedding,
@@ -88,14 +89,18 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, positions), rotary(k, positions)
 
-        # In-place writes: the functional index_copy would copy the whole cache under torch.compile.
-        flat_slots = slots.reshape(-1)  # [B*Q]
-        kv[0].index_copy_(0, flat_slots, k.reshape(-1, self.num_kv_heads, self.head_dim).to(kv.dtype))
-        kv[1].index_copy_(0, flat_slots, v.reshape(-1, self.num_kv_heads, self.head_dim).to(kv.dtype))
+        # One in-place index_put_ on the whole cache leaf (not on a kv[layer] view): Inductor turns it
+        # into a scatter of B*Q rows. Writing through a view, or the functional index_copy, makes
+        # the compiled step copy the entire cache every call.
+        flat_slots = slots.reshape(1, -1)  # [1, B*Q]
+        kind = torch.arange(2, device=slots.device)[:, None]  # [2, 1]: 0 = keys, 1 = values
+        rows = torch.stack([k, v]).reshape(2, -1, self.num_kv_heads, self.head_dim)  # [2, B*Q, Hkv, D]
+        kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows.to(kv.dtype))
 
         num_keys = key_slots.shape[1]
-        keys = kv[0][key_slots.reshape(-1)].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
-        values = kv[1][key_slots.reshape(-1)].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
+        flat_keys = key_slots.reshape(-1)
+        keys = kv[layer, 0][flat_keys].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
+        values = kv[layer, 1][flat_keys].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),  # [B, Hq, Q, D]
             keys.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
@@ -135,12 +140,13 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,  # [B, Q, H]
         positions: torch.Tensor,  # [B, Q] int64
         slots: torch.Tensor,  # [B, Q] int64
-        kv: torch.Tensor,  # [2, num_slots, Hkv, D]
+        kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D]
+        layer: int,
         key_slots: torch.Tensor,  # [B, S] int64
         mask: torch.Tensor,  # [B, 1, Q, S] bool
         rotary: RotaryEmbedding,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, key_slots, mask, rotary)
+        x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, key_slots, mask, rotary)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

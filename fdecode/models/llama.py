@@ -36,6 +36,11 @@ class LlamaModel(nn.Module):
         self.mtp: MTPHead | None = None
         self.requires_grad_(False)  # inference only: no autograd graph in eager or compiled calls
 
+    @property
+    def kv_config(self) -> ModelConfig:
+        """Config that shapes this model's KV cache (an MTP head's is 1 layer)."""
+        return self.config
+
     def tie_weights_(self) -> None:
         """Make lm_head.weight the very tensor of embed_tokens.weight when the config ties them."""
         if self.config.tie_word_embeddings:
@@ -63,6 +68,6 @@ class LlamaModel(nn.Module):
         mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
         x = self.embed_tokens(tokens)  # [B, Q, H]
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, slots, kv[i], key_slots, mask, self.rotary)
+            x = layer(x, positions, slots, kv, i, key_slots, mask, self.rotary)
         hidden = self.norm(x)  # [B, Q, H]
         return self.lm_head(hidden).float(), hidden

@@ -142,7 +142,14 @@ def _few(keys: set[str]) -> str:
     return ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else "")
 
 
-def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], *, dtype, device) -> LlamaModel:  # noqa: ANN001
+def _build(
+    cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    *,
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+    copy: bool,
+) -> LlamaModel:
     renamed = {}
     for key, tensor in weights.items():
         name = _rename(key, cfg.num_layers)
@@ -160,8 +167,8 @@ def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], *, dtype, device)
     missing, unexpected = expected - set(renamed), set(renamed) - expected
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]")
-    # copy=True: the fdecode model owns its weights even when the source is a live HF model.
-    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype, copy=True) for k, t in renamed.items()}
+    # copy: the fdecode model owns its weights even when the source is a live HF model.
+    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype, copy=copy) for k, t in renamed.items()}
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # shape mismatches
@@ -201,12 +208,12 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
             raise FileNotFoundError(f"{folder} has no config.json")
         # The config is checked before any weight is read.
         cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
-        weights = _read_folder_weights(folder)
+        weights, copy = _read_folder_weights(folder), False
     elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
-        cfg, weights = config_from_hf(obj.config.to_dict()), obj.state_dict()
+        cfg, weights, copy = config_from_hf(obj.config.to_dict()), obj.state_dict(), True
     else:
         raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
-    return _build(cfg, weights, dtype=dtype, device=device)
+    return _build(cfg, weights, dtype=dtype, device=device, copy=copy)
 
 
 def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:

@@ -72,5 +72,5 @@ class MTPHead(nn.Module):
         x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
         key_slots = context_slots(block_tables, block_size)  # [B, S]
         mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
-        h = self.layer(self.eh_proj(x), positions, slots, kv[0], key_slots, mask, self.rotary)  # [B, Q, H]
+        h = self.layer(self.eh_proj(x), positions, slots, kv, 0, key_slots, mask, self.rotary)  # [B, Q, H]
         return lm_head(self.norm(h)).float(), h

@@ -22,6 +22,7 @@ so any position (even past max_position_embeddings) works, and shapes stay fixed
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -121,7 +122,7 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq, self.scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (torch's private hook)
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> RotaryEmbedding:
         super()._apply(fn, recurse)
         # `model.to(torch.bfloat16)` would round the frequencies; recompute them in float32 on the new device.
         self.inv_freq = rope_inv_freq(self.config)[0].to(self.inv_freq.device)
