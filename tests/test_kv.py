@@ -1,0 +1,121 @@
+"""Draft-KV consistency and scratch isolation (DESIGN.md invariants), with mixed acceptance."""
+
+from __future__ import annotations
+
+import torch
+
+import fdecode
+from conftest import fdecode_target, independent_draft, mtp_head
+from fdecode.ops import slot_of
+
+PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
+
+
+def committed_run(step, steps, max_new_tokens=40, prompts=PROMPTS):
+    """Step `steps` times; return state, committed sequences, and per-lane positions written by
+    the repair/current rows (the draft entries that are exact by construction)."""
+    state = step.prefill(prompts, max_new_tokens=max_new_tokens)
+    seqs = [list(p) for p in prompts]
+    exact = [set(range(len(p))) for p in prompts]  # prompt positions come from the draft prefill
+    lengths = set()
+    for i in range(steps + 1):
+        out = state.step_output
+        for lane in range(len(prompts)):
+            n = int(out.num_tokens[lane])
+            seqs[lane] += out.tokens[lane, :n].tolist()
+            if n:
+                p = int(state.base_pos[lane])  # position of `last`, written by the current row
+                exact[lane].add(p)
+                if n == step.config.W:
+                    exact[lane].add(p - 1)  # the repair row wrote the accepted dK
+                if i:
+                    lengths.add(n)
+        if i < steps:
+            state, _ = step(state)
+    return state, seqs, exact, lengths
+
+
+def lane_slots(state, lane, n, block_size):
+    positions = torch.arange(n)[None]
+    return slot_of(state.block_tables[lane : lane + 1], positions, block_size)[0]
+
+
+def fresh_kv(model, cfg, seq, hidden_in=None):
+    """KV a from-scratch forward of `model` over `seq` writes (one lane, contiguous blocks)."""
+    n = len(seq)
+    blocks = -(-n // cfg.block_size)
+    table = torch.arange(1, blocks + 1)[None]
+    kv = model.kv_config.new_kv((blocks + 1) * cfg.block_size, dtype=cfg.dtype, device="cpu")
+    positions = torch.arange(n)[None]
+    slots = slot_of(table, positions, cfg.block_size)
+    with torch.no_grad():
+        _, hidden = model(torch.tensor([seq]), positions, slots, kv, table, block_size=cfg.block_size, hidden_in=hidden_in)
+    return kv[:, :, slots[0]], hidden
+
+
+def test_independent_draft_kv_matches_a_from_scratch_forward():
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4)
+    step = fdecode.compile(target, draft, cfg)
+    state, seqs, _, lengths = committed_run(step, steps=8)
+    assert len(lengths) >= 2, lengths  # mixed acceptance
+    for lane, seq in enumerate(seqs):
+        # Committed positions 0..P hold KV; `last` (at P) went through the draft as the current row.
+        n = int(state.base_pos[lane]) + 1
+        assert n == len(seq)
+        want, _ = fresh_kv(draft, cfg, seq[:n])
+        got = state.draft_kv[:, :, lane_slots(state, lane, n, cfg.block_size)]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mtp_kv_of_repair_and_current_rows_matches_from_scratch():
+    target = fdecode_target(2)
+    head = mtp_head("partial", target)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4)
+    step = fdecode.compile(target, head, cfg)
+    state, seqs, exact, lengths = committed_run(step, steps=8)
+    assert len(lengths) >= 2, lengths
+    for lane, seq in enumerate(seqs):
+        n = int(state.base_pos[lane]) + 1
+        _, target_hidden = fresh_kv(target, cfg, seq[:n])  # target hidden of every committed position
+        shifted = torch.cat([torch.zeros_like(target_hidden[:, :1]), target_hidden[:, :-1]], dim=1)
+        want, _ = fresh_kv(head, cfg, seq[:n], hidden_in=shifted)
+        got = state.draft_kv[:, :, lane_slots(state, lane, n, cfg.block_size)]
+        rows = sorted(exact[lane])
+        assert len(rows) > len(PROMPTS[lane])  # the steps contributed rows too
+        torch.testing.assert_close(got[:, :, rows], want[:, :, rows], rtol=1e-5, atol=1e-5)
+
+
+def test_finished_lanes_and_free_blocks_are_never_written():
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    # A generous pool: blocks nobody owns must stay zero; lane 1 finishes after 2 tokens.
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, num_blocks=64)
+    step = fdecode.compile(target, draft, cfg)
+    state = step.prefill(PROMPTS, max_new_tokens=30)
+    state = state.replace(remaining=torch.tensor([30, 1, 30, 0]))  # lane 1: one more token, then done
+    state, out = step(state)
+    assert bool(out.finished[1]) and not bool(out.finished[0])
+
+    owned = state.block_tables[state.block_tables >= 0]
+    free = torch.ones(cfg.pool_blocks, dtype=torch.bool)
+    free[owned] = False
+    free[0] = False  # scratch is written freely
+    bs = cfg.block_size
+
+    def blocks(kv, which):
+        return kv.view(kv.shape[0], 2, cfg.pool_blocks, bs, *kv.shape[3:])[:, :, which]
+
+    lane1 = state.block_tables[1][state.block_tables[1] >= 0]
+    before_t, before_d = blocks(state.target_kv, lane1).clone(), blocks(state.draft_kv, lane1).clone()
+    lengths = set()
+    for _ in range(12):
+        state, out = step(state)
+        lengths.update(int(n) for n in out.num_tokens[[0, 2]] if n)
+        assert int(out.num_tokens[1]) == 0 and int(out.num_tokens[3]) == 0
+    assert len(lengths) >= 2, lengths  # the other lanes accepted and rejected meanwhile
+    assert torch.equal(blocks(state.target_kv, lane1), before_t)
+    assert torch.equal(blocks(state.draft_kv, lane1), before_d)
+    assert not blocks(state.target_kv, free).any()
+    assert not blocks(state.draft_kv, free).any()
