@@ -1,0 +1,125 @@
+"""Bad input fails with a clear ValueError/TypeError before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import fdecode
+from conftest import fdecode_target, independent_draft
+from fdecode.models import LlamaModel
+
+CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager")
+
+
+@pytest.fixture(scope="module")
+def step():
+    target = fdecode_target(2)
+    return fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**CFG))
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kwargs", "error", "match"),
+    [
+        ([], {}, ValueError, "empty"),
+        ([[1, 2], []], {}, ValueError, "prompt 1 is empty"),
+        ([[1, 96]], {}, ValueError, "outside the vocabulary"),
+        ([[1, -3]], {}, ValueError, "outside the vocabulary"),
+        ([[1, 2], [3], [4]], {}, ValueError, "max_batch is 2"),
+        ([[1] * 20], {"max_new_tokens": 13}, ValueError, "max_seq_len 32"),
+        ([[1] * 32], {}, ValueError, "no room"),
+        ([[1, 2]], {"max_new_tokens": 0}, ValueError, "positive"),
+        ([[1, 2]], {"eos_token_id": 500}, ValueError, "eos token id"),
+        ([[1, 2]], {"eos_token_id": [1, 2, 3, 4, 5]}, ValueError, "max_stop_ids"),
+        ("hello", {}, TypeError, "list of token-id"),
+        ([[1.5, 2]], {}, TypeError, "must be ints"),
+        ([torch.ones(2, 2, dtype=torch.long)], {}, TypeError, "1-D integer tensor"),
+    ],
+)
+def test_bad_prompts(step, prompts, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        step.prefill(prompts, **kwargs)
+    with pytest.raises(error, match=match):
+        fdecode.generate(step, prompts, **{"max_new_tokens": 4, **kwargs})
+
+
+def test_prompt_tensor_is_accepted(step):
+    state = step.prefill([torch.tensor([1, 2, 3])], max_new_tokens=4)
+    assert int(state.step_output.num_tokens[0]) == 1
+
+
+def test_pool_too_small_for_the_prompts():
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(**{**CFG, "num_blocks": 4})
+    step = fdecode.compile(target, independent_draft("random", target), cfg)
+    with pytest.raises(ValueError, match="KV blocks"):
+        step.prefill([[1] * 10, [2] * 10], max_new_tokens=10)
+
+
+def test_vocabulary_mismatch():
+    target = fdecode_target(2)
+    other = LlamaModel.random(target.config.replace(vocab_size=50), seed=1)
+    with pytest.raises(ValueError, match="vocabulary"):
+        fdecode.compile(target, other, fdecode.DecodeConfig(**CFG))
+
+
+def test_unsupported_model_type():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=96))
+    with pytest.raises(ValueError, match="gpt2"):
+        fdecode.compile(gpt2, "mtp", fdecode.DecodeConfig(**CFG))
+
+
+def test_not_a_model():
+    with pytest.raises(TypeError, match="target must be"):
+        fdecode.compile(42, "mtp", fdecode.DecodeConfig(**CFG))
+    with pytest.raises(TypeError, match="DecodeConfig"):
+        fdecode.compile(fdecode_target(2), "mtp", {"num_draft_tokens": 2})
+
+
+def test_mtp_requested_without_a_head():
+    with pytest.raises(ValueError, match="no MTP head"):
+        fdecode.compile(fdecode_target(2), "mtp", fdecode.DecodeConfig(**CFG))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"num_draft_tokens": 0}, "num_draft_tokens"),
+        ({"max_batch": -1}, "max_batch"),
+        ({"block_size": 2.5}, "block_size"),
+        ({"backend": "tensorrt"}, "backend"),
+        ({"num_blocks": 1}, "num_blocks"),
+    ],
+)
+def test_bad_config(change, match):
+    with pytest.raises(ValueError, match=match):
+        fdecode.DecodeConfig(**{**CFG, **change})
+    with pytest.raises(TypeError, match="dtype"):
+        fdecode.DecodeConfig(**{**CFG, "dtype": torch.int32})
+
+
+def test_state_from_another_config_is_refused(step):
+    target = fdecode_target(2)
+    other = fdecode.compile(
+        target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "num_draft_tokens": 3})
+    )
+    state = other.prefill([[1, 2]], max_new_tokens=3)
+    with pytest.raises(ValueError, match="another DecodeConfig"):
+        step(state)
+    with pytest.raises(TypeError, match="DecodeState"):
+        step({"tokens": state.tokens})
+
+
+def test_ineligible_backend_raises_or_falls_back(monkeypatch):
+    from fdecode.graphs import backends
+
+    monkeypatch.setitem(backends.ELIGIBILITY, "inductor", lambda cfg: "no compiler in this test")
+    cfg = fdecode.DecodeConfig(**{**CFG, "backend": "inductor"})
+    target = fdecode_target(2)
+    with pytest.raises(ValueError, match="no compiler in this test"):
+        fdecode.compile(target, independent_draft("random", target), cfg)
+    step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
+    assert step.backend == "eager" and "no compiler in this test" in step.fallback_reason
+    auto = fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "backend": "auto"}))
+    assert auto.backend == "eager" and "inductor: no compiler" in auto.fallback_reason
