@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fdecode.prefill import Prompt
+from fdecode.prefill import PerPrompt, Prompt
 from fdecode.state import StepOutput
 
 
@@ -21,9 +21,20 @@ def generate(
     *,
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
+    temperature: PerPrompt = None,
+    top_k: PerPrompt = None,
+    top_p: PerPrompt = None,
+    min_p: PerPrompt = None,
+    seed: PerPrompt = None,
 ) -> list[list[int]]:
-    """Greedy speculative generation. Returns the new tokens of each prompt (stop id included)."""
-    state = step.prefill(prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+    """Speculative generation. Returns the new tokens of each prompt (stop id included).
+
+    Greedy by default; sampling parameters are scalars or one per prompt (see `Step.prefill`).
+    """
+    state = step.prefill(
+        prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+    )
     outputs: list[list[int]] = [[] for _ in prompts]
     out = state.step_output
     # Each step commits at least one token per active lane, so max_new_tokens steps always suffice.

@@ -4,7 +4,8 @@ For each prompt p[0 .. n-1] the host
 1. checks it (ids in the vocabulary, length + budget within `max_seq_len`),
 2. hands the lane KV blocks and builds its block table,
 3. runs the target over the prompt (KV at positions 0 .. n-1), whose last row
-   gives the first new token g (greedy),
+   gives the first new token g (argmax for a greedy lane, a sample from the
+   filtered distribution for a random one, with the lane's counter 0),
 4. runs the draft over the prompt (for an MTP head, the token at p is paired
    with the target hidden from p - 1; position 0 gets the zero placeholder),
 5. hands `step.advance` the one-token accepted run [g] with base_pos = n - 1:
@@ -17,17 +18,70 @@ touched. Prefill runs eagerly (prompt lengths vary); the step graph never sees i
 
 from __future__ import annotations
 
+import math
+import secrets
 from collections.abc import Sequence
 
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.ops.filters import filtered_probs
 from fdecode.ops.paging import slot_of
-from fdecode.ops.sampling import apply_stops
+from fdecode.ops.sampling import apply_stops, sample
 from fdecode.state import DecodeState
-from fdecode.step import advance
+from fdecode.step import advance, transition_uniforms
 
 Prompt = Sequence[int] | torch.Tensor
+PerPrompt = float | int | Sequence[float] | Sequence[int] | None
+
+
+def _per_prompt(name: str, value: PerPrompt, count: int, default: float | int) -> list:
+    if value is None:
+        return [default] * count
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value] * count
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        values = list(value)
+        if len(values) != count:
+            raise ValueError(f"{name} has {len(values)} values for {count} prompts")
+        return [default if v is None else v for v in values]
+    raise TypeError(f"{name} must be a number or one per prompt, got {type(value).__name__}")
+
+
+def check_sampling(
+    count: int,
+    *,
+    temperature: PerPrompt = None,
+    top_k: PerPrompt = None,
+    top_p: PerPrompt = None,
+    min_p: PerPrompt = None,
+    seed: PerPrompt = None,
+) -> dict[str, list]:
+    """Per-lane sampling parameters, validated. Defaults: greedy, filters off, a fresh random seed."""
+    params = {
+        "temperature": _per_prompt("temperature", temperature, count, 0.0),
+        "top_k": _per_prompt("top_k", top_k, count, 0),
+        "top_p": _per_prompt("top_p", top_p, count, 1.0),
+        "min_p": _per_prompt("min_p", min_p, count, 0.0),
+        "seed": [secrets.randbits(32) if s is None else s for s in _per_prompt("seed", seed, count, None)],
+    }
+    for i in range(count):
+        t, k, p, m, s = (params[n][i] for n in ("temperature", "top_k", "top_p", "min_p", "seed"))
+        for name, v in (("temperature", t), ("top_p", p), ("min_p", m)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
+                raise ValueError(f"prompt {i}: {name} must be a finite number, got {v!r}")
+        if t < 0:
+            raise ValueError(f"prompt {i}: temperature must be >= 0 (0 = greedy), got {t}")
+        if not 0 < p <= 1:
+            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p}")
+        if not 0 <= m <= 1:
+            raise ValueError(f"prompt {i}: min_p must be in [0, 1], got {m}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"prompt {i}: top_k must be an int >= 0 (0 = off), got {k!r}")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
+            raise ValueError(f"prompt {i}: seed must be an int in [0, 2**63), got {s!r}")
+    params["seed"] = [s % 2**32 for s in params["seed"]]
+    return params
 
 
 def check_prompts(prompts: Sequence[Prompt], cfg: DecodeConfig, vocab_size: int) -> list[list[int]]:
@@ -114,6 +168,11 @@ def prefill(
     *,
     max_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    temperature: PerPrompt = None,
+    top_k: PerPrompt = None,
+    top_p: PerPrompt = None,
+    min_p: PerPrompt = None,
+    seed: PerPrompt = None,
 ) -> DecodeState:
     """Build the first state for `prompts` (lanes past len(prompts) stay inactive)."""
     vocab = target.config.vocab_size
@@ -121,6 +180,7 @@ def prefill(
     lengths = [len(p) for p in prompts]
     budgets = check_budgets(lengths, max_new_tokens, cfg)
     stops = check_stop_ids(eos_token_id, cfg, vocab)
+    sampling = check_sampling(len(prompts), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     bs, batch, device = cfg.block_size, cfg.max_batch, torch.device(cfg.device)
     table = allocate_blocks([-(-(n + b) // bs) for n, b in zip(lengths, budgets)], cfg).to(device)
 
@@ -140,7 +200,15 @@ def prefill(
     draft_kv = draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
     logits, hidden = target(tokens, positions, slots, target_kv, table, block_size=bs)  # [B, T, V], [B, T, H]
     last = (length - 1).clamp_min(0)
-    first = logits[torch.arange(batch, device=device), last].argmax(dim=-1)  # [B]
+    pad = batch - used
+    lane = {
+        "temperature": torch.tensor(sampling["temperature"] + [0.0] * pad, dtype=torch.float32, device=device),
+        "top_k": torch.tensor(sampling["top_k"] + [0] * pad, dtype=torch.int64, device=device),
+        "top_p": torch.tensor(sampling["top_p"] + [1.0] * pad, dtype=torch.float32, device=device),
+        "min_p": torch.tensor(sampling["min_p"] + [0.0] * pad, dtype=torch.float32, device=device),
+        "seed": torch.tensor(sampling["seed"] + [0] * pad, dtype=torch.int64, device=device),
+    }
+    last_logits = logits[torch.arange(batch, device=device), last]  # [B, V]
     h_last = hidden[torch.arange(batch, device=device), last]  # [B, H]
 
     # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
@@ -149,15 +217,13 @@ def prefill(
 
     window = cfg.W
     accepted = torch.full((batch, window), -1, dtype=torch.int64, device=device)
-    accepted[:, 0] = torch.where(active, first, -1)
     window_hidden = hidden.new_zeros(batch, window, hidden.shape[-1])
     window_hidden[:, 0] = h_last
     stop_ids = torch.full((batch, cfg.max_stop_ids), -1, dtype=torch.int64)
     stop_ids[:used, : len(stops)] = torch.tensor(stops, dtype=torch.int64)
     stop_ids = stop_ids.to(device)
-    remaining = torch.tensor(budgets + [0] * (batch - used), device=device)
+    remaining = torch.tensor(budgets + [0] * pad, device=device)
 
-    accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, stop_ids)
     primed = DecodeState(
         tokens=torch.zeros(batch, window, dtype=torch.int64, device=device),
         base_pos=last,
@@ -167,6 +233,15 @@ def prefill(
         active=active,
         remaining=remaining,
         stop_ids=stop_ids,
+        **lane,
+        counter=torch.zeros(batch, dtype=torch.int64, device=device),
+        draft_probs=torch.zeros(batch, cfg.K, vocab, dtype=torch.float32, device=device),
         output=torch.zeros(batch, window + 2, dtype=torch.int64, device=device),
     )
-    return advance(draft, cfg, primed, accepted, window_hidden, remaining=remaining, finished=finished)
+    # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
+    noise, _, draft_u = transition_uniforms(primed, vocab)
+    probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
+    first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
+    accepted[:, 0] = torch.where(active, first, -1)
+    accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, stop_ids)
+    return advance(draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished)

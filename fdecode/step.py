@@ -1,7 +1,8 @@
 """The decode step: validate -> sample -> prepare -> draft, one pure function of the state.
 
     state --validate--> target logits/hidden over the window [t, d1 .. dK]
-          --sample----> accepted tokens (greedy), cut at stop ids and budgets
+          --sample----> accepted tokens (greedy lanes: argmax match; random lanes:
+                        rejection sampling), cut at stop ids and budgets
           --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`)
           --draft-----> K draft forwards -> next window [last, d'1 .. d'K]
 
@@ -19,10 +20,25 @@ from __future__ import annotations
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.ops.filters import filtered_probs
 from fdecode.ops.paging import slot_of
 from fdecode.ops.prepare import prepare_next_draft
-from fdecode.ops.sampling import apply_stops, greedy_accept
+from fdecode.ops.random import uniform
+from fdecode.ops.sampling import apply_stops, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
+
+
+
+def transition_uniforms(state: DecodeState, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All random numbers of one transition, drawn at once from the lanes' (seed, counter):
+    recovery/bonus noise [B, W, V], acceptance tests [B, K], draft sampling noise [B, K, V]."""
+    batch, window = state.tokens.shape
+    k = window - 1
+    u = uniform(state.seed, state.counter, window * vocab + k + k * vocab)
+    noise = u[:, : window * vocab].view(batch, window, vocab)
+    accept = u[:, window * vocab : window * vocab + k]
+    draft = u[:, window * vocab + k :].view(batch, k, vocab)
+    return noise, accept, draft
 
 
 def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[DecodeState, StepOutput]:
@@ -35,10 +51,30 @@ def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[D
     logits, hidden = target(
         state.tokens, positions, slots, state.target_kv, state.block_tables, block_size=cfg.block_size
     )  # [B, W, V], [B, W, H]
-    accepted, length = greedy_accept(state.tokens, logits)
+    noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
+    accepted, length = verify(state, logits, noise, accept_u)
     accepted, _, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
-    new_state = advance(draft, cfg, state, accepted, hidden, remaining=remaining, finished=finished)
+    new_state = advance(draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished)
     return new_state, new_state.step_output
+
+
+def verify(
+    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor, accept_u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted tokens [B, W] (-1 padded) and lengths [B]: greedy or rejection sampling, per lane."""
+    greedy, greedy_len = greedy_accept(state.tokens, logits)
+    target_probs = filtered_probs(logits, state.temperature, state.top_k, state.top_p, state.min_p)
+    sampled, sampled_len = speculative_accept(state.tokens, state.draft_probs, target_probs, accept_u, noise)
+    random_lane = state.temperature > 0
+    return torch.where(random_lane[:, None], sampled, greedy), torch.where(random_lane, sampled_len, greedy_len)
+
+
+def propose(state: DecodeState, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft token [B] (argmax for greedy lanes, a sample for random ones) and its distribution [B, V].
+
+    logits: [B, V] draft logits; u: [B, V] uniform noise for the sample."""
+    probs = filtered_probs(logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)[:, 0]
+    return torch.where(state.temperature > 0, sample(probs, u), logits.argmax(dim=-1)), probs
 
 
 def advance(
@@ -47,6 +83,7 @@ def advance(
     state: DecodeState,
     accepted: torch.Tensor,  # [B, W] int64, committed tokens of this transition, -1 padded
     hidden: torch.Tensor,  # [B, W, H] target hidden of the rows that produced them
+    draft_u: torch.Tensor,  # [B, K, V] uniform noise for sampling the K drafts
     *,
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
@@ -71,21 +108,23 @@ def advance(
     )  # the `current` row (column 1) proposes d'1 at P + 1
     last = tokens.view(batch, 2)[:, 1]
     pos = rows_pos.view(batch, 2)[:, 1]  # P, the position of `last`
-    proposal = logits[:, 1].argmax(dim=-1)
+    proposal, probs = propose(state, logits[:, 1], draft_u[:, 0])
     h = draft_hidden[:, 1:2]
-    drafts = [proposal]
+    drafts, draft_probs = [proposal], [probs]
     for j in range(1, window - 1):
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h = draft(
             proposal[:, None], p, slot, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h
         )
-        proposal = logits[:, 0].argmax(dim=-1)
+        proposal, probs = propose(state, logits[:, 0], draft_u[:, j])
         drafts.append(proposal)
+        draft_probs.append(probs)
 
     output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), finished)
     return DecodeState(
         tokens=torch.stack([last, *drafts], dim=1),
+        draft_probs=torch.stack(draft_probs, dim=1),
         base_pos=pos,
         block_tables=state.block_tables,
         target_kv=state.target_kv,
@@ -93,5 +132,11 @@ def advance(
         active=~finished,
         remaining=remaining,
         stop_ids=state.stop_ids,
+        temperature=state.temperature,
+        top_k=state.top_k,
+        top_p=state.top_p,
+        min_p=state.min_p,
+        seed=state.seed,
+        counter=state.counter + 1,
         output=output.packed,
     )

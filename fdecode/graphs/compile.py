@@ -9,7 +9,7 @@ import torch
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import choose_backend
 from fdecode.models.resolve import resolve_draft, resolve_target
-from fdecode.prefill import Prompt, prefill
+from fdecode.prefill import PerPrompt, Prompt, prefill
 from fdecode.state import DecodeState, StepOutput
 from fdecode.step import decode_step
 
@@ -48,10 +48,20 @@ class Step:
         *,
         max_new_tokens: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        temperature: PerPrompt = None,
+        top_k: PerPrompt = None,
+        top_p: PerPrompt = None,
+        min_p: PerPrompt = None,
+        seed: PerPrompt = None,
     ) -> DecodeState:
-        """Prime a fresh state: one lane per prompt; the first new token is in `state.step_output`."""
+        """Prime a fresh state: one lane per prompt; the first new token is in `state.step_output`.
+
+        Sampling parameters are scalars or one per prompt: temperature (0 = greedy, the default),
+        top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
+        """
         return prefill(
-            self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id
+            self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
         )
 
     def check_state(self, state: DecodeState) -> None:

@@ -59,3 +59,47 @@ def apply_stops(
     remaining = remaining - length
     finished = ~active | (stop_at < length) | (remaining <= 0)
     return accepted, length, remaining, finished
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row without a host sync: argmax(probs / E), E = -log(u) ~ Exp(1).
+
+    probs: [..., V] non-negative (need not be normalised); u: [..., V] uniform in (0, 1).
+    Returns [...] int64 distributed as probs / probs.sum() (the exponential race).
+    """
+    return (probs / -torch.log(u)).argmax(dim=-1)
+
+
+def speculative_accept(
+    tokens: torch.Tensor,  # [B, W] int64: t then the K drafts
+    draft_probs: torch.Tensor,  # [B, K, V] q: the (filtered) distribution each draft was sampled from
+    target_probs: torch.Tensor,  # [B, W, V] p: the target's filtered distribution after each window row
+    accept_u: torch.Tensor,  # [B, K] uniform (0, 1)
+    noise_u: torch.Tensor,  # [B, W, V] uniform (0, 1)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling (lossless: the committed tokens follow p exactly).
+
+    Draft d[r+1] is accepted with probability min(1, p_r(d) / q_r(d)); at the first
+    rejection (row a) the lane commits a *recovered* token drawn from the residual
+    max(0, p_a - q_a) (normalised: the exponential race needs no explicit sum); if all
+    K drafts pass, it commits a *bonus* token drawn from p_K, the last window row.
+    Returns accepted [B, W] (-1 padded) and length [B] = a + 1.
+    """
+    window = tokens.shape[1]
+    drafts = tokens[:, 1:, None]  # [B, K, 1]
+    p_of_draft = target_probs[:, :-1].gather(-1, drafts)[..., 0]  # [B, K]
+    q_of_draft = draft_probs.gather(-1, drafts)[..., 0]  # [B, K]
+    passed = accept_u * q_of_draft < p_of_draft  # u < p / q without dividing
+    drafts_accepted = first_true(~passed)  # [B], 0..K
+
+    residual = (target_probs[:, :-1] - draft_probs).clamp_min(0.0)  # [B, K, V]
+    # p == q row by row leaves no residual, but then the draft is never rejected there.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, target_probs[:, :-1])
+    recovery = torch.cat([residual, target_probs[:, -1:]], dim=1)  # [B, W, V]: row K is the bonus distribution
+    fallback = sample(recovery, noise_u).gather(1, drafts_accepted[:, None])  # [B, 1]
+
+    index = torch.arange(window, device=tokens.device)[None, :]
+    shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # d1 .. dK then a dummy
+    accepted = torch.where(index < drafts_accepted[:, None], shifted, fallback)
+    accepted = torch.where(index <= drafts_accepted[:, None], accepted, torch.full_like(accepted, -1))
+    return accepted, drafts_accepted + 1

@@ -6,6 +6,9 @@ Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
 - *window*: `tokens[b] = [t, d1 .. dK]`, validated at positions `base_pos[b] + 0..K`.
 - *accepted*: the L new tokens a step commits (1 <= L <= W for an active lane,
   0 for an inactive one), reported padded with -1.
+- *greedy lane* (temperature 0) commits the target argmax; a *random lane*
+  commits tokens distributed exactly as the target's filtered distribution
+  (speculative rejection sampling, see `fdecode.ops.sampling`).
 
 Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV
 leaves are written in place and aliased into the new state, so a step costs
@@ -63,6 +66,13 @@ class DecodeState:
     active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
     remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
     stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none
+    temperature: torch.Tensor  # [B] float32: 0 = greedy lane, > 0 = random lane
+    top_k: torch.Tensor  # [B] int64: keep the k most probable tokens, 0 = off
+    top_p: torch.Tensor  # [B] float32: keep the smallest top set of mass >= top_p, 1 = off
+    min_p: torch.Tensor  # [B] float32: keep tokens with p >= min_p * max p, 0 = off
+    seed: torch.Tensor  # [B] int64 in [0, 2**32): the lane's PRNG key
+    counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
+    draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from
     output: torch.Tensor  # [B, W + 2] int64: packed StepOutput of the transition that made this state
 
     @property
