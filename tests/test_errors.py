@@ -123,3 +123,23 @@ def test_ineligible_backend_raises_or_falls_back(monkeypatch):
     assert step.backend == "eager" and "no compiler in this test" in step.fallback_reason
     auto = fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "backend": "auto"}))
     assert auto.backend == "eager" and "inductor: no compiler" in auto.fallback_reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"temperature": float("nan")}, "finite"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"top_k": -1}, "top_k must be an int >= 0"),
+        ({"top_k": 2.5}, "top_k must be an int >= 0"),
+        ({"min_p": 2.0}, r"min_p must be in \[0, 1\]"),
+        ({"seed": -1}, "seed must be an int"),
+        ({"temperature": [0.5, 0.5, 0.5]}, "3 values for 1 prompts"),
+        ({"temperature": "hot"}, "must be a number or one per prompt"),
+    ],
+)
+def test_bad_sampling_parameters(step, kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        step.prefill([[1, 2]], max_new_tokens=3, **kwargs)

@@ -10,6 +10,7 @@ from conftest import fdecode_target, independent_draft, mtp_head
 
 # Writes through a view of the KV leaf (or the functional index_copy) make the compiled
 # step copy the whole cache every call; the cache must only ever be written by index_put.
+TORCH_RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "exponential", "multinomial", "bernoulli", "uniform", "normal"}
 WHOLE_CACHE_COPIES = ("aten::select_scatter", "aten::slice_scatter", "aten::as_strided_scatter", "aten::index_copy")
 
 
@@ -23,7 +24,8 @@ def compiled(request):
 
 @pytest.mark.slow
 def test_inspect_reports_one_graph_without_syncs(compiled):
-    state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=40)
+    # A greedy and a random lane (top-k) side by side: one graph serves both.
+    state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=40, temperature=[0.0, 0.8], top_k=[0, 5])
     report = fdecode.inspect(compiled, state)
     assert report.backend == "inductor"
     assert report.graph_count == 1
@@ -31,6 +33,8 @@ def test_inspect_reports_one_graph_without_syncs(compiled):
     assert report.op_counts["fdecode::prepare_next_draft"] == 1
     assert report.host_syncs == []
     assert not [op for op in WHOLE_CACHE_COPIES if op in report.op_counts]
+    # Randomness is the counter-based hash in the state: no torch RNG op (ACL graphs cannot hold them).
+    assert not [op for op in report.op_counts if op.split("::")[1] in TORCH_RANDOM_OPS]
     # 2 target layers (validate) + 1 draft forward of 2 rows + K-1 of 1 row, one index_put per layer each.
     draft_layers = compiled.draft.kv_config.num_layers
     assert report.op_counts["aten::index_put"] == 2 + draft_layers * compiled.config.K
@@ -46,6 +50,12 @@ def test_no_recompile_over_steps_and_new_prompts(compiled):
             state, out = compiled(state)
         # A new batch: other lengths, other lane count, other budgets and a stop id.
         state = compiled.prefill([[9] * 11, [3, 1], [2], [7, 7, 7]], max_new_tokens=30, eos_token_id=[5, 6])
+        for _ in range(5):
+            state, out = compiled(state)
+        # Sampling parameters and seeds are tensors too: new values, no new graph.
+        state = compiled.prefill(
+            [[1, 2], [3]], max_new_tokens=30, temperature=[0.7, 1.2], top_k=[3, 0], top_p=[1.0, 0.9], min_p=0.05, seed=5
+        )
         for _ in range(20):
             state, out = compiled(state)
     assert out.tokens.shape == (4, 4)

@@ -56,7 +56,7 @@ def fresh_kv(model, cfg, seq, hidden_in=None):
 def test_independent_draft_kv_matches_a_from_scratch_forward():
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
     step = fdecode.compile(target, draft, cfg)
     state, seqs, _, lengths = committed_run(step, steps=8)
     assert len(lengths) >= 2, lengths  # mixed acceptance
@@ -72,7 +72,7 @@ def test_independent_draft_kv_matches_a_from_scratch_forward():
 def test_mtp_kv_of_repair_and_current_rows_matches_from_scratch():
     target = fdecode_target(2)
     head = mtp_head("partial", target)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
     step = fdecode.compile(target, head, cfg)
     state, seqs, exact, lengths = committed_run(step, steps=8)
     assert len(lengths) >= 2, lengths
@@ -91,7 +91,7 @@ def test_finished_lanes_and_free_blocks_are_never_written():
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     # A generous pool: blocks nobody owns must stay zero; lane 1 finishes after 2 tokens.
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, num_blocks=64)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, num_blocks=64, backend="eager")
     step = fdecode.compile(target, draft, cfg)
     state = step.prefill(PROMPTS, max_new_tokens=30)
     state = state.replace(remaining=torch.tensor([30, 1, 30, 0]))  # lane 1: one more token, then done
