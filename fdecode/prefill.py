@@ -159,6 +159,119 @@ def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
     return table
 
 
+def empty_state(target, draft, cfg: DecodeConfig) -> DecodeState:
+    """A state with every lane inactive: fresh KV pools, no blocks handed out."""
+    batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
+    zeros = dict(dtype=torch.int64, device=device)
+    return DecodeState(
+        tokens=torch.zeros(batch, window, **zeros),
+        base_pos=torch.zeros(batch, **zeros),
+        block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
+        target_kv=target.config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        draft_kv=draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        active=torch.zeros(batch, dtype=torch.bool, device=device),
+        remaining=torch.zeros(batch, **zeros),
+        stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
+        temperature=torch.zeros(batch, dtype=torch.float32, device=device),
+        top_k=torch.zeros(batch, **zeros),
+        top_p=torch.ones(batch, dtype=torch.float32, device=device),
+        min_p=torch.zeros(batch, dtype=torch.float32, device=device),
+        seed=torch.zeros(batch, **zeros),
+        counter=torch.zeros(batch, **zeros),
+        draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
+        output=torch.zeros(batch, window + 2, **zeros),
+    )
+
+
+@torch.no_grad()
+def prime(
+    target,
+    draft,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    lanes: list[int],
+    prompts: list[list[int]],
+    *,
+    block_tables: torch.Tensor,  # [n, max_blocks] int64, the blocks handed to each new lane
+    budgets: list[int],
+    stop_ids: list[list[int]],
+    sampling: dict[str, list],
+) -> DecodeState:
+    """Write new requests into `lanes` of `state` (the host -> device transition); other lanes are untouched.
+
+    Inputs must already be checked (`check_*`). Consumes `state` (its KV is written in place).
+    """
+    n, bs, device = len(lanes), cfg.block_size, torch.device(cfg.device)
+    vocab = target.config.vocab_size
+    lengths = torch.tensor([len(p) for p in prompts], device=device)  # [n]
+    longest = int(lengths.max())
+    tokens = torch.zeros(n, longest, dtype=torch.int64)
+    for row, p in enumerate(prompts):
+        tokens[row, : len(p)] = torch.tensor(p)
+    tokens = tokens.to(device)
+    table = block_tables.to(device)
+    positions = torch.arange(longest, device=device).expand(n, longest)
+    real = positions < lengths[:, None]
+    slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
+
+    logits, hidden = target(tokens, positions, slots, state.target_kv, table, block_size=bs)  # [n, T, V], [n, T, H]
+    # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
+    shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
+    draft(tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted)
+
+    rows = torch.arange(n, device=device)
+    last = lengths - 1
+    stops = torch.full((n, cfg.max_stop_ids), -1, dtype=torch.int64)
+    for row, ids in enumerate(stop_ids):
+        stops[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    lane = {
+        "temperature": torch.tensor(sampling["temperature"], dtype=torch.float32, device=device),
+        "top_k": torch.tensor(sampling["top_k"], dtype=torch.int64, device=device),
+        "top_p": torch.tensor(sampling["top_p"], dtype=torch.float32, device=device),
+        "min_p": torch.tensor(sampling["min_p"], dtype=torch.float32, device=device),
+        "seed": torch.tensor(sampling["seed"], dtype=torch.int64, device=device),
+    }
+    active = torch.ones(n, dtype=torch.bool, device=device)
+    remaining = torch.tensor(budgets, dtype=torch.int64, device=device)
+    primed = DecodeState(
+        tokens=torch.zeros(n, cfg.W, dtype=torch.int64, device=device),
+        base_pos=last,  # advance() puts the first token at last + 1
+        block_tables=table,
+        target_kv=state.target_kv,
+        draft_kv=state.draft_kv,
+        active=active,
+        remaining=remaining,
+        stop_ids=stops.to(device),
+        **lane,
+        counter=torch.zeros(n, dtype=torch.int64, device=device),
+        draft_probs=torch.zeros(n, cfg.K, vocab, dtype=torch.float32, device=device),
+        output=torch.zeros(n, cfg.W + 2, dtype=torch.int64, device=device),
+    )
+    # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
+    last_logits = logits[rows, last]  # [n, V]
+    noise, _, draft_u = transition_uniforms(primed, vocab)
+    probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
+    first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
+    accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
+    accepted[:, 0] = first
+    window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
+    window_hidden[:, 0] = hidden[rows, last]
+    accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
+    new = advance(draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished)
+    return write_lanes(state, lanes, new)
+
+
+def write_lanes(state: DecodeState, lanes: list[int], rows: DecodeState) -> DecodeState:
+    """`state` with the per-lane leaves of `lanes` replaced by those of `rows` (KV leaves are shared)."""
+    index = torch.tensor(lanes, device=state.tokens.device)
+    changes = {
+        name: getattr(state, name).index_copy(0, index, getattr(rows, name))
+        for name in DecodeState.__dataclass_fields__
+        if name not in ("target_kv", "draft_kv")
+    }
+    return state.replace(**changes)
+
+
 @torch.no_grad()
 def prefill(
     target,
@@ -181,67 +294,10 @@ def prefill(
     budgets = check_budgets(lengths, max_new_tokens, cfg)
     stops = check_stop_ids(eos_token_id, cfg, vocab)
     sampling = check_sampling(len(prompts), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    bs, batch, device = cfg.block_size, cfg.max_batch, torch.device(cfg.device)
-    table = allocate_blocks([-(-(n + b) // bs) for n, b in zip(lengths, budgets)], cfg).to(device)
-
-    used = len(prompts)
-    longest = max(lengths)
-    tokens = torch.zeros(batch, longest, dtype=torch.int64)
-    for lane, p in enumerate(prompts):
-        tokens[lane, : len(p)] = torch.tensor(p)
-    tokens = tokens.to(device)
-    length = torch.tensor(lengths + [0] * (batch - used), device=device)  # [B]
-    active = torch.arange(batch, device=device) < used
-    positions = torch.arange(longest, device=device).expand(batch, longest)
-    real = positions < length[:, None]
-    slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
-
-    target_kv = target.config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
-    draft_kv = draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device)
-    logits, hidden = target(tokens, positions, slots, target_kv, table, block_size=bs)  # [B, T, V], [B, T, H]
-    last = (length - 1).clamp_min(0)
-    pad = batch - used
-    lane = {
-        "temperature": torch.tensor(sampling["temperature"] + [0.0] * pad, dtype=torch.float32, device=device),
-        "top_k": torch.tensor(sampling["top_k"] + [0] * pad, dtype=torch.int64, device=device),
-        "top_p": torch.tensor(sampling["top_p"] + [1.0] * pad, dtype=torch.float32, device=device),
-        "min_p": torch.tensor(sampling["min_p"] + [0.0] * pad, dtype=torch.float32, device=device),
-        "seed": torch.tensor(sampling["seed"] + [0] * pad, dtype=torch.int64, device=device),
-    }
-    last_logits = logits[torch.arange(batch, device=device), last]  # [B, V]
-    h_last = hidden[torch.arange(batch, device=device), last]  # [B, H]
-
-    # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
-    shifted = torch.cat([hidden.new_zeros(batch, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    draft(tokens, positions, slots, draft_kv, table, block_size=bs, hidden_in=shifted)
-
-    window = cfg.W
-    accepted = torch.full((batch, window), -1, dtype=torch.int64, device=device)
-    window_hidden = hidden.new_zeros(batch, window, hidden.shape[-1])
-    window_hidden[:, 0] = h_last
-    stop_ids = torch.full((batch, cfg.max_stop_ids), -1, dtype=torch.int64)
-    stop_ids[:used, : len(stops)] = torch.tensor(stops, dtype=torch.int64)
-    stop_ids = stop_ids.to(device)
-    remaining = torch.tensor(budgets + [0] * pad, device=device)
-
-    primed = DecodeState(
-        tokens=torch.zeros(batch, window, dtype=torch.int64, device=device),
-        base_pos=last,
-        block_tables=table,
-        target_kv=target_kv,
-        draft_kv=draft_kv,
-        active=active,
-        remaining=remaining,
-        stop_ids=stop_ids,
-        **lane,
-        counter=torch.zeros(batch, dtype=torch.int64, device=device),
-        draft_probs=torch.zeros(batch, cfg.K, vocab, dtype=torch.float32, device=device),
-        output=torch.zeros(batch, window + 2, dtype=torch.int64, device=device),
+    needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
+    table = allocate_blocks(needs, cfg)[: len(prompts)]
+    lanes = list(range(len(prompts)))
+    return prime(
+        target, draft, cfg, empty_state(target, draft, cfg), lanes, prompts,
+        block_tables=table, budgets=budgets, stop_ids=[stops] * len(prompts), sampling=sampling,
     )
-    # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
-    noise, _, draft_u = transition_uniforms(primed, vocab)
-    probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-    first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
-    accepted[:, 0] = torch.where(active, first, -1)
-    accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, stop_ids)
-    return advance(draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished)
