@@ -11,11 +11,14 @@ from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
 from fdecode.generate import generate
 from fdecode.graphs import GraphReport, Step, compile, inspect
+from fdecode.runtime import Engine, Event
 from fdecode.state import DecodeState, StepOutput
 
 __all__ = [
     "DecodeConfig",
     "DecodeState",
+    "Engine",
+    "Event",
     "GraphReport",
     "Step",
     "StepOutput",

@@ -1,18 +1,21 @@
-"""`fdecode.generate`: the convenience loop over a compiled step.
+"""`fdecode.generate`: the convenience loop, on top of `Engine`.
 
-Prefill, then step until every lane has finished (stop id, budget, or capacity);
-collect each lane's committed tokens. Stop conditions are evaluated inside the
-step on the device; the host only reads the packed output.
+Every prompt becomes a request; the engine admits as many as there are lanes
+(and KV blocks), steps until all have finished, and returns each prompt's new
+tokens. Stop conditions are evaluated inside the step on the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+from tqdm.auto import tqdm
 
-from fdecode.prefill import PerPrompt, Prompt
-from fdecode.state import StepOutput
+from fdecode.prefill import PerPrompt, Prompt, _per_prompt
+from fdecode.runtime.engine import Engine
+
+# Show a progress bar by default when a call may commit at least this many tokens.
+PROGRESS_MIN_TOKENS = 2048
 
 
 def generate(
@@ -26,29 +29,42 @@ def generate(
     top_p: PerPrompt = None,
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
+    progress: bool | None = None,
 ) -> list[list[int]]:
     """Speculative generation. Returns the new tokens of each prompt (stop id included).
 
     Greedy by default; sampling parameters are scalars or one per prompt (see `Step.prefill`).
+    More prompts than `max_batch` are fine: they queue and are admitted as lanes free up.
+    progress: show a tqdm bar (default: for calls of PROGRESS_MIN_TOKENS tokens or more).
     """
-    state = step.prefill(
-        prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-    )
-    outputs: list[list[int]] = [[] for _ in prompts]
-    out = state.step_output
-    # Each step commits at least one token per active lane, so max_new_tokens steps always suffice.
-    for _ in range(max_new_tokens):
-        if _collect(out, outputs):
-            break
-        state, out = step(state)
-    return outputs
-
-
-def _collect(out: StepOutput, outputs: list[list[int]]) -> bool:
-    """Append the committed tokens of `out` to `outputs`; True when every prompt's lane has finished."""
-    packed = out.packed.cpu()
-    tokens, counts, finished = packed[:, :-2], packed[:, -2], packed[:, -1]
-    for lane, seq in enumerate(outputs):
-        seq.extend(tokens[lane, : int(counts[lane])].tolist())
-    return bool(torch.all(finished[: len(outputs)] == 1))
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of token-id sequences, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    count = len(prompts)
+    per = {
+        "temperature": _per_prompt("temperature", temperature, count, 0.0),
+        "top_k": _per_prompt("top_k", top_k, count, 0),
+        "top_p": _per_prompt("top_p", top_p, count, 1.0),
+        "min_p": _per_prompt("min_p", min_p, count, 0.0),
+        "seed": _per_prompt("seed", seed, count, None),
+    }
+    engine = Engine(step)
+    ids = []
+    for i, prompt in enumerate(prompts):
+        try:
+            ids.append(
+                engine.add_request(
+                    prompt, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                    **{name: values[i] for name, values in per.items()},
+                )
+            )
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"prompt {i}: {err}") from None
+    outputs = {rid: [] for rid in ids}
+    show = progress if progress is not None else count * max_new_tokens >= PROGRESS_MIN_TOKENS
+    with tqdm(total=count * max_new_tokens, disable=not show, unit="tok", desc="fdecode") as bar:
+        for event in engine.stream():
+            outputs[event.request_id].extend(event.new_tokens)
+            bar.update(len(event.new_tokens))
+    return [outputs[rid] for rid in ids]

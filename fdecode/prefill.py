@@ -84,32 +84,34 @@ def check_sampling(
     return params
 
 
+def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list[int]:
+    """Validate one prompt and return it as a list of ints."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+            raise TypeError(f"{label}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+        raise TypeError(f"{label}: expected a sequence of token ids, got {type(prompt).__name__}")
+    ids = list(prompt)
+    if not ids:
+        raise ValueError(f"{label} is empty")
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise TypeError(f"{label}: token ids must be ints, got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{label}: token id {t} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
 def check_prompts(prompts: Sequence[Prompt], cfg: DecodeConfig, vocab_size: int) -> list[list[int]]:
-    """Validate prompts and return them as lists of ints."""
+    """Validate a batch of prompts (at most `max_batch`) and return them as lists of ints."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a list of token-id sequences, got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
     if len(prompts) > cfg.max_batch:
-        raise ValueError(f"{len(prompts)} prompts but max_batch is {cfg.max_batch}")
-    out = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
-                raise TypeError(f"prompt {i}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
-            prompt = prompt.tolist()
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-            raise TypeError(f"prompt {i}: expected a sequence of token ids, got {type(prompt).__name__}")
-        ids = list(prompt)
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        for t in ids:
-            if not isinstance(t, int) or isinstance(t, bool):
-                raise TypeError(f"prompt {i}: token ids must be ints, got {t!r}")
-            if not 0 <= t < vocab_size:
-                raise ValueError(f"prompt {i}: token id {t} is outside the vocabulary [0, {vocab_size})")
-        out.append(ids)
-    return out
+        raise ValueError(f"{len(prompts)} prompts but max_batch is {cfg.max_batch} (fdecode.generate queues them)")
+    return [check_prompt(p, vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
 
 
 def check_budgets(lengths: list[int], max_new_tokens: int | None, cfg: DecodeConfig) -> list[int]:

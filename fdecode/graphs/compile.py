@@ -9,7 +9,7 @@ import torch
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import choose_backend
 from fdecode.models.resolve import resolve_draft, resolve_target
-from fdecode.prefill import PerPrompt, Prompt, prefill
+from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
 from fdecode.state import DecodeState, StepOutput
 from fdecode.step import decode_step
 
@@ -63,6 +63,10 @@ class Step:
             self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
         )
+
+    def empty_state(self) -> DecodeState:
+        """A state with every lane inactive (fresh KV pools): what an `Engine` starts from."""
+        return empty_state(self.target, self.draft, self.config)
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""

@@ -1,0 +1,6 @@
+"""The host side: an engine that feeds the compiled step without blocking it."""
+
+from fdecode.runtime.allocator import BlockAllocator
+from fdecode.runtime.engine import Engine, Event
+
+__all__ = ["BlockAllocator", "Engine", "Event"]

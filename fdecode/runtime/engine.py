@@ -1,0 +1,243 @@
+"""`Engine`: the host loop that feeds a compiled step without waiting on it.
+
+Each `engine.step()`:
+1. launches the device step on the current state (all admitted lanes),
+2. reads the *previous* step's output from a persistent host buffer after one
+   event wait (one step behind: on an accelerator the device is already running
+   step 1 while the host reads), turns it into events, and retires finished lanes
+   (their blocks return to the pool),
+3. queues a non-blocking copy of this step's output into the host buffer,
+4. admits waiting requests into free lanes by priming (prefill written into the
+   lanes of the live state, no recompilation: shapes are fixed by `max_batch`);
+   their first token is copied the same way and read with the next output.
+
+Stop conditions (stop ids, budgets, `max_seq_len`) are applied on the device; a
+finished lane is inactive there at once and writes only the scratch slot, while
+the host learns of it one step later. Each request reserves the KV blocks for its
+prompt plus budget at admission, so the device can never run past a lane's blocks;
+a request that does not fit waits for blocks to return.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fdecode.prefill import check_budgets, check_prompt, check_sampling, check_stop_ids, prime
+from fdecode.runtime.allocator import BlockAllocator
+
+
+@dataclass(frozen=True)
+class Event:
+    request_id: int
+    new_tokens: list[int]  # tokens committed since the last event of this request
+    finished: bool
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt: list[int]
+    budget: int
+    stop_ids: list[int]
+    sampling: dict[str, list]
+    blocks_needed: int
+    blocks: list[int] = field(default_factory=list)
+    lane: int | None = None
+
+
+class Engine:
+    """Continuous batching over a compiled `Step`.
+
+    engine = fdecode.Engine(step)
+    rid = engine.add_request(prompt, max_new_tokens=64, eos_token_id=2, temperature=0.8, seed=1)
+    for event in engine.stream(): ...        # (request_id, new_tokens, finished)
+    results = engine.run()                   # {request_id: tokens}, runs until idle
+    """
+
+    def __init__(self, step, *, callbacks: Sequence[Callable[[Event], None]] = ()) -> None:
+        self.step_fn = step
+        cfg = self.config = step.config
+        self.state = step.empty_state()
+        self.allocator = BlockAllocator(cfg.pool_blocks)
+        self.callbacks = list(callbacks)
+        self.steps = 0  # device steps launched
+        self.host_waits = 0  # device -> host reads (one per step)
+        self._lanes: list[_Request | None] = [None] * cfg.max_batch
+        self._waiting: deque[_Request] = deque()
+        self._requests: dict[int, _Request] = {}
+        self._next_id = 0
+        device = torch.device(cfg.device)
+        pinned = device.type == "cuda"
+        # Persistent host buffers, allocated once: the step's packed output and priming's first tokens.
+        self._out_host = torch.zeros(cfg.max_batch, cfg.W + 2, dtype=torch.int64, pin_memory=pinned)
+        self._prime_host = torch.zeros_like(self._out_host, pin_memory=pinned)
+        self._ready = torch.cuda.Event() if pinned else None
+        self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched
+        self._primed_lanes: list[int] = []
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self,
+        prompt: Sequence[int] | torch.Tensor,
+        *,
+        max_new_tokens: int,
+        eos_token_id: int | Sequence[int] | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+    ) -> int:
+        """Queue a request; it is admitted when a lane and its KV blocks are free. Returns its id."""
+        cfg, vocab = self.config, self.step_fn.target.config.vocab_size
+        ids = check_prompt(prompt, vocab)
+        (budget,) = check_budgets([len(ids)], max_new_tokens, cfg)
+        stops = check_stop_ids(eos_token_id, cfg, vocab)
+        sampling = check_sampling(1, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        need = -(-(len(ids) + budget) // cfg.block_size)
+        if need > self.allocator.capacity:
+            raise ValueError(
+                f"request needs {need} KV blocks (prompt {len(ids)} + budget {budget}) but the pool has "
+                f"{self.allocator.capacity}: it could never be admitted"
+            )
+        request = _Request(self._next_id, ids, budget, stops, sampling, need)
+        self._next_id += 1
+        self._requests[request.id] = request
+        self._waiting.append(request)
+        return request.id
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request now: a waiting one is dropped, a running one's lane is silenced and freed."""
+        request = self._requests.get(request_id)
+        if request is None:
+            raise KeyError(f"unknown request id {request_id!r} (finished requests are forgotten)")
+        if request.lane is None:
+            self._waiting.remove(request)
+        else:
+            index = torch.tensor([request.lane], device=self.state.active.device)
+            self.state = self.state.replace(active=self.state.active.index_fill(0, index, False))
+            self._retire(request)
+        del self._requests[request_id]
+
+    @property
+    def num_active(self) -> int:
+        return sum(r is not None for r in self._lanes)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_work(self) -> bool:
+        return bool(self._requests) or self._out_lanes is not None
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> list[Event]:
+        """One iteration: launch, read the previous output, admit. Returns the events read."""
+        launched = None
+        if self.num_active:
+            self.state, out = self.step_fn(self.state)
+            launched = out.packed
+            self.steps += 1
+        events = self._drain()
+        if launched is not None:
+            self._out_host.copy_(launched, non_blocking=True)
+            self._out_lanes = list(self._lanes)
+        events += self._admit()
+        if self._ready is not None and (launched is not None or self._primed_lanes):
+            self._ready.record()
+        for event in events:
+            for callback in self.callbacks:
+                callback(event)
+        return events
+
+    def stream(self) -> Iterator[Event]:
+        """Events until every request has finished."""
+        while self.has_work():
+            yield from self.step()
+
+    def run(self) -> dict[int, list[int]]:
+        """Run until idle; returns every request's committed tokens."""
+        results: dict[int, list[int]] = {}
+        for event in self.stream():
+            results.setdefault(event.request_id, []).extend(event.new_tokens)
+        return results
+
+    # ------------------------------------------------------------------ internals
+
+    def _drain(self) -> list[Event]:
+        """Read the pending step output and primed first tokens (one event wait) into events."""
+        if self._out_lanes is None and not self._primed_lanes:
+            return []
+        if self._ready is not None:
+            self._ready.synchronize()
+        self.host_waits += 1
+        events: list[Event] = []
+        if self._out_lanes is not None:
+            events += self._read(self._out_host, self._out_lanes, range(len(self._out_lanes)))
+            self._out_lanes = None
+        if self._primed_lanes:
+            events += self._read(self._prime_host, self._lanes, self._primed_lanes)
+            self._primed_lanes = []
+        return events
+
+    def _read(self, host: torch.Tensor, owners, lanes) -> list[Event]:
+        events = []
+        rows = host.tolist()
+        for lane in lanes:
+            request = owners[lane]
+            if request is None or request.lane != lane:
+                continue  # a lane retired or re-primed since this output was produced
+            row = rows[lane]
+            count, finished = row[-2], bool(row[-1])
+            if count == 0 and not finished:
+                continue
+            events.append(Event(request.id, row[:count], finished))
+            if finished:
+                self._retire(request)
+                del self._requests[request.id]
+        return events
+
+    def _retire(self, request: _Request) -> None:
+        self._lanes[request.lane] = None
+        self.allocator.free(request.blocks)
+        request.blocks, request.lane = [], None
+
+    def _admit(self) -> list[Event]:
+        free_lanes = [lane for lane, r in enumerate(self._lanes) if r is None]
+        admitted: list[_Request] = []
+        while self._waiting and len(admitted) < len(free_lanes):
+            blocks = self.allocator.allocate(self._waiting[0].blocks_needed)
+            if blocks is None:
+                break  # first come, first served: wait for blocks to return
+            request = self._waiting.popleft()
+            request.blocks, request.lane = blocks, free_lanes[len(admitted)]
+            admitted.append(request)
+        if not admitted:
+            return []
+        cfg = self.config
+        table = torch.full((len(admitted), cfg.blocks_per_lane), -1, dtype=torch.int64)
+        for row, request in enumerate(admitted):
+            table[row, : len(request.blocks)] = torch.tensor(request.blocks)
+            self._lanes[request.lane] = request
+        lanes = [r.lane for r in admitted]
+        sampling = {name: [r.sampling[name][0] for r in admitted] for name in admitted[0].sampling}
+        self.state = prime(
+            self.step_fn.target, self.step_fn.draft, cfg, self.state, lanes, [r.prompt for r in admitted],
+            block_tables=table, budgets=[r.budget for r in admitted], stop_ids=[r.stop_ids for r in admitted],
+            sampling=sampling,
+        )
+        self._prime_host.copy_(self.state.output, non_blocking=True)
+        self._primed_lanes = lanes
+        return []
+
+    def __repr__(self) -> str:
+        return (
+            f"Engine(active={self.num_active}/{self.config.max_batch}, waiting={self.num_waiting}, "
+            f"steps={self.steps}, {self.allocator})"
+        )
