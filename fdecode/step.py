@@ -107,7 +107,8 @@ def advance(
         hidden_in=rows_hidden.view(batch, 2, width),
     )  # the `current` row (column 1) proposes d'1 at P + 1
     last = tokens.view(batch, 2)[:, 1]
-    pos = rows_pos.view(batch, 2)[:, 1]  # P, the position of `last`
+    # P, the position of `last`; contiguous, so states built by priming have the same strides (no recompile)
+    pos = rows_pos.view(batch, 2)[:, 1].contiguous()
     proposal, probs = propose(state, logits[:, 1], draft_u[:, 0])
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]

@@ -1,0 +1,165 @@
+"""The runtime: continuous batching by priming, one-step-behind reads, paged allocation."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import tracemalloc
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fdecode
+from conftest import VOCAB, fdecode_target, independent_draft
+
+K = 2
+
+
+@functools.lru_cache(maxsize=None)
+def models():
+    target = fdecode_target(2)
+    return target, independent_draft("partial", target)
+
+
+def make_step(max_batch=3, num_blocks=None, max_seq_len=48, backend="eager"):
+    target, draft = models()
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=K, max_batch=max_batch, max_seq_len=max_seq_len, block_size=4, num_blocks=num_blocks,
+        backend=backend,
+    )
+    return fdecode.compile(target, draft, cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def alone(prompt: tuple[int, ...], max_new_tokens: int, eos: int | None) -> list[int]:
+    """One-request-at-a-time greedy decoding: the reference for every schedule."""
+    return fdecode.generate(make_step(max_batch=1), [list(prompt)], max_new_tokens=max_new_tokens, eos_token_id=eos)[0]
+
+
+requests = st.lists(
+    st.tuples(
+        st.integers(0, 6),  # arrival step
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10).map(tuple),  # prompt
+        st.integers(1, 14),  # budget
+        st.one_of(st.none(), st.integers(0, VOCAB - 1)),  # eos id
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=requests, max_batch=st.integers(1, 3), pool=st.integers(8, 30))
+def test_any_arrival_schedule_gives_each_request_its_solo_tokens(schedule, max_batch, pool):
+    engine = fdecode.Engine(make_step(max_batch=max_batch, num_blocks=pool))
+    pending = sorted(schedule, key=lambda r: r[0])
+    want, got, tick = {}, {}, 0
+    while pending or engine.has_work():
+        while pending and pending[0][0] <= tick:
+            _, prompt, budget, eos = pending.pop(0)
+            rid = engine.add_request(list(prompt), max_new_tokens=budget, eos_token_id=eos)
+            want[rid] = alone(prompt, budget, eos)
+        for event in engine.step():
+            assert not got.get(event.request_id, (None, False))[1], "event after finish"
+            tokens, _ = got.get(event.request_id, ([], False))
+            got[event.request_id] = (tokens + event.new_tokens, event.finished)
+        tick += 1
+        assert tick < 500
+    assert {rid: tokens for rid, (tokens, _) in got.items()} == want
+    assert all(finished for _, finished in got.values())
+    assert engine.allocator.num_free == engine.allocator.capacity  # every block came back
+
+
+def test_seeded_random_requests_do_not_depend_on_the_batch():
+    solo = fdecode.Engine(make_step(max_batch=1))
+    rid = solo.add_request([5, 6, 7], max_new_tokens=12, temperature=0.9, top_k=10, seed=77)
+    want = solo.run()[rid]
+    busy = fdecode.Engine(make_step(max_batch=3))
+    busy.add_request([1, 2], max_new_tokens=5)
+    busy.step()
+    busy.step()
+    rid = busy.add_request([5, 6, 7], max_new_tokens=12, temperature=0.9, top_k=10, seed=77)
+    busy.add_request([9, 9, 9, 9], max_new_tokens=20, temperature=1.0, seed=3)
+    assert busy.run()[rid] == want
+
+
+def test_one_host_read_per_step_and_streaming_callbacks():
+    seen = []
+    engine = fdecode.Engine(make_step(), callbacks=[seen.append])
+    ids = [engine.add_request([3, 1, 4], max_new_tokens=9), engine.add_request([1, 5], max_new_tokens=4)]
+    results = engine.run()
+    assert engine.host_waits == engine.steps + 1  # one read per step, plus the very first priming read
+    assert sorted(results) == ids
+    assert [e for e in seen if e.finished] and all(isinstance(e, fdecode.Event) for e in seen)
+    assert sum(len(e.new_tokens) for e in seen) == 13
+
+
+def test_no_recompile_over_admissions_and_retirements():
+    step = make_step(backend="aot_eager")
+    engine = fdecode.Engine(step)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(8):
+            engine.add_request([i + 1, 2, 3], max_new_tokens=3 + i, temperature=0.5 * (i % 2), seed=i)
+            engine.step()
+        engine.run()
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_2000_steps_of_admissions():
+    engine = fdecode.Engine(make_step(max_batch=4, num_blocks=40))
+    kv_ptrs = (engine.state.target_kv.data_ptr(), engine.state.draft_kv.data_ptr())
+    n = 0
+
+    def top_up():
+        nonlocal n
+        while engine.num_waiting < 2:
+            engine.add_request([n % 90 + 1, 7], max_new_tokens=5 + n % 9, temperature=0.7 * (n % 2), seed=n)
+            n += 1
+
+    for _ in range(200):  # warm-up: allocator, caches, lazy imports
+        top_up()
+        engine.step()
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    peaks = []
+    for i in range(2000):
+        top_up()
+        engine.step()
+        if i % 200 == 199:
+            gc.collect()
+            peaks.append(tracemalloc.get_traced_memory()[0] - base)
+    tracemalloc.stop()
+    assert n > 400  # requests really came and went
+    assert max(peaks) < 256 * 1024, peaks  # host memory: no per-step growth
+    assert (engine.state.target_kv.data_ptr(), engine.state.draft_kv.data_ptr()) == kv_ptrs  # KV never reallocated
+
+
+def test_pool_exhaustion_waits_and_impossible_requests_fail():
+    engine = fdecode.Engine(make_step(max_batch=3, num_blocks=9))  # 8 usable blocks
+    big = engine.add_request([1] * 10, max_new_tokens=18)  # 7 blocks
+    small = engine.add_request([2, 3], max_new_tokens=6)  # 2 blocks: must wait for `big`
+    engine.step()
+    assert engine.num_active == 1 and engine.num_waiting == 1
+    results = engine.run()
+    assert results[big] == alone(tuple([1] * 10), 18, None) and results[small] == alone((2, 3), 6, None)
+    with pytest.raises(ValueError, match="could never be admitted"):
+        fdecode.Engine(make_step(max_batch=3, num_blocks=4)).add_request([1] * 10, max_new_tokens=8)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.add_request([1] * 40, max_new_tokens=9)
+
+
+def test_cancel_and_unknown_ids():
+    engine = fdecode.Engine(make_step(max_batch=1))
+    first = engine.add_request([1, 2], max_new_tokens=30)
+    second = engine.add_request([3, 4], max_new_tokens=4)
+    engine.step()
+    engine.step()
+    engine.cancel(first)  # frees the lane: the waiting request is admitted
+    assert engine.run() == {second: alone((3, 4), 4, None)}
+    with pytest.raises(KeyError, match="unknown request id"):
+        engine.cancel(first)
+    with pytest.raises(KeyError, match="unknown request id"):
+        engine.cancel(12345)
