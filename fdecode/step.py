@@ -24,7 +24,7 @@ from fdecode.ops.filters import filtered_probs
 from fdecode.ops.paging import slot_of
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
-from fdecode.ops.sampling import apply_stops, greedy_accept, sample, speculative_accept
+from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
 
 
@@ -53,8 +53,14 @@ def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[D
     )  # [B, W, V], [B, W, H]
     noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
     accepted, length = verify(state, logits, noise, accept_u)
-    accepted, _, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
-    new_state = advance(draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished)
+    accepted, length, remaining, finished = apply_stops(
+        accepted, length, state.active, state.remaining, state.stop_ids
+    )
+    accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
+    new_state = advance(
+        draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
+        overflow=overflow,
+    )
     return new_state, new_state.step_output
 
 
@@ -87,6 +93,7 @@ def advance(
     *,
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
+    overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
 ) -> DecodeState:
     """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
     batch, window = accepted.shape
@@ -122,7 +129,8 @@ def advance(
         drafts.append(proposal)
         draft_probs.append(probs)
 
-    output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), finished)
+    status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
+    output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
     return DecodeState(
         tokens=torch.stack([last, *drafts], dim=1),
         draft_probs=torch.stack(draft_probs, dim=1),

@@ -151,6 +151,46 @@ def test_pool_exhaustion_waits_and_impossible_requests_fail():
         engine.add_request([1] * 40, max_new_tokens=9)
 
 
+def test_overcommitted_pool_stops_the_lanes_that_run_dry_and_spares_the_others():
+    # 12 usable blocks; two requests may each grow to 8 (4 prompt + 28 budget), a short one needs 2.
+    engine = fdecode.Engine(make_step(max_batch=3, num_blocks=13), overcommit=True)
+    requests = {(1, 2, 3, 4): 28, (9, 8, 7, 6): 28, (5, 5): 3}
+    ids = {engine.add_request(list(p), max_new_tokens=n): (p, n) for p, n in requests.items()}
+    events = list(engine.stream())
+    errors = {e.request_id for e in events if e.error}
+    assert errors and all("KV blocks" in e.error and e.finished for e in events if e.error)
+    for rid, (prompt, budget) in ids.items():
+        tokens = [t for e in events if e.request_id == rid for t in e.new_tokens]
+        solo = alone(prompt, budget, None)
+        if rid in errors:
+            assert len(tokens) < budget and tokens == solo[: len(tokens)]  # cut short, never wrong
+        else:
+            assert tokens == solo
+    assert ids and max(ids) not in errors  # the short request finished normally
+    assert engine.allocator.num_free == engine.allocator.capacity
+
+
+def test_step_stops_a_lane_whose_blocks_are_missing():
+    step = make_step(max_batch=2)
+    state = step.prefill([[1, 2, 3], [4, 5, 6]], max_new_tokens=30)
+    table = state.block_tables.clone()
+    table[0, 2:] = -1  # lane 0 owns positions 0..7 only; its budget would take it to 32
+    state = state.replace(block_tables=table)
+    tokens = [[int(state.tokens[0, 0])], [int(state.tokens[1, 0])]]
+    errors = []
+    for _ in range(12):
+        state, out = step(state)
+        for lane in (0, 1):
+            tokens[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+        errors.append(out.error.tolist())
+    assert [True, False] in errors and not any(e[1] for e in errors)
+    # Positions 0..7 have KV; the token at 8 may be committed (its KV is written by the next
+    # validate, which is where the lane stops), nothing after it.
+    assert 3 + len(tokens[0]) <= 9
+    assert tokens[0] == alone((1, 2, 3), 30, None)[: len(tokens[0])]  # cut short, never wrong
+    assert tokens[1] == alone((4, 5, 6), 30, None)[: len(tokens[1])] and len(tokens[1]) > 8
+
+
 def test_cancel_and_unknown_ids():
     engine = fdecode.Engine(make_step(max_batch=1))
     first = engine.add_request([1, 2], max_new_tokens=30)

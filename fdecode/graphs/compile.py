@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -12,6 +13,13 @@ from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
 from fdecode.state import DecodeState, StepOutput
 from fdecode.step import decode_step
+
+
+def fresh_code(fn: Callable, name: str) -> Callable:
+    """`fn` with a code object of its own. Dynamo caches compiled graphs (and counts recompiles,
+    up to `cache_size_limit`) per code object; giving every Step its own means two steps with
+    different configs never evict each other or count as each other's recompiles."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 class Step:
@@ -29,13 +37,14 @@ class Step:
         self.draft_kind = draft_kind
         self.backend = backend
         self.fallback_reason = fallback_reason
+
+        def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
+            return decode_step(target, draft, config, state)
+
+        self.fn = fresh_code(step, "fdecode_step")  # the pure step function (what every backend captures)
         self._compiled = self.fn if backend == "eager" else torch.compile(
             self.fn, backend=backend, fullgraph=True, dynamic=False
         )
-
-    def fn(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        """The pure step function (what every backend captures)."""
-        return decode_step(self.target, self.draft, self.config, state)
 
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
         self.check_state(state)

@@ -12,7 +12,6 @@ Inspection runs on a clone of the state: the caller's state is not consumed.
 
 from __future__ import annotations
 
-import types
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
 
+from fdecode.graphs.compile import fresh_code
 from fdecode.state import DecodeState
 from fdecode.step import decode_step
 
@@ -88,9 +88,9 @@ def inspect(step, state: DecodeState) -> GraphReport:
     def traced(state):
         return decode_step(step.target, step.draft, step.config, state)
 
-    # A fresh code object per call: Dynamo caches by code object, so repeated inspections
-    # neither hit an old trace nor count as recompiles of the user's step.
-    fresh = types.FunctionType(traced.__code__.replace(), traced.__globals__, "fdecode_inspect", None, traced.__closure__)
+    # A fresh code object per call: repeated inspections neither hit an old trace nor count as
+    # recompiles of the user's step.
+    fresh = fresh_code(traced, "fdecode_inspect")
     breaks_before = Counter(counters["graph_break"])
     with torch.no_grad():
         torch.compile(fresh, backend=capture, fullgraph=False, dynamic=False)(state.clone())

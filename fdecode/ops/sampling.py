@@ -103,3 +103,23 @@ def speculative_accept(
     accepted = torch.where(index < drafts_accepted[:, None], shifted, fallback)
     accepted = torch.where(index <= drafts_accepted[:, None], accepted, torch.full_like(accepted, -1))
     return accepted, drafts_accepted + 1
+
+
+def cut_at_missing_kv(
+    accepted: torch.Tensor,  # [B, W] int64, after `apply_stops`
+    length: torch.Tensor,  # [B] int64
+    remaining: torch.Tensor,  # [B] int64 budget left after `length`
+    has_kv: torch.Tensor,  # [B, W] bool: window row j's KV had a real slot (not scratch)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stop lanes that ran past their KV blocks (the host did not extend them in time).
+
+    Row j's logits are only right if the keys of rows 0..j were really written, so a
+    lane commits at most the leading rows with KV; if that cuts its accepted run it
+    is stopped with an error (`overflow`). Returns accepted, length, remaining, overflow [B] bool.
+    """
+    rows_with_kv = first_true(~has_kv)  # [B] leading window rows whose KV landed in the lane's blocks
+    overflow = length > rows_with_kv
+    kept = torch.minimum(length, rows_with_kv)
+    keep = torch.arange(accepted.shape[1], device=accepted.device)[None, :] < kept[:, None]
+    accepted = torch.where(keep, accepted, torch.full_like(accepted, -1))
+    return accepted, kept, remaining + (length - kept), overflow

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 
 class BlockAllocator:
-    """A free list of KV blocks. A request reserves every block it can ever write at admission
-    (prompt + budget), so the device can never run past a lane's blocks between host visits,
-    whatever the acceptance; requests that do not fit wait until blocks return."""
+    """A free list of KV blocks; the engine decides who gets how many (lookahead policy in `Engine`)."""
 
     def __init__(self, num_blocks: int) -> None:
         self.capacity = num_blocks - 1

@@ -13,9 +13,19 @@ Each `engine.step()`:
 
 Stop conditions (stop ids, budgets, `max_seq_len`) are applied on the device; a
 finished lane is inactive there at once and writes only the scratch slot, while
-the host learns of it one step later. Each request reserves the KV blocks for its
-prompt plus budget at admission, so the device can never run past a lane's blocks;
-a request that does not fit waits for blocks to return.
+the host learns of it one step later.
+
+Paged allocation with lookahead: the host knows a lane's committed length one step
+late and the device can advance W = K + 1 positions per step, so before each launch
+every lane owns the blocks of positions up to `known + 2W + K` (capped at prompt +
+budget): the step in flight and the next one can never reach an unowned block. A
+request is admitted when a lane and its first blocks are free (else it waits);
+blocks return on finish or cancel. By default admission also counts the blocks a
+request may still grow into (prompt + budget) as spoken for, so growth never fails.
+With `overcommit=True` only the first blocks must be free, so more requests run
+at once; if the pool then runs dry while a lane grows, the device writes that
+lane's missing rows to the scratch slot, cuts its output to the rows it can trust
+and stops it, and its last event carries the error. Other lanes are never touched.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ class Event:
     request_id: int
     new_tokens: list[int]  # tokens committed since the last event of this request
     finished: bool
+    error: str | None = None  # why the request was stopped early, if it was
 
 
 @dataclass
@@ -44,9 +55,10 @@ class _Request:
     budget: int
     stop_ids: list[int]
     sampling: dict[str, list]
-    blocks_needed: int
+    blocks_needed: int  # blocks of prompt + budget: the most it can ever own
     blocks: list[int] = field(default_factory=list)
     lane: int | None = None
+    known: int = 0  # tokens the host has seen committed (prompt included)
 
 
 class Engine:
@@ -58,8 +70,11 @@ class Engine:
     results = engine.run()                   # {request_id: tokens}, runs until idle
     """
 
-    def __init__(self, step, *, callbacks: Sequence[Callable[[Event], None]] = ()) -> None:
+    def __init__(
+        self, step, *, callbacks: Sequence[Callable[[Event], None]] = (), overcommit: bool = False
+    ) -> None:
         self.step_fn = step
+        self.overcommit = overcommit
         cfg = self.config = step.config
         self.state = step.empty_state()
         self.allocator = BlockAllocator(cfg.pool_blocks)
@@ -105,7 +120,7 @@ class Engine:
                 f"request needs {need} KV blocks (prompt {len(ids)} + budget {budget}) but the pool has "
                 f"{self.allocator.capacity}: it could never be admitted"
             )
-        request = _Request(self._next_id, ids, budget, stops, sampling, need)
+        request = _Request(self._next_id, ids, budget, stops, sampling, need, known=len(ids))
         self._next_id += 1
         self._requests[request.id] = request
         self._waiting.append(request)
@@ -149,6 +164,7 @@ class Engine:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
         events += self._admit()
+        self._extend()
         if self._ready is not None and (launched is not None or self._primed_lanes):
             self._ready.record()
         for event in events:
@@ -197,7 +213,9 @@ class Engine:
             count, finished = row[-2], bool(row[-1])
             if count == 0 and not finished:
                 continue
-            events.append(Event(request.id, row[:count], finished))
+            error = "ran out of KV blocks (pool exhausted while the request grew)" if row[-1] == 2 else None
+            events.append(Event(request.id, row[:count], finished, error))
+            request.known += count
             if finished:
                 self._retire(request)
                 del self._requests[request.id]
@@ -208,11 +226,42 @@ class Engine:
         self.allocator.free(request.blocks)
         request.blocks, request.lane = [], None
 
+    def _blocks_wanted(self, request: _Request) -> int:
+        """Blocks covering every position the next launched step can write (see the module docstring)."""
+        cfg = self.config
+        last_position = request.known - 1 + 2 * cfg.W + cfg.K
+        return min(request.blocks_needed, last_position // cfg.block_size + 1)
+
+    def _extend(self) -> None:
+        """Hand running lanes the blocks the next step may reach; one small table write if any."""
+        lanes, columns, blocks = [], [], []
+        for request in self._lanes:
+            if request is None:
+                continue
+            more = self._blocks_wanted(request) - len(request.blocks)
+            got = self.allocator.allocate(more) if more > 0 else None
+            if got is None:
+                continue  # pool dry: the device stops the lane if it really gets there
+            lanes += [request.lane] * len(got)
+            columns += range(len(request.blocks), len(request.blocks) + len(got))
+            blocks += got
+            request.blocks += got
+        if blocks:
+            device = self.state.block_tables.device
+            index = (torch.tensor(lanes, device=device), torch.tensor(columns, device=device))
+            table = self.state.block_tables.index_put(index, torch.tensor(blocks, device=device))
+            self.state = self.state.replace(block_tables=table)
+
     def _admit(self) -> list[Event]:
         free_lanes = [lane for lane, r in enumerate(self._lanes) if r is None]
         admitted: list[_Request] = []
         while self._waiting and len(admitted) < len(free_lanes):
-            blocks = self.allocator.allocate(self._waiting[0].blocks_needed)
+            head = self._waiting[0]
+            running = [r for r in self._lanes if r is not None] + admitted
+            promised = sum(r.blocks_needed - len(r.blocks) for r in running)
+            if not self.overcommit and self.allocator.num_free - promised < head.blocks_needed:
+                break  # its growth could not be guaranteed: wait for blocks to return
+            blocks = self.allocator.allocate(self._blocks_wanted(head))
             if blocks is None:
                 break  # first come, first served: wait for blocks to return
             request = self._waiting.popleft()

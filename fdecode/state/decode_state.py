@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 class StepOutput:
     """What one transition (prefill or step) committed, packed so the host does one device->host copy."""
 
-    packed: torch.Tensor  # [B, W + 2] int64: accepted tokens (-1 padded) | count L | finished (0/1)
+    packed: torch.Tensor  # [B, W + 2] int64: accepted tokens (-1 padded) | count L | status (0 running, 1 finished, 2 error)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -42,12 +42,18 @@ class StepOutput:
 
     @property
     def finished(self) -> torch.Tensor:
-        """[B] bool: the lane is done (stop id, budget or capacity reached, or never started)."""
-        return self.packed[:, -1].bool()
+        """[B] bool: the lane is done (stop id, budget or capacity reached, error, or never started)."""
+        return self.packed[:, -1] > 0
+
+    @property
+    def error(self) -> torch.Tensor:
+        """[B] bool: the lane was stopped because it ran past its KV blocks (see `cut_at_missing_kv`)."""
+        return self.packed[:, -1] == 2
 
     @staticmethod
-    def pack(tokens: torch.Tensor, num_tokens: torch.Tensor, finished: torch.Tensor) -> StepOutput:
-        return StepOutput(torch.cat([tokens, num_tokens[:, None], finished[:, None].long()], dim=1))
+    def pack(tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor) -> StepOutput:
+        """status: [B] int64 or bool, 0 running, 1 finished, 2 stopped with an error."""
+        return StepOutput(torch.cat([tokens, num_tokens[:, None], status[:, None].long()], dim=1))
 
     def __repr__(self) -> str:
         b, w = self.packed.shape[0], self.packed.shape[1] - 2
