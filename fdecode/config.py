@@ -27,6 +27,7 @@ class DecodeConfig:
     dtype: torch.dtype = torch.float32  # KV cache and activation dtype
     device: str = "cpu"
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
+    sampling: bool = True  # allow random lanes; False captures a greedy-only step (no filters, no PRNG)
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -50,6 +50,7 @@ def _per_prompt(name: str, value: PerPrompt, count: int, default: float | int) -
 
 def check_sampling(
     count: int,
+    cfg: DecodeConfig | None = None,
     *,
     temperature: PerPrompt = None,
     top_k: PerPrompt = None,
@@ -80,6 +81,8 @@ def check_sampling(
             raise ValueError(f"prompt {i}: top_k must be an int >= 0 (0 = off), got {k!r}")
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
             raise ValueError(f"prompt {i}: seed must be an int in [0, 2**63), got {s!r}")
+    if cfg is not None and not cfg.sampling and any(t > 0 for t in params["temperature"]):
+        raise ValueError("temperature > 0 needs a step compiled with DecodeConfig(sampling=True)")
     params["seed"] = [s % 2**32 for s in params["seed"]]
     return params
 
@@ -251,9 +254,12 @@ def prime(
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
-    noise, _, draft_u = transition_uniforms(primed, vocab)
-    probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-    first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
+    if cfg.sampling:
+        noise, _, draft_u = transition_uniforms(primed, vocab)
+        probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
+        first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
+    else:
+        first, draft_u = last_logits.argmax(dim=-1), None
     accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
     accepted[:, 0] = first
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
@@ -295,7 +301,7 @@ def prefill(
     lengths = [len(p) for p in prompts]
     budgets = check_budgets(lengths, max_new_tokens, cfg)
     stops = check_stop_ids(eos_token_id, cfg, vocab)
-    sampling = check_sampling(len(prompts), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    sampling = check_sampling(len(prompts), cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)[: len(prompts)]
     lanes = list(range(len(prompts)))

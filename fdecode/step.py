@@ -51,8 +51,11 @@ def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[D
     logits, hidden = target(
         state.tokens, positions, slots, state.target_kv, state.block_tables, block_size=cfg.block_size
     )  # [B, W, V], [B, W, H]
-    noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
-    accepted, length = verify(state, logits, noise, accept_u)
+    if cfg.sampling:
+        noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
+        accepted, length = verify(state, logits, noise, accept_u)
+    else:  # greedy-only graph: no filters, no random numbers
+        (accepted, length), draft_u = greedy_accept(state.tokens, logits), None
     accepted, length, remaining, finished = apply_stops(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
@@ -75,10 +78,15 @@ def verify(
     return torch.where(random_lane[:, None], sampled, greedy), torch.where(random_lane, sampled_len, greedy_len)
 
 
-def propose(state: DecodeState, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A draft token [B] (argmax for greedy lanes, a sample for random ones) and its distribution [B, V].
+def propose(
+    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft j's token [B] (argmax for greedy lanes, a sample for random ones) and its distribution [B, V].
 
-    logits: [B, V] draft logits; u: [B, V] uniform noise for the sample."""
+    logits: [B, V] draft logits; u: [B, V] uniform noise for the sample, None in a greedy-only step
+    (whose draft distributions are never read, so the state's are passed through)."""
+    if u is None:
+        return logits.argmax(dim=-1), state.draft_probs[:, j]
     probs = filtered_probs(logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)[:, 0]
     return torch.where(state.temperature > 0, sample(probs, u), logits.argmax(dim=-1)), probs
 
@@ -89,7 +97,7 @@ def advance(
     state: DecodeState,
     accepted: torch.Tensor,  # [B, W] int64, committed tokens of this transition, -1 padded
     hidden: torch.Tensor,  # [B, W, H] target hidden of the rows that produced them
-    draft_u: torch.Tensor,  # [B, K, V] uniform noise for sampling the K drafts
+    draft_u: torch.Tensor | None,  # [B, K, V] uniform noise for sampling the K drafts (None: greedy-only)
     *,
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
@@ -116,7 +124,7 @@ def advance(
     last = tokens.view(batch, 2)[:, 1]
     # P, the position of `last`; contiguous, so states built by priming have the same strides (no recompile)
     pos = rows_pos.view(batch, 2)[:, 1].contiguous()
-    proposal, probs = propose(state, logits[:, 1], draft_u[:, 0])
+    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0)
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
     for j in range(1, window - 1):
@@ -125,7 +133,7 @@ def advance(
         logits, h = draft(
             proposal[:, None], p, slot, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h
         )
-        proposal, probs = propose(state, logits[:, 0], draft_u[:, j])
+        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j)
         drafts.append(proposal)
         draft_probs.append(probs)
 

@@ -84,3 +84,19 @@ def test_greedy_equals_transformers_inductor(draft_kind):
     assert step.backend == "inductor"
     lengths = check_against_hf(step, layers)
     assert len(set(lengths)) >= 2
+
+
+def test_greedy_only_step_is_lossless_and_leaner():
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    base = dict(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="aot_eager")
+    lean = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, sampling=False))
+    full = fdecode.compile(target, draft, fdecode.DecodeConfig(**base))
+    check_against_hf(lean, 2)
+    state = lean.prefill(PROMPTS, max_new_tokens=NEW)
+    lean_report, full_report = fdecode.inspect(lean, state), fdecode.inspect(full, state)
+    assert lean_report.graph_count == 1 and lean_report.host_syncs == []
+    assert "aten::log" in full_report.op_counts and "aten::log" not in lean_report.op_counts  # no sampling
+    assert sum(lean_report.op_counts.values()) < sum(full_report.op_counts.values()) / 2
+    with pytest.raises(ValueError, match="sampling=True"):
+        lean.prefill(PROMPTS, max_new_tokens=4, temperature=0.5)

@@ -113,7 +113,7 @@ class Engine:
         ids = check_prompt(prompt, vocab)
         (budget,) = check_budgets([len(ids)], max_new_tokens, cfg)
         stops = check_stop_ids(eos_token_id, cfg, vocab)
-        sampling = check_sampling(1, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        sampling = check_sampling(1, cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
         need = -(-(len(ids) + budget) // cfg.block_size)
         if need > self.allocator.capacity:
             raise ValueError(
