@@ -2,6 +2,7 @@
 
     fdecode demo                       # a seeded random Llama target with a 1-layer draft, eager vs compiled
     fdecode demo --model DIR [--draft DIR|mtp] --prompt "def f(x):"   # a local Hugging Face checkpoint
+    fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
 
 The demo checks that the compiled step gives the same tokens as the eager
 reference, then prints throughput, mean accepted length and compile time.
@@ -121,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "eager"])
     p.add_argument("--seed", type=int, default=0)
+    sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from fdecode.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     return demo(args)
 

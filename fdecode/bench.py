@@ -1,0 +1,241 @@
+"""`fdecode bench`: before / after side by side, in one process, on the same weights and prompts.
+
+Systems (greedy, independent draft):
+  target-only   compiled target, one token per step (TargetOnly)
+  before        the host-round-trip speculative loop (BeforeLoop, compiled forwards)
+  fdecode-eager the fdecode step, uncompiled
+  fdecode       the fdecode step, compiled (inductor; greedy-only graph)
+  hf-generate   transformers `generate`, batch 1 only
+  hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
+
+Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled fdecode
+step also the compute floor (one compiled target forward over K + 1 tokens plus K
+compiled draft forwards, timed in isolation) and the overhead fraction 1 - floor / step.
+Warm-up runs are excluded; each figure is the median of `--reps` runs, with min and max.
+The bench refuses to report a workload whose systems disagree on the greedy tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import fdecode
+from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.models import LlamaModel, ModelConfig
+
+
+@dataclass
+class Result:
+    workload: str
+    system: str
+    batch: int
+    k: int
+    tokens_per_s: float
+    tokens_per_s_min: float
+    tokens_per_s_max: float
+    step_ms: float
+    tokens_per_step: float
+    floor_ms: float | None = None
+    overhead: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def llama(vocab: int, hidden: int, layers: int, seed: int) -> LlamaModel:
+    heads = max(hidden // 64, 2)
+    cfg = ModelConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_layers=layers,
+        num_heads=heads, num_kv_heads=max(heads // 2, 1), head_dim=hidden // heads,
+    )
+    return LlamaModel.random(cfg, seed=seed, std=0.05)
+
+
+def _median_run(fn, reps: int) -> tuple[float, float, float, object]:
+    fn()  # warm-up (compiles)
+    times, result = [], None
+    for _ in range(reps):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times), max(times), result
+
+
+def _timeit(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fdecode_loop(step, prompts, new_tokens, steps: int | None = None):
+    """Prefill, then `steps` steps (None: until every lane finished, reading each output);
+    returns outputs and the number of steps. With `steps` given the loop is device-resident:
+    the outputs are read once at the end, as an async host loop would overlap them."""
+    state = step.prefill(prompts, max_new_tokens=new_tokens)
+    outs = [[] for _ in prompts]
+    packed = [state.output]
+    done = 0
+    while (steps is None and not bool(state.step_output.finished[: len(prompts)].all())) or (
+        steps is not None and done < steps
+    ):
+        state, out = step(state)
+        packed.append(out.packed)
+        done += 1
+    steps = done
+    for p in torch.stack(packed).cpu().tolist():
+        for lane in range(len(prompts)):
+            outs[lane] += p[lane][: p[lane][-2]]
+    return outs, steps
+
+
+def compute_floor(step, reps: int) -> float:
+    """Seconds for one compiled target forward over W tokens plus K compiled draft forwards."""
+    cfg = step.config
+    state = step.prefill([[1] * 4] * cfg.max_batch, max_new_tokens=8)
+    b, w, bs = cfg.max_batch, cfg.W, cfg.block_size
+    target = torch.compile(lambda t, p, s: step.target(t, p, s, state.target_kv, state.block_tables, block_size=bs),
+                           fullgraph=True, dynamic=False)
+    draft = torch.compile(lambda t, p, s, h: step.draft(t, p, s, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h),
+                          fullgraph=True, dynamic=False)
+    tok_w, pos_w = state.tokens, state.base_pos[:, None] + torch.arange(w)
+    slots_w = torch.zeros_like(pos_w)
+    h2 = torch.zeros(b, 2, step.target.config.hidden_size)
+    tok2, pos2 = state.tokens[:, :2], pos_w[:, :2]
+    tok1, pos1 = state.tokens[:, :1], pos_w[:, :1]
+    with torch.no_grad():
+        t = _timeit(lambda: target(tok_w, pos_w, slots_w), reps * 5)
+        d0 = _timeit(lambda: draft(tok2, pos2, torch.zeros_like(pos2), h2), reps * 5)
+        d1 = _timeit(lambda: draft(tok1, pos1, torch.zeros_like(pos1), h2[:, :1]), reps * 5)
+    return t + d0 + (cfg.K - 1) * d1
+
+
+def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24):
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist() for i in range(batch)]
+    max_seq_len = prompt_len + 3 * batch + new_tokens + 2 * (k + 1)
+    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, sampling=False)
+    eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
+    compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="inductor"))
+    _, needed = fdecode_loop(compiled, prompts, new_tokens)  # compiles, and counts the steps a run takes
+    target_only, before = TargetOnly(compiled), BeforeLoop(compiled)
+    systems = {
+        "target-only": lambda: target_only.generate(prompts, max_new_tokens=new_tokens),
+        "before": lambda: before.generate(prompts, max_new_tokens=new_tokens),
+        "fdecode-eager": lambda: fdecode_loop(eager, prompts, new_tokens, needed),
+        "fdecode": lambda: fdecode_loop(compiled, prompts, new_tokens, needed),
+    }
+    if hf_pair is not None and batch == 1:
+        hf_target, hf_draft = hf_pair
+        ids = torch.tensor(prompts)
+
+        def hf(assistant=None):
+            kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            if assistant is not None:
+                assistant.generation_config.num_assistant_tokens = k
+                assistant.generation_config.num_assistant_tokens_schedule = "constant"
+                assistant.generation_config.assistant_confidence_threshold = 0.0
+                kwargs["assistant_model"] = assistant
+            out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            return [out[0, ids.shape[1]:].tolist()], None
+
+        systems["hf-generate"] = lambda: hf()
+        systems["hf-assisted"] = lambda: hf(hf_draft)
+
+    results, outputs = [], {}
+    for system, fn in systems.items():
+        with torch.no_grad():
+            med, lo, hi, (outs, steps) = _median_run(fn, reps)
+        outputs[system] = outs
+        total = sum(len(o) for o in outs)
+        steps = steps or new_tokens
+        results.append(Result(
+            name, system, batch, k, total / med, total / hi, total / lo, med / steps * 1e3, total / (steps * batch),
+        ))
+    reference = outputs["target-only"]
+    wrong = [s for s, o in outputs.items() if o != reference]
+    if wrong:
+        raise RuntimeError(f"{name} B={batch} K={k}: {wrong} disagree with target-only greedy tokens; no numbers reported")
+    floor = compute_floor(compiled, reps)
+    for r in results:
+        if r.system == "fdecode":
+            r.floor_ms = floor * 1e3
+            r.overhead = 1 - floor * 1e3 / r.step_ms
+    return results
+
+
+def markdown(results: list[Result]) -> str:
+    lines = [
+        "| workload | B | K | system | tok/s (min-max) | ms/step | tok/lane-step | floor ms | overhead |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        floor = f"{r.floor_ms:.2f}" if r.floor_ms is not None else ""
+        over = f"{r.overhead:.0%}" if r.overhead is not None else ""
+        lines.append(
+            f"| {r.workload} | {r.batch} | {r.k} | {r.system} | {r.tokens_per_s:.0f} ({r.tokens_per_s_min:.0f}-"
+            f"{r.tokens_per_s_max:.0f}) | {r.step_ms:.2f} | {r.tokens_per_step:.2f} | {floor} | {over} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fdecode bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few steps (CI)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    p.add_argument("-k", type=int, nargs="+", default=[3])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--target", default="512x6", help="HIDDENxLAYERS of the random target (default ~30M params)")
+    p.add_argument("--draft", default="256x2", help="HIDDENxLAYERS of the random draft (default ~4M params)")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
+    p.add_argument("--json", default="bench.json", help="where to write the results")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batch, args.k, args.new_tokens, args.reps = [1], [2], 12, 1
+        args.target, args.draft, args.vocab = "64x2", "64x1", 256
+    torch.manual_seed(0)
+    (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
+    target = llama(args.vocab, th, tl, seed=1)
+    workloads = {"random-draft": llama(args.vocab, dh, dl, seed=2), "draft=target": target}
+    hf = {} if args.no_hf else {name: _hf_pair(target, d) for name, d in workloads.items()}
+    results = []
+    for name, draft in workloads.items():
+        for batch in args.batch:
+            for k in args.k:
+                print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
+                results += run_workload(name, target, draft, batch, k, args.new_tokens, args.reps, hf.get(name))
+    print(markdown(results))
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
+    with open(args.json, "w") as f:
+        json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
+
+
+def _hf_pair(target: LlamaModel, draft: LlamaModel):
+    """The same weights as transformers models (saved and loaded through the HF layout)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from fdecode.models import save_hf
+
+    models = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, model in enumerate((target, draft)):
+            save_hf(model, f"{tmp}/{i}")
+            models.append(AutoModelForCausalLM.from_pretrained(f"{tmp}/{i}").eval())
+    return models[0], models[1]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
