@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from torch.profiler import record_function
+
 from fdecode.graphs.compile import fresh_code
 from fdecode.ops.paging import slot_of
 
@@ -71,53 +73,56 @@ class BeforeLoop:
         while any(active):
             positions = [[base[b] + j for j in range(window)] for b in range(batch)]
             slots = [[slot(b, p) if active[b] else 0 for p in row] for b, row in enumerate(positions)]
-            logits, hidden = self._validate(
-                tokens, to_device(positions), to_device(slots), state.target_kv, state.block_tables
-            )
-            # The host round trip: greedy tokens and the window come back before anything else can run.
-            host = torch.cat([logits.argmax(dim=-1), tokens], dim=1).cpu().tolist()
-            rows_tok, rows_pos, rows_slot, rows_hidden, lasts, live = [], [], [], [], [], []
-            for b in range(batch):
-                greedy, window_tokens = host[b][:window], host[b][window:]
-                n = 0
-                if active[b]:
-                    a = 0
-                    while a < k and window_tokens[a + 1] == greedy[a]:
-                        a += 1
-                    n = min(a + 1, remaining[b])
-                    if b < len(outputs):
-                        outputs[b] += greedy[:n]
-                    remaining[b] -= n
-                last = greedy[n - 1] if n else 0
-                prev = greedy[n - 2] if n > 1 else last
-                pos = base[b] + n
-                repair = pos - 1 if n == window else pos + 1
-                rows_tok.append([prev, last])
-                rows_pos.append([pos - 1, pos])
-                rows_slot.append([slot(b, repair), slot(b, pos)] if n else [0, 0])
-                # Hidden row indices into hidden.view(B * W, H); index B * W is the zero placeholder.
-                rows_hidden.append([b * window + n - 2 if n > 1 else batch * window, b * window + n - 1 if n else batch * window])
-                lasts.append(last)
-                live.append(n > 0)
-                base[b] = pos
-                active[b] = active[b] and remaining[b] > 0
-            flat_hidden = torch.cat([hidden.reshape(batch * window, -1), hidden.new_zeros(1, hidden.shape[-1])])
-            h_rows = flat_hidden[to_device(rows_hidden)]  # [B, 2, H]
-            draft_logits, h = self._draft(
-                to_device(rows_tok), to_device(rows_pos), to_device(rows_slot), state.draft_kv, state.block_tables, h_rows
-            )
-            proposal = draft_logits[:, 1].argmax(dim=-1)
-            h = h[:, 1:2]
-            drafts = [proposal]
-            for j in range(1, k):
-                p = [[base[b] + j] for b in range(batch)]
-                s = [[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)]
-                draft_logits, h = self._draft(
-                    proposal[:, None], to_device(p), to_device(s), state.draft_kv, state.block_tables, h
+            with record_function("before/validate"):
+                logits, hidden = self._validate(
+                    tokens, to_device(positions), to_device(slots), state.target_kv, state.block_tables
                 )
-                proposal = draft_logits[:, 0].argmax(dim=-1)
-                drafts.append(proposal)
-            tokens = torch.stack([to_device(lasts), *drafts], dim=1)
+            with record_function("before/host round trip"):
+                # Greedy tokens and the window come back to the host before anything else can run.
+                host = torch.cat([logits.argmax(dim=-1), tokens], dim=1).cpu().tolist()
+                rows_tok, rows_pos, rows_slot, rows_hidden, lasts, live = [], [], [], [], [], []
+                for b in range(batch):
+                    greedy, window_tokens = host[b][:window], host[b][window:]
+                    n = 0
+                    if active[b]:
+                        a = 0
+                        while a < k and window_tokens[a + 1] == greedy[a]:
+                            a += 1
+                        n = min(a + 1, remaining[b])
+                        if b < len(outputs):
+                            outputs[b] += greedy[:n]
+                        remaining[b] -= n
+                    last = greedy[n - 1] if n else 0
+                    prev = greedy[n - 2] if n > 1 else last
+                    pos = base[b] + n
+                    repair = pos - 1 if n == window else pos + 1
+                    rows_tok.append([prev, last])
+                    rows_pos.append([pos - 1, pos])
+                    rows_slot.append([slot(b, repair), slot(b, pos)] if n else [0, 0])
+                    # Hidden row indices into hidden.view(B * W, H); index B * W is the zero placeholder.
+                    rows_hidden.append([b * window + n - 2 if n > 1 else batch * window, b * window + n - 1 if n else batch * window])
+                    lasts.append(last)
+                    live.append(n > 0)
+                    base[b] = pos
+                    active[b] = active[b] and remaining[b] > 0
+                flat_hidden = torch.cat([hidden.reshape(batch * window, -1), hidden.new_zeros(1, hidden.shape[-1])])
+                h_rows = flat_hidden[to_device(rows_hidden)]  # [B, 2, H]
+            with record_function("before/draft"):
+                draft_logits, h = self._draft(
+                    to_device(rows_tok), to_device(rows_pos), to_device(rows_slot), state.draft_kv, state.block_tables, h_rows
+                )
+                proposal = draft_logits[:, 1].argmax(dim=-1)
+                h = h[:, 1:2]
+                drafts = [proposal]
+                for j in range(1, k):
+                    p = [[base[b] + j] for b in range(batch)]
+                    s = [[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)]
+                    draft_logits, h = self._draft(
+                        proposal[:, None], to_device(p), to_device(s), state.draft_kv, state.block_tables, h
+                    )
+                    proposal = draft_logits[:, 0].argmax(dim=-1)
+                    drafts.append(proposal)
+                tokens = torch.stack([to_device(lasts), *drafts], dim=1)
             iterations += 1
         return outputs, iterations
 

@@ -124,10 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
+    sub.add_parser("profile", help="timeline picture of the before loop and the step", add_help=False)
     if argv[:1] == ["bench"]:
         from fdecode.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["profile"]:
+        from fdecode.profile import main as profile_main
+
+        return profile_main(argv[1:])
     args = parser.parse_args(argv)
     return demo(args)
 

@@ -122,8 +122,9 @@ def advance(
         hidden_in=rows_hidden.view(batch, 2, width),
     )  # the `current` row (column 1) proposes d'1 at P + 1
     last = tokens.view(batch, 2)[:, 1]
-    # P, the position of `last`; contiguous, so states built by priming have the same strides (no recompile)
-    pos = rows_pos.view(batch, 2)[:, 1].contiguous()
+    # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
+    # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
+    pos = state.base_pos + (accepted >= 0).sum(dim=1)
     proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0)
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]

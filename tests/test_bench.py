@@ -30,3 +30,18 @@ def test_quick_bench_writes_every_field(tmp_path, capsys):
     (same,) = [r for r in data["results"] if r["workload"] == "draft=target" and r["system"] == "fdecode"]
     assert same["tokens_per_step"] > 2.5
     assert "| fdecode |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_profile_writes_traces_and_a_timeline(tmp_path, capsys):
+    from fdecode.profile import main as profile_main
+
+    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "--target", "64x2", "--vocab", "256", "-k", "2"]) == 0
+    for name in ("before.json", "fdecode.json"):
+        trace = json.loads((tmp_path / name).read_text())
+        labels = {e.get("name", "") for e in trace["traceEvents"]}
+        assert any(label.startswith(("before/", "fdecode/")) for label in labels)
+    png = (tmp_path / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    out = capsys.readouterr().out
+    assert "host round trip" in out and "fdecode step" in out
