@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-BACKENDS = ("auto", "eager", "inductor", "aot_eager")
+BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ ineligible raises with the reason, or falls back to eager when `fallback=True`.
 | `eager`     | any        | the reference: the same pure function, no compilation   |
 | `aot_eager` | any        | Dynamo + AOTAutograd capture, eager kernels (capture checks) |
 | `inductor`  | CPU, CUDA  | `torch.compile(fullgraph=True, dynamic=False)`           |
+| `cudagraphs`| CUDA       | inductor + CUDA graph replay (`mode="reduce-overhead"`); KV leaves are marked static |
+
+`auto` prefers cudagraphs on a CUDA device, then inductor, then eager.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from fdecode.config import DecodeConfig
 
 # "auto" tries these in order.
-PREFERENCE = ("inductor", "eager")
+PREFERENCE = ("cudagraphs", "inductor", "eager")
 
 
 def _eager(cfg: DecodeConfig) -> str | None:
@@ -44,10 +47,20 @@ def _inductor(cfg: DecodeConfig) -> str | None:
     return None
 
 
+def _cudagraphs(cfg: DecodeConfig) -> str | None:
+    device = torch.device(cfg.device)
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, the step runs on {device.type!r}"
+    if not torch.cuda.is_available():
+        return "device is cuda but torch.cuda.is_available() is False"
+    return _inductor(cfg)
+
+
 ELIGIBILITY: dict[str, Callable[[DecodeConfig], str | None]] = {
     "eager": _eager,
     "aot_eager": _aot_eager,
     "inductor": _inductor,
+    "cudagraphs": _cudagraphs,
 }
 
 
@@ -56,6 +69,8 @@ def choose_backend(cfg: DecodeConfig, *, fallback: bool = False) -> tuple[str, s
     if cfg.backend == "auto":
         reasons = []
         for name in PREFERENCE:
+            if name == "cudagraphs" and torch.device(cfg.device).type != "cuda":
+                continue  # not a fallback: CUDA graphs are simply not a candidate off CUDA
             reason = ELIGIBILITY[name](cfg)
             if reason is None:
                 return name, ("; ".join(reasons) or None)

@@ -42,9 +42,19 @@ class Step:
             return decode_step(target, draft, config, state)
 
         self.fn = fresh_code(step, "fdecode_step")  # the pure step function (what every backend captures)
-        self._compiled = self.fn if backend == "eager" else torch.compile(
-            self.fn, backend=backend, fullgraph=True, dynamic=False
-        )
+        if backend == "eager":
+            self._compiled = self.fn
+        elif backend == "cudagraphs":  # Inductor with CUDA graph replay
+            self._compiled = torch.compile(self.fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        else:
+            self._compiled = torch.compile(self.fn, backend=backend, fullgraph=True, dynamic=False)
+
+    def _static_kv(self, state: DecodeState) -> DecodeState:
+        # CUDA graph replay must neither copy nor re-record for the KV pools: their addresses are fixed.
+        if self.backend == "cudagraphs":
+            torch._dynamo.mark_static_address(state.target_kv)
+            torch._dynamo.mark_static_address(state.draft_kv)
+        return state
 
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
         self.check_state(state)
@@ -68,14 +78,14 @@ class Step:
         Sampling parameters are scalars or one per prompt: temperature (0 = greedy, the default),
         top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
         """
-        return prefill(
+        return self._static_kv(prefill(
             self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-        )
+        ))
 
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive (fresh KV pools): what an `Engine` starts from."""
-        return empty_state(self.target, self.draft, self.config)
+        return self._static_kv(empty_state(self.target, self.draft, self.config))
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
