@@ -68,7 +68,8 @@ def demo(args: argparse.Namespace) -> int:
             prompts = [tokenizer(args.prompt)["input_ids"]]
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     max_seq_len = max(len(p) for p in prompts) + args.max_new_tokens + args.k + 1
-    base = dict(num_draft_tokens=args.k, max_batch=len(prompts), max_seq_len=max_seq_len)
+    # The demo decodes greedily, so it captures the leaner greedy-only graph.
+    base = dict(num_draft_tokens=args.k, max_batch=len(prompts), max_seq_len=max_seq_len, sampling=False)
 
     print(f"model: {source}")
     eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
