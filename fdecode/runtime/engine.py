@@ -163,7 +163,7 @@ class Engine:
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
-        events += self._admit()
+        self._admit()
         self._extend()
         if self._ready is not None and (launched is not None or self._primed_lanes):
             self._ready.record()
@@ -252,7 +252,8 @@ class Engine:
             table = self.state.block_tables.index_put(index, torch.tensor(blocks, device=device))
             self.state = self.state.replace(block_tables=table)
 
-    def _admit(self) -> list[Event]:
+    def _admit(self) -> None:
+        """Prime waiting requests into free lanes; their first tokens are read with the next output."""
         free_lanes = [lane for lane, r in enumerate(self._lanes) if r is None]
         admitted: list[_Request] = []
         while self._waiting and len(admitted) < len(free_lanes):
@@ -268,7 +269,7 @@ class Engine:
             request.blocks, request.lane = blocks, free_lanes[len(admitted)]
             admitted.append(request)
         if not admitted:
-            return []
+            return
         cfg = self.config
         table = torch.full((len(admitted), cfg.blocks_per_lane), -1, dtype=torch.int64)
         for row, request in enumerate(admitted):
@@ -283,7 +284,6 @@ class Engine:
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes
-        return []
 
     def __repr__(self) -> str:
         return (
