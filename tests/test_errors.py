@@ -105,6 +105,16 @@ def test_bad_config(change, match):
         fdecode.DecodeConfig(**{**CFG, "dtype": torch.int32})
 
 
+def test_a_consumed_state_is_refused(step):
+    state = step.prefill([[1, 2, 3]], max_new_tokens=6)
+    keep = state.clone()
+    new_state, _ = step(state)
+    with pytest.raises(ValueError, match="donation contract"):
+        step(state)
+    step(new_state)  # the returned state is the live one
+    step(keep)  # and a clone taken beforehand is independent
+
+
 def test_state_from_another_config_is_refused(step):
     target = fdecode_target(2)
     other = fdecode.compile(

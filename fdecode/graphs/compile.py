@@ -59,7 +59,9 @@ class Step:
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
         self.check_state(state)
         with torch.no_grad():
-            return self._compiled(state)
+            result = self._compiled(state)
+        state.mark_consumed()
+        return result
 
     def prefill(
         self,
@@ -91,6 +93,11 @@ class Step:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
         if not isinstance(state, DecodeState):
             raise TypeError(f"expected a DecodeState, got {type(state).__name__}")
+        if state.consumed:
+            raise ValueError(
+                "this DecodeState was already passed to a step, which updated its KV in place (donation "
+                "contract): step the state that call returned, or keep a copy with state.clone() beforehand"
+            )
         cfg = self.config
         if tuple(state.tokens.shape) != (cfg.max_batch, cfg.W):
             raise ValueError(

@@ -88,6 +88,15 @@ class DecodeState:
     def replace(self, **changes: torch.Tensor) -> DecodeState:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def consumed(self) -> bool:
+        """True once a step has taken this state (its KV leaves now belong to the returned state)."""
+        return getattr(self, "_consumed", False)
+
+    def mark_consumed(self) -> None:
+        # Host-side bookkeeping only: not a field, so not a pytree leaf and never seen by the graph.
+        object.__setattr__(self, "_consumed", True)
+
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
         return DecodeState(*(t.clone() for t in _fields(self)))
