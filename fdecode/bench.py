@@ -28,6 +28,7 @@ import torch
 
 import fdecode
 from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.graphs.compile import fresh_code
 from fdecode.models import LlamaModel, ModelConfig
 
 
@@ -102,10 +103,15 @@ def compute_floor(step, reps: int) -> float:
     cfg = step.config
     state = step.prefill([[1] * 4] * cfg.max_batch, max_new_tokens=8)
     b, w, bs = cfg.max_batch, cfg.W, cfg.block_size
-    target = torch.compile(lambda t, p, s: step.target(t, p, s, state.target_kv, state.block_tables, block_size=bs),
-                           fullgraph=True, dynamic=False)
-    draft = torch.compile(lambda t, p, s, h: step.draft(t, p, s, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h),
-                          fullgraph=True, dynamic=False)
+    def target_forward(t, p, s):
+        return step.target(t, p, s, state.target_kv, state.block_tables, block_size=bs)
+
+    def draft_forward(t, p, s, h):
+        return step.draft(t, p, s, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h)
+
+    # Own code objects per call, so floors of many configurations never hit Dynamo's recompile limit.
+    target = torch.compile(fresh_code(target_forward, "floor_target"), fullgraph=True, dynamic=False)
+    draft = torch.compile(fresh_code(draft_forward, "floor_draft"), fullgraph=True, dynamic=False)
     tok_w, pos_w = state.tokens, state.base_pos[:, None] + torch.arange(w)
     slots_w = torch.zeros_like(pos_w)
     h2 = torch.zeros(b, 2, step.target.config.hidden_size)
