@@ -67,16 +67,6 @@ def _median_run(fn, reps: int) -> tuple[float, float, float, object]:
     return statistics.median(times), min(times), max(times), result
 
 
-def _timeit(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def fdecode_loop(step, prompts, new_tokens, steps: int | None = None):
     """Prefill, then `steps` steps (None: until every lane finished, reading each output);
     returns outputs and the number of steps. With `steps` given the loop is device-resident:
@@ -118,9 +108,9 @@ def compute_floor(step, reps: int) -> float:
     tok2, pos2 = state.tokens[:, :2], pos_w[:, :2]
     tok1, pos1 = state.tokens[:, :1], pos_w[:, :1]
     with torch.no_grad():
-        t = _timeit(lambda: target(tok_w, pos_w, slots_w), reps * 5)
-        d0 = _timeit(lambda: draft(tok2, pos2, torch.zeros_like(pos2), h2), reps * 5)
-        d1 = _timeit(lambda: draft(tok1, pos1, torch.zeros_like(pos1), h2[:, :1]), reps * 5)
+        t = _median_run(lambda: target(tok_w, pos_w, slots_w), reps * 5)[0]
+        d0 = _median_run(lambda: draft(tok2, pos2, torch.zeros_like(pos2), h2), reps * 5)[0]
+        d1 = _median_run(lambda: draft(tok1, pos1, torch.zeros_like(pos1), h2[:, :1]), reps * 5)[0]
     return t + d0 + (cfg.K - 1) * d1
 
 

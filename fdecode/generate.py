@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from fdecode.prefill import PerPrompt, Prompt, _per_prompt
+from fdecode.prefill import PerPrompt, Prompt, check_sampling
 from fdecode.runtime.engine import Engine
 
 # Show a progress bar by default when a call may commit at least this many tokens.
@@ -42,13 +42,7 @@ def generate(
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
     count = len(prompts)
-    per = {
-        "temperature": _per_prompt("temperature", temperature, count, 0.0),
-        "top_k": _per_prompt("top_k", top_k, count, 0),
-        "top_p": _per_prompt("top_p", top_p, count, 1.0),
-        "min_p": _per_prompt("min_p", min_p, count, 0.0),
-        "seed": _per_prompt("seed", seed, count, None),
-    }
+    per = check_sampling(count, step.config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     engine = Engine(step)
     ids = []
     for i, prompt in enumerate(prompts):

@@ -149,19 +149,23 @@ def check_stop_ids(eos_token_id: int | Sequence[int] | None, cfg: DecodeConfig, 
     return ids
 
 
+def block_table(blocks: list[list[int]], cfg: DecodeConfig) -> torch.Tensor:
+    """Block table rows [len(blocks), max_blocks] int64 for lanes owning `blocks` (-1 = unallocated)."""
+    table = torch.full((len(blocks), cfg.blocks_per_lane), -1, dtype=torch.int64)
+    for row, ids in enumerate(blocks):
+        table[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return table
+
+
 def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
-    """Block tables [B, max_blocks] (-1 = unallocated): lane b gets needs[b] blocks from 1 upwards."""
+    """Block table rows for lanes 0.. (one per entry of `needs`): lane b gets needs[b] blocks from 1 upwards."""
     total = sum(needs)
     if total > cfg.pool_blocks - 1:
         raise ValueError(
             f"the prompts need {total} KV blocks but the pool has {cfg.pool_blocks - 1} (num_blocks minus scratch)"
         )
-    table = torch.full((cfg.max_batch, cfg.blocks_per_lane), -1, dtype=torch.int64)
-    start = 1
-    for lane, n in enumerate(needs):
-        table[lane, :n] = torch.arange(start, start + n)
-        start += n
-    return table
+    starts = [1 + sum(needs[:lane]) for lane in range(len(needs))]
+    return block_table([list(range(start, start + n)) for start, n in zip(starts, needs)], cfg)
 
 
 def empty_state(target, draft, cfg: DecodeConfig) -> DecodeState:
@@ -303,7 +307,7 @@ def prefill(
     stops = check_stop_ids(eos_token_id, cfg, vocab)
     sampling = check_sampling(len(prompts), cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
-    table = allocate_blocks(needs, cfg)[: len(prompts)]
+    table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(
         target, draft, cfg, empty_state(target, draft, cfg), lanes, prompts,

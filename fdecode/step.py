@@ -28,7 +28,6 @@ from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, greedy_accept, 
 from fdecode.state import DecodeState, StepOutput
 
 
-
 def transition_uniforms(state: DecodeState, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All random numbers of one transition, drawn at once from the lanes' (seed, counter):
     recovery/bonus noise [B, W, V], acceptance tests [B, K], draft sampling noise [B, K, V]."""

@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from fdecode.models import LlamaModel, MTPHead, from_hf
+from fdecode.ops.paging import slot_of
 
 VOCAB = 96
 
@@ -106,3 +107,18 @@ def mtp_head(kind: str, target: LlamaModel) -> MTPHead:
 def fdecode_target(num_layers: int = 2) -> LlamaModel:
     return from_hf(hf_target(num_layers))
 
+
+
+def fresh_forward(model, seq: list[int], *, block_size: int = 4, hidden_in=None):
+    """A from-scratch forward of `model` over `seq` (one lane, contiguous blocks, a fresh cache).
+
+    Returns logits [1, n, V], hidden [1, n, H] and the KV it wrote, in position order [L, 2, n, Hkv, D].
+    """
+    n = len(seq)
+    table = torch.arange(1, -(-n // block_size) + 1)[None]
+    kv = model.kv_config.new_kv((table.shape[1] + 1) * block_size, dtype=torch.float32, device="cpu")
+    positions = torch.arange(n)[None]
+    slots = slot_of(table, positions, block_size)
+    with torch.no_grad():
+        logits, hidden = model(torch.tensor([seq]), positions, slots, kv, table, block_size=block_size, hidden_in=hidden_in)
+    return logits, hidden, kv[:, :, slots[0]]

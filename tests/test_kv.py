@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft, mtp_head
+from conftest import fdecode_target, fresh_forward, independent_draft, mtp_head
 from fdecode.ops import slot_of
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
@@ -40,31 +40,23 @@ def lane_slots(state, lane, n, block_size):
     return slot_of(state.block_tables[lane : lane + 1], positions, block_size)[0]
 
 
-def fresh_kv(model, cfg, seq, hidden_in=None):
-    """KV a from-scratch forward of `model` over `seq` writes (one lane, contiguous blocks)."""
-    n = len(seq)
-    blocks = -(-n // cfg.block_size)
-    table = torch.arange(1, blocks + 1)[None]
-    kv = model.kv_config.new_kv((blocks + 1) * cfg.block_size, dtype=cfg.dtype, device="cpu")
-    positions = torch.arange(n)[None]
-    slots = slot_of(table, positions, cfg.block_size)
-    with torch.no_grad():
-        _, hidden = model(torch.tensor([seq]), positions, slots, kv, table, block_size=cfg.block_size, hidden_in=hidden_in)
-    return kv[:, :, slots[0]], hidden
+def stepped(draft, target, k):
+    """Eight steps of `draft` against `target` with mixed acceptance (asserted)."""
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
+    state, seqs, exact, lengths = committed_run(fdecode.compile(target, draft, cfg), steps=8)
+    assert len(lengths) >= 2, lengths  # mixed acceptance
+    return cfg, state, seqs, exact
 
 
 def test_independent_draft_kv_matches_a_from_scratch_forward():
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
-    step = fdecode.compile(target, draft, cfg)
-    state, seqs, _, lengths = committed_run(step, steps=8)
-    assert len(lengths) >= 2, lengths  # mixed acceptance
+    cfg, state, seqs, _ = stepped(draft, target, k=3)
     for lane, seq in enumerate(seqs):
         # Committed positions 0..P hold KV; `last` (at P) went through the draft as the current row.
         n = int(state.base_pos[lane]) + 1
         assert n == len(seq)
-        want, _ = fresh_kv(draft, cfg, seq[:n])
+        want = fresh_forward(draft, seq[:n], block_size=cfg.block_size)[2]
         got = state.draft_kv[:, :, lane_slots(state, lane, n, cfg.block_size)]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -72,15 +64,12 @@ def test_independent_draft_kv_matches_a_from_scratch_forward():
 def test_mtp_kv_of_repair_and_current_rows_matches_from_scratch():
     target = fdecode_target(2)
     head = mtp_head("partial", target)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
-    step = fdecode.compile(target, head, cfg)
-    state, seqs, exact, lengths = committed_run(step, steps=8)
-    assert len(lengths) >= 2, lengths
+    cfg, state, seqs, exact = stepped(head, target, k=2)
     for lane, seq in enumerate(seqs):
         n = int(state.base_pos[lane]) + 1
-        _, target_hidden = fresh_kv(target, cfg, seq[:n])  # target hidden of every committed position
+        target_hidden = fresh_forward(target, seq[:n], block_size=cfg.block_size)[1]  # of every committed position
         shifted = torch.cat([torch.zeros_like(target_hidden[:, :1]), target_hidden[:, :-1]], dim=1)
-        want, _ = fresh_kv(head, cfg, seq[:n], hidden_in=shifted)
+        want = fresh_forward(head, seq[:n], block_size=cfg.block_size, hidden_in=shifted)[2]
         got = state.draft_kv[:, :, lane_slots(state, lane, n, cfg.block_size)]
         rows = sorted(exact[lane])
         assert len(rows) > len(PROMPTS[lane])  # the steps contributed rows too

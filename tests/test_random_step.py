@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, hf_greedy, independent_draft
+from conftest import fdecode_target, fresh_forward, hf_greedy, independent_draft
 from fdecode.models import LlamaModel, ModelConfig
-from fdecode.ops.paging import slot_of
 from test_sampling import ALPHA, chi2_pvalue, reference_filter
 
 V = 5
@@ -49,13 +48,7 @@ def tiny_draft(kind: str, target: LlamaModel) -> LlamaModel:
 
 def logits_after(model: LlamaModel, seq: list[int]) -> torch.Tensor:
     """Next-token logits after `seq` from a plain forward (one lane, fresh cache)."""
-    n, bs = len(seq), 4
-    table = torch.arange(1, -(-n // bs) + 1)[None]
-    kv = model.kv_config.new_kv((table.shape[1] + 1) * bs, dtype=torch.float32, device="cpu")
-    positions = torch.arange(n)[None]
-    with torch.no_grad():
-        logits, _ = model(torch.tensor([seq]), positions, slot_of(table, positions, bs), kv, table, block_size=bs)
-    return logits[0, -1]
+    return fresh_forward(model, seq)[0][0, -1]
 
 
 def exact_distribution(target: LlamaModel, params: dict) -> torch.Tensor:

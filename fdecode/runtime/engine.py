@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fdecode.prefill import check_budgets, check_prompt, check_sampling, check_stop_ids, prime
+from fdecode.prefill import block_table, check_budgets, check_prompt, check_sampling, check_stop_ids, prime
 from fdecode.runtime.allocator import BlockAllocator
 
 
@@ -271,9 +271,8 @@ class Engine:
         if not admitted:
             return
         cfg = self.config
-        table = torch.full((len(admitted), cfg.blocks_per_lane), -1, dtype=torch.int64)
-        for row, request in enumerate(admitted):
-            table[row, : len(request.blocks)] = torch.tensor(request.blocks)
+        table = block_table([r.blocks for r in admitted], cfg)
+        for request in admitted:
             self._lanes[request.lane] = request
         lanes = [r.lane for r in admitted]
         sampling = {name: [r.sampling[name][0] for r in admitted] for name in admitted[0].sampling}
