@@ -37,10 +37,10 @@ class BeforeLoop:
         bs = cfg.block_size
 
         def validate(tokens, positions, slots, kv, tables):
-            return target(tokens, positions, slots, kv, tables, block_size=bs)
+            return target(tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention)
 
         def draft_forward(tokens, positions, slots, kv, tables, hidden):
-            return draft(tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden)
+            return draft(tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden, attention=cfg.attention)
 
         self._validate = _compiled(validate, "before_validate", backend)
         self._draft = _compiled(draft_forward, "before_draft", backend)
@@ -71,11 +71,13 @@ class BeforeLoop:
 
         iterations = 0
         while any(active):
+            # The host knows every position exactly, so it attends over the same window the step would.
+            context = state.block_tables[:, : cfg.bucket_for(max(p for p, a in zip(base, active) if a))]
             positions = [[base[b] + j for j in range(window)] for b in range(batch)]
             slots = [[slot(b, p) if active[b] else 0 for p in row] for b, row in enumerate(positions)]
             with record_function("before/validate"):
                 logits, hidden = self._validate(
-                    tokens, to_device(positions), to_device(slots), state.target_kv, state.block_tables
+                    tokens, to_device(positions), to_device(slots), state.target_kv, context
                 )
             with record_function("before/host round trip"):
                 # Greedy tokens and the window come back to the host before anything else can run.
@@ -109,7 +111,7 @@ class BeforeLoop:
                 h_rows = flat_hidden[to_device(rows_hidden)]  # [B, 2, H]
             with record_function("before/draft"):
                 draft_logits, h = self._draft(
-                    to_device(rows_tok), to_device(rows_pos), to_device(rows_slot), state.draft_kv, state.block_tables, h_rows
+                    to_device(rows_tok), to_device(rows_pos), to_device(rows_slot), state.draft_kv, context, h_rows
                 )
                 proposal = draft_logits[:, 1].argmax(dim=-1)
                 h = h[:, 1:2]
@@ -118,7 +120,7 @@ class BeforeLoop:
                     p = [[base[b] + j] for b in range(batch)]
                     s = [[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)]
                     draft_logits, h = self._draft(
-                        proposal[:, None], to_device(p), to_device(s), state.draft_kv, state.block_tables, h
+                        proposal[:, None], to_device(p), to_device(s), state.draft_kv, context, h
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
                     drafts.append(proposal)
@@ -137,7 +139,7 @@ class TargetOnly:
 
         def next_token(tokens, positions, kv, tables):  # [B, 1] -> [B, 1]
             slots = slot_of(tables, positions, bs)
-            logits, _ = target(tokens, positions, slots, kv, tables, block_size=bs)
+            logits, _ = target(tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention)
             return logits.argmax(dim=-1)
 
         self._next = _compiled(next_token, "target_only_step", backend)

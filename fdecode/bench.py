@@ -88,16 +88,32 @@ def fdecode_loop(step, prompts, new_tokens, steps: int | None = None):
     return outs, steps
 
 
+def mean_accepted_length(step, prompts, new_tokens: int) -> float:
+    """Mean tokens a lane commits per step (greedy), over the steps in which it keeps running.
+
+    A lane's last step is left out: a budget cut there would count as a rejection."""
+    state = step.prefill(prompts, max_new_tokens=new_tokens)
+    counts = []
+    while not bool(state.step_output.finished[: len(prompts)].all()):
+        state, out = step(state)
+        packed = out.packed[: len(prompts)]
+        running = (packed[:, -2] > 0) & (packed[:, -1] == 0)
+        counts += packed[running, -2].tolist()
+    return sum(counts) / max(len(counts), 1)
+
+
 def compute_floor(step, reps: int) -> float:
     """Seconds for one compiled target forward over W tokens plus K compiled draft forwards."""
     cfg = step.config
     state = step.prefill([[1] * 4] * cfg.max_batch, max_new_tokens=8)
     b, w, bs = cfg.max_batch, cfg.W, cfg.block_size
+    tables = state.block_tables[:, : cfg.bucket_for(state.max_position)]  # the window the step attends over
+
     def target_forward(t, p, s):
-        return step.target(t, p, s, state.target_kv, state.block_tables, block_size=bs)
+        return step.target(t, p, s, state.target_kv, tables, block_size=bs, attention=cfg.attention)
 
     def draft_forward(t, p, s, h):
-        return step.draft(t, p, s, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h)
+        return step.draft(t, p, s, state.draft_kv, tables, block_size=bs, hidden_in=h, attention=cfg.attention)
 
     # Own code objects per call, so floors of many configurations never hit Dynamo's recompile limit.
     target = torch.compile(fresh_code(target_forward, "floor_target"), fullgraph=True, dynamic=False)
@@ -114,10 +130,15 @@ def compute_floor(step, reps: int) -> float:
     return t + d0 + (cfg.K - 1) * d1
 
 
-def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24):
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist() for i in range(batch)]
-    max_seq_len = prompt_len + 3 * batch + new_tokens + 2 * (k + 1)
+def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None):
+    """prompts: a pool of real prompts (the first `batch` are used); None: random tokens."""
+    if prompts is None:
+        gen = torch.Generator().manual_seed(0)
+        prompts = [
+            torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist() for i in range(batch)
+        ]
+    prompts = prompts[:batch]
+    max_seq_len = max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
     base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, sampling=False)
     eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
     compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="inductor"))
@@ -194,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default="256x2", help="HIDDENxLAYERS of the random draft (default ~4M params)")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
+    p.add_argument(
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS),
+        help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
+        "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance)",
+    )
     p.add_argument("--json", default="bench.json", help="where to write the results")
     args = p.parse_args(argv)
     if args.quick:
@@ -201,20 +227,40 @@ def main(argv: list[str] | None = None) -> int:
         args.target, args.draft, args.vocab = "64x2", "64x1", 256
     torch.manual_seed(0)
     (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
-    target = llama(args.vocab, th, tl, seed=1)
-    workloads = {"random-draft": llama(args.vocab, dh, dl, seed=2), "draft=target": target}
-    hf = {} if args.no_hf else {name: _hf_pair(target, d) for name, d in workloads.items()}
     results = []
-    for name, draft in workloads.items():
+    for name in args.workloads:
+        target, draft, prompts = _workload(name, args.vocab, (th, tl), (dh, dl))
+        hf = None if args.no_hf or draft == "mtp" else _hf_pair(target, draft)
         for batch in args.batch:
             for k in args.k:
                 print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
-                results += run_workload(name, target, draft, batch, k, args.new_tokens, args.reps, hf.get(name))
+                results += run_workload(
+                    name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts
+                )
     print(markdown(results))
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
     return 0
+
+
+WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
+
+
+def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: tuple[int, int]):
+    """(target, draft, prompts or None) of a workload."""
+    if name.startswith("bundled"):
+        from safetensors.torch import load_file
+
+        from fdecode.assets import TINY, TINY_DRAFT, TINY_HELDOUT
+        from fdecode.models import from_hf
+
+        target = from_hf(TINY, dtype=torch.float32)
+        draft = "mtp" if name == "bundled-mtp" else from_hf(TINY_DRAFT, dtype=torch.float32)
+        windows = load_file(str(TINY_HELDOUT))["windows"].long()
+        return target, draft, [windows[i * 3, :48].tolist() for i in range(len(windows) // 3)]
+    target = llama(vocab, *target_size, seed=1)
+    return target, (target if name == "draft=target" else llama(vocab, *draft_size, seed=2)), None
 
 
 def _hf_pair(target: LlamaModel, draft: LlamaModel):

@@ -1,11 +1,15 @@
 """`fdecode` console script.
 
-    fdecode demo                       # a seeded random Llama target with a 1-layer draft, eager vs compiled
+    fdecode demo                                   # the bundled model: stream Python code, then before/after
+    fdecode demo --draft model                     # ... with its independent draft LM instead of the MTP head
     fdecode demo --model DIR [--draft DIR|mtp] --prompt "def f(x):"   # a local Hugging Face checkpoint
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
+    fdecode profile                                # timeline picture of the before loop and the step
 
-The demo checks that the compiled step gives the same tokens as the eager
-reference, then prints throughput, mean accepted length and compile time.
+The demo streams the compiled step's greedy continuation as it is produced,
+then runs the host-round-trip "before" loop on the same prompt, checks that
+both produced the same tokens, and prints tokens/s of each, the mean accepted
+length and the compile time.
 """
 
 from __future__ import annotations
@@ -18,111 +22,92 @@ from pathlib import Path
 import torch
 
 import fdecode
-from fdecode.models import LlamaModel, ModelConfig, from_hf
+from fdecode.assets import TINY, TINY_DRAFT
+from fdecode.baseline import BeforeLoop
+from fdecode.models import from_hf
+from fdecode.tokenizer import load_tokenizer
+
+DEFAULT_PROMPT = '''class LRUCache:
+    """A mapping that forgets its least recently used keys."""
+
+    def __init__(self, maxsize=128):
+'''
 
 
-def _demo_models(seed: int) -> tuple[LlamaModel, LlamaModel]:
-    """A random 4-layer target and, as draft, the same weights truncated to the first layer."""
-    cfg = ModelConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32
-    )
-    target = LlamaModel.random(cfg, seed=seed, std=0.08)
-    with torch.no_grad():  # quiet the upper layers so the 1-layer draft agrees part of the time
-        for layer in target.layers[1:]:
-            layer.self_attn.o_proj.weight.mul_(0.25)
-            layer.mlp.down_proj.weight.mul_(0.25)
-    draft = LlamaModel(cfg.replace(num_layers=1))
-    draft.load_state_dict(
-        {k: v for k, v in target.state_dict().items() if not k.startswith("layers.") or k.startswith("layers.0.")}
-    )
-    return target, draft
-
-
-def _timed_generate(step, prompts, max_new_tokens, eos):
-    start = time.perf_counter()
-    outputs = fdecode.generate(step, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
-    return outputs, time.perf_counter() - start
+def _models(args: argparse.Namespace):
+    folder = args.model or TINY
+    target = from_hf(folder, dtype=torch.float32)
+    if args.draft in (None, "mtp"):
+        if target.mtp is None:
+            raise SystemExit(f"error: {folder} has no MTP head; pass --draft DIR (a draft checkpoint folder)")
+        return folder, target, "mtp", "its MTP head"
+    if args.draft == "model":
+        if args.model is not None:
+            raise SystemExit("error: --draft model means the bundled draft; with --model pass --draft DIR")
+        return folder, target, from_hf(TINY_DRAFT, dtype=torch.float32), "the bundled 2-layer draft LM"
+    return folder, target, from_hf(args.draft, dtype=torch.float32), str(args.draft)
 
 
 def demo(args: argparse.Namespace) -> int:
-    torch.manual_seed(args.seed)
-    tokenizer = None
-    if args.model is None:
-        target, draft = _demo_models(args.seed)
-        source = "random 4-layer Llama (hidden 256, vocab 4096), draft = its first layer"
-        gen = torch.Generator().manual_seed(args.seed)
-        prompts = [torch.randint(0, 4096, (n,), generator=gen).tolist() for n in (12, 30, 7, 21)[: args.batch]]
-    else:
-        target = from_hf(args.model)
-        draft = "mtp" if args.draft == "mtp" else from_hf(args.draft) if args.draft else "mtp"
-        source = f"{args.model} (draft: {args.draft or 'mtp'})"
-        try:
-            from transformers import AutoTokenizer
+    folder, target, draft, draft_name = _models(args)
+    tokenizer = load_tokenizer(folder)
+    prompt = tokenizer(args.prompt)["input_ids"]
+    eos = tokenizer.eos_token_id
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=args.k, max_batch=1, max_seq_len=len(prompt) + args.max_new_tokens + 2 * args.k + 2,
+        backend=args.backend, sampling=False,  # the demo decodes greedily: the leaner greedy-only graph
+    )
+    step = fdecode.compile(target, draft, cfg)
+    print(f"model: {folder} (draft: {draft_name})\nstep:  {step}", file=sys.stderr)
+    print("compiling ...", file=sys.stderr, flush=True)
+    compile_s = sum(step.warmup().values())
 
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-        except Exception as err:  # no tokenizer files or no transformers: token ids only
-            print(f"(no tokenizer: {err})", file=sys.stderr)
-        if tokenizer is None:
-            prompts = [[1, 2, 3]]
-        else:
-            prompts = [tokenizer(args.prompt)["input_ids"]]
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    max_seq_len = max(len(p) for p in prompts) + args.max_new_tokens + args.k + 1
-    # The demo decodes greedily, so it captures the leaner greedy-only graph.
-    base = dict(num_draft_tokens=args.k, max_batch=len(prompts), max_seq_len=max_seq_len, sampling=False)
-
-    print(f"model: {source}")
-    eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
-    compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend=args.backend))
-    print(f"step:  {compiled}")
-
-    reference, eager_s = _timed_generate(eager, prompts, args.max_new_tokens, eos)
+    print(args.prompt, end="", flush=True)
+    engine = fdecode.Engine(step)
+    engine.add_request(prompt, max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+    tokens: list[int] = []
+    shown = ""
     start = time.perf_counter()
-    _timed_generate(compiled, prompts, args.max_new_tokens, eos)  # warm-up: compiles the step
-    compile_s = time.perf_counter() - start
-    outputs, compiled_s = _timed_generate(compiled, prompts, args.max_new_tokens, eos)
-    if outputs != reference:
-        print("error: compiled and eager outputs differ", file=sys.stderr)
+    for event in engine.stream():
+        tokens += event.new_tokens
+        text = tokenizer.decode(tokens)
+        # A byte-level tokenizer can end mid character: hold back the replacement mark until it completes.
+        stable = text.rstrip("\ufffd")
+        print(stable[len(shown):], end="", flush=True)
+        shown = stable
+    after_s = time.perf_counter() - start
+    print(text[len(shown):])
+
+    before = BeforeLoop(step, backend=step.backend)
+    before.generate([prompt], max_new_tokens=4)  # warm-up: compiles its two forwards
+    start = time.perf_counter()
+    (reference,), iterations = before.generate([prompt], max_new_tokens=args.max_new_tokens)
+    before_s = time.perf_counter() - start
+    if eos is not None and eos in reference:
+        reference = reference[: reference.index(eos) + 1]
+    if reference != tokens:
+        print("error: the before loop and the compiled step produced different tokens", file=sys.stderr)
         return 1
 
-    state = compiled.prefill(prompts, max_new_tokens=args.max_new_tokens, eos_token_id=eos)
-    steps, committed = 0, 0
-    while not bool(state.step_output.finished[: len(prompts)].all()):
-        state, out = compiled(state)
-        steps += 1
-        committed += int(out.num_tokens.sum())
-    report = fdecode.inspect(compiled, compiled.prefill(prompts, max_new_tokens=args.max_new_tokens))
-
-    for prompt, out in zip(prompts, outputs):
-        shown = tokenizer.decode(prompt + out) if tokenizer is not None else f"{prompt} -> {out}"
-        print(f"\n{shown}")
-    total = sum(len(o) for o in outputs)
-    lanes_steps = max(steps, 1) * len(prompts)
-    print(
-        f"\ntokens: {total} in {len(prompts)} sequence(s); mean accepted length "
-        f"{committed / lanes_steps:.2f} of {args.k + 1} per lane-step"
-    )
-    print(f"eager:    {total / eager_s:8.1f} tok/s")
-    print(f"{compiled.backend}: {total / compiled_s:8.1f} tok/s   (compile + first run {compile_s:.1f} s)")
-    print(
-        f"graph:    {report.graph_count} graph, {report.graph_break_count} breaks, "
-        f"{report.op_counts.get('fdecode::prepare_next_draft', 0)} fused prepare op, host syncs: {report.host_syncs or 'none'}"
-    )
+    n = len(tokens)
+    accepted = (n - 1) / max(engine.steps, 1)  # the first token comes from the prefill
+    print(f"\n-- {n} tokens, greedy, K = {args.k}, draft: {draft_name}")
+    print(f"before loop (host round trip each step): {n / before_s:8.1f} tok/s")
+    print(f"fdecode step ({step.backend}, one graph):     {n / after_s:8.1f} tok/s   ({before_s / after_s:.2f}x)")
+    print(f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fdecode", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="speculative decoding end to end, eager vs compiled")
-    p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder (default: a seeded random model)")
-    p.add_argument("--draft", help="draft checkpoint folder, or 'mtp' (default with --model)")
-    p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text (needs the model's tokenizer)")
+    p = sub.add_parser("demo", help="stream text from the bundled model, then compare with the before loop")
+    p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder with its tokenizer (default: bundled)")
+    p.add_argument("--draft", help="'mtp' (default), 'model' (the bundled draft LM) or a draft checkpoint folder")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
     p.add_argument("-k", type=int, default=3, help="draft tokens per step")
-    p.add_argument("--batch", type=int, default=2, choices=[1, 2, 3, 4], help="prompts (random model only)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "eager"])
-    p.add_argument("--seed", type=int, default=0)
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     sub.add_parser("profile", help="timeline picture of the before loop and the step", add_help=False)

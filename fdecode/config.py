@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fdecode.ops.attention import KERNELS
+
 BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs")
 
 
@@ -28,6 +30,12 @@ class DecodeConfig:
     device: str = "cpu"
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
     sampling: bool = True  # allow random lanes; False captures a greedy-only step (no filters, no PRNG)
+    # Attention windows (tokens) with a graph each; a step attends over the smallest window that holds every
+    # position it can touch. None: 256, 512, ... up to max_seq_len. Rounded up to whole blocks.
+    context_buckets: tuple[int, ...] | None = None
+    # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.ops.attention.attention_kernel`),
+    # "torch" (the reference) or "flash_attn" (CUDA). `fdecode.compile` resolves "auto".
+    attention: str = "auto"
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -45,6 +53,34 @@ class DecodeConfig:
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"DecodeConfig.num_blocks must be an int >= 2 (block 0 is scratch), got {num_blocks!r}")
         object.__setattr__(self, "_resolved_num_blocks", num_blocks)
+        if self.attention not in ("auto", *KERNELS):
+            raise ValueError(f"DecodeConfig.attention must be 'auto' or one of {KERNELS}, got {self.attention!r}")
+        if self.context_buckets is not None:
+            buckets = self.context_buckets
+            if not isinstance(buckets, tuple) or not all(isinstance(n, int) and n > 0 for n in buckets):
+                raise ValueError(f"DecodeConfig.context_buckets must be a tuple of positive ints, got {buckets!r}")
+
+    @property
+    def bucket_blocks(self) -> tuple[int, ...]:
+        """Attention windows in blocks, ascending; the last one is a whole lane (`blocks_per_lane`)."""
+        lane = self.blocks_per_lane
+        if self.context_buckets is None:
+            tokens, n = [], 256
+            while n < self.max_seq_len:
+                tokens.append(n)
+                n *= 2
+        else:
+            tokens = list(self.context_buckets)
+        return tuple(sorted({min(lane, math.ceil(n / self.block_size)) for n in tokens} | {lane}))
+
+    def bucket_for(self, max_position: int | None) -> int:
+        """Blocks of the smallest window holding every key a step reads when no lane's `base_pos`
+        exceeds `max_position` (None: unknown, the whole lane). The step's furthest query is the last
+        draft, at base_pos + 2K (accept all W, then K - 1 more drafts), and it reads keys 0 .. itself."""
+        if max_position is None:
+            return self.blocks_per_lane
+        need = math.ceil((max_position + 2 * self.K + 1) / self.block_size)
+        return next((n for n in self.bucket_blocks if n >= need), self.blocks_per_lane)
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name

@@ -189,7 +189,7 @@ def empty_state(target, draft, cfg: DecodeConfig) -> DecodeState:
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
         output=torch.zeros(batch, window + 2, **zeros),
-    )
+    ).bound_positions(0)
 
 
 @torch.no_grad()
@@ -223,10 +223,12 @@ def prime(
     real = positions < lengths[:, None]
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
-    logits, hidden = target(tokens, positions, slots, state.target_kv, table, block_size=bs)  # [n, T, V], [n, T, H]
+    logits, hidden = target(
+        tokens, positions, slots, state.target_kv, table, block_size=bs, attention=cfg.attention
+    )  # [n, T, V], [n, T, H]
     # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
     shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    draft(tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted)
+    draft(tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted, attention=cfg.attention)
 
     rows = torch.arange(n, device=device)
     last = lengths - 1
@@ -270,7 +272,9 @@ def prime(
     window_hidden[:, 0] = hidden[rows, last]
     accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
     new = advance(draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished)
-    return write_lanes(state, lanes, new)
+    # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
+    bound = None if state.max_position is None else max(state.max_position, longest)
+    return write_lanes(state, lanes, new).bound_positions(bound)
 
 
 def write_lanes(state: DecodeState, lanes: list[int], rows: DecodeState) -> DecodeState:

@@ -40,15 +40,22 @@ def transition_uniforms(state: DecodeState, vocab: int) -> tuple[torch.Tensor, t
     return noise, accept, draft
 
 
-def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[DecodeState, StepOutput]:
-    """One speculative decoding iteration. Consumes `state` (its KV is updated in place)."""
+def decode_step(
+    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | None = None
+) -> tuple[DecodeState, StepOutput]:
+    """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
+
+    context_blocks: attend over the first `context_blocks` blocks of each lane only (a context bucket,
+    `DecodeConfig.bucket_for`); it must hold every position up to max(base_pos) + 2K. None: whole lanes.
+    """
     window = cfg.W
+    context = state.block_tables[:, :context_blocks]  # [B, context_blocks]: what attention reads
     positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
     slots = torch.where(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
     )
     logits, hidden = target(
-        state.tokens, positions, slots, state.target_kv, state.block_tables, block_size=cfg.block_size
+        state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size, attention=cfg.attention
     )  # [B, W, V], [B, W, H]
     if cfg.sampling:
         noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
@@ -61,7 +68,7 @@ def decode_step(target, draft, cfg: DecodeConfig, state: DecodeState) -> tuple[D
     accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
-        overflow=overflow,
+        overflow=overflow, context_blocks=context_blocks,
     )
     return new_state, new_state.step_output
 
@@ -101,9 +108,11 @@ def advance(
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
     overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
+    context_blocks: int | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
 ) -> DecodeState:
     """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
     batch, window = accepted.shape
+    context = state.block_tables[:, :context_blocks]  # [B, context_blocks]
     bs = cfg.block_size
     width = hidden.shape[-1]
     placeholder = hidden.new_zeros(width)
@@ -116,9 +125,10 @@ def advance(
         rows_pos.view(batch, 2),
         rows_slots.view(batch, 2),
         state.draft_kv,
-        state.block_tables,
+        context,
         block_size=bs,
         hidden_in=rows_hidden.view(batch, 2, width),
+        attention=cfg.attention,
     )  # the `current` row (column 1) proposes d'1 at P + 1
     last = tokens.view(batch, 2)[:, 1]
     # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
@@ -131,7 +141,7 @@ def advance(
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h = draft(
-            proposal[:, None], p, slot, state.draft_kv, state.block_tables, block_size=bs, hidden_in=h
+            proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h, attention=cfg.attention
         )
         proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j)
         drafts.append(proposal)

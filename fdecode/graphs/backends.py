@@ -17,6 +17,7 @@ ineligible raises with the reason, or falls back to eager when `fallback=True`.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections.abc import Callable
 
@@ -82,3 +83,40 @@ def choose_backend(cfg: DecodeConfig, *, fallback: bool = False) -> tuple[str, s
     if not fallback:
         raise ValueError(f"backend {cfg.backend!r} cannot capture this step: {reason} (pass fallback=True to run eager)")
     return "eager", f"{cfg.backend}: {reason}"
+
+
+def _flash_attn(cfg: DecodeConfig, head_dims: tuple[int, ...]) -> str | None:
+    if torch.device(cfg.device).type != "cuda":
+        return f"flash-attn runs on CUDA, the step runs on {torch.device(cfg.device).type!r}"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "the flash-attn package is not installed (pip install flash-attn)"
+    if cfg.dtype not in (torch.float16, torch.bfloat16):
+        return f"flash-attn needs float16 or bfloat16, DecodeConfig.dtype is {cfg.dtype}"
+    if cfg.block_size % 256:
+        return f"flash-attn's paged KV needs block_size % 256 == 0, got {cfg.block_size}"
+    if any(d % 8 or d > 256 for d in head_dims):
+        return f"flash-attn needs head sizes that are multiples of 8 and <= 256, got {head_dims}"
+    return None
+
+
+ATTENTION_ELIGIBILITY: dict[str, Callable[[DecodeConfig, tuple[int, ...]], str | None]] = {
+    "torch": lambda cfg, head_dims: None,  # the reference runs everywhere
+    "flash_attn": _flash_attn,
+}
+
+
+def choose_attention(cfg: DecodeConfig, head_dims: tuple[int, ...], *, fallback: bool = False) -> tuple[str, str | None]:
+    """Paged-attention kernel for the target and draft with these head sizes: (kernel, why not the
+    requested / a device kernel, or None). "auto" takes flash_attn where eligible, else the reference."""
+    if cfg.attention == "auto":
+        reason = _flash_attn(cfg, head_dims)
+        if reason is None:
+            return "flash_attn", None
+        # On CPU the reference *is* the kernel; on an accelerator say why no device kernel runs.
+        return "torch", (None if torch.device(cfg.device).type == "cpu" else f"flash_attn: {reason}")
+    reason = ATTENTION_ELIGIBILITY[cfg.attention](cfg, head_dims)
+    if reason is None:
+        return cfg.attention, None
+    if not fallback:
+        raise ValueError(f"attention {cfg.attention!r} cannot run this step: {reason} (pass fallback=True to use 'torch')")
+    return "torch", f"{cfg.attention}: {reason}"

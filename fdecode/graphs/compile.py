@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import types
 from collections.abc import Callable, Sequence
 
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import choose_backend
+from fdecode.graphs.backends import choose_attention, choose_backend
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
 from fdecode.state import DecodeState, StepOutput
@@ -27,27 +29,89 @@ class Step:
 
     Attributes: `target`, `draft` (fdecode models), `config`, `draft_kind`
     ("mtp" or "model"), `backend` (what runs), `fallback_reason` (why that is
-    not the requested backend, else None), `fn` (the uncompiled pure function).
+    not the requested backend, else None), `config.attention` (the paged-attention
+    kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention windows in
+    tokens, one graph each), `compile_seconds` (first call of each bucket,
+    compile included), `fn` (the uncompiled pure function, whole-lane window).
+
+    Context buckets: a step attends over the smallest window that holds every
+    position it can touch, chosen on the host from `state.max_position` (an
+    upper bound the host tracks without reading the device). Each window is a
+    graph of its own, compiled on first use (or all at once by `warmup()`);
+    switching windows picks another graph and never recompiles one.
     """
 
-    def __init__(self, target, draft, config: DecodeConfig, *, draft_kind: str, backend: str, fallback_reason):
+    def __init__(
+        self, target, draft, config: DecodeConfig, *, draft_kind: str, backend: str, fallback_reason: str | None,
+        attention_reason: str | None = None,
+    ):
         self.target = target
         self.draft = draft
         self.config = config
         self.draft_kind = draft_kind
         self.backend = backend
         self.fallback_reason = fallback_reason
+        self.attention_reason = attention_reason
+        self.compile_seconds: dict[int, float] = {}
+        self._graphs: dict[int, Callable] = {}
+        self.fn = self._pure(config.blocks_per_lane)  # the pure step function (what every backend captures)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """Attention windows, in tokens, that this step has a graph for (compiled lazily)."""
+        return tuple(n * self.config.block_size for n in self.config.bucket_blocks)
+
+    def _pure(self, blocks: int) -> Callable:
+        target, draft, config = self.target, self.draft, self.config
 
         def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state)
+            return decode_step(target, draft, config, state, context_blocks=blocks)
 
-        self.fn = fresh_code(step, "fdecode_step")  # the pure step function (what every backend captures)
-        if backend == "eager":
-            self._compiled = self.fn
-        elif backend == "cudagraphs":  # Inductor with CUDA graph replay
-            self._compiled = torch.compile(self.fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        else:
-            self._compiled = torch.compile(self.fn, backend=backend, fullgraph=True, dynamic=False)
+        # A code object per window: each is its own Dynamo cache entry, never a recompile of another.
+        return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}")
+
+    def _graph(self, blocks: int) -> Callable:
+        """The step for a window of `blocks` blocks, captured on first use."""
+        graph = self._graphs.get(blocks)
+        if graph is None:
+            fn = self._pure(blocks)
+            if self.backend == "eager":
+                graph = fn
+            elif self.backend == "cudagraphs":  # Inductor with CUDA graph replay
+                graph = torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            else:
+                graph = torch.compile(fn, backend=self.backend, fullgraph=True, dynamic=False)
+            self._graphs[blocks] = graph
+        return graph
+
+    def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
+        self.check_state(state)
+        cfg = self.config
+        blocks = cfg.bucket_for(state.max_position)
+        first = blocks * cfg.block_size not in self.compile_seconds
+        start = time.perf_counter()
+        with torch.no_grad():
+            new_state, out = self._graph(blocks)(state)
+        if first:
+            self.compile_seconds[blocks * cfg.block_size] = time.perf_counter() - start
+        state.mark_consumed()
+        # Every lane advances by at most W positions per step.
+        new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
+        return new_state, out
+
+    def warmup(self) -> dict[int, float]:
+        """Capture every bucket's graph now, on throwaway all-inactive states; returns `compile_seconds`.
+
+        For `cudagraphs`, the static KV addresses are those of the throwaway state, so the first real
+        state still records its own graphs: warm up by stepping real states instead.
+        """
+        cfg = self.config
+        lower = 0  # blocks of the previous window
+        for blocks in cfg.bucket_blocks:
+            # The largest position the previous window cannot serve, so bucket_for picks this one.
+            self(self.empty_state().bound_positions(max(0, lower * cfg.block_size - 2 * cfg.K)))
+            lower = blocks
+        return dict(self.compile_seconds)
 
     def _static_kv(self, state: DecodeState) -> DecodeState:
         # CUDA graph replay must neither copy nor re-record for the KV pools: their addresses are fixed.
@@ -55,13 +119,6 @@ class Step:
             torch._dynamo.mark_static_address(state.target_kv)
             torch._dynamo.mark_static_address(state.draft_kv)
         return state
-
-    def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        self.check_state(state)
-        with torch.no_grad():
-            result = self._compiled(state)
-        state.mark_consumed()
-        return result
 
     def prefill(
         self,
@@ -116,7 +173,7 @@ class Step:
         fallback = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
         return (
             f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
-            f"draft={self.draft_kind}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
+            f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
             f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device})"
         )
 
@@ -134,4 +191,9 @@ def compile(target, draft, config: DecodeConfig, *, fallback: bool = False) -> S
     backend, reason = choose_backend(config, fallback=fallback)
     target_model = resolve_target(target, config)
     draft_model, kind = resolve_draft(draft, target_model, config)
-    return Step(target_model, draft_model, config, draft_kind=kind, backend=backend, fallback_reason=reason)
+    head_dims = (target_model.config.head_dim, draft_model.kv_config.head_dim)
+    kernel, attention_reason = choose_attention(config, head_dims, fallback=fallback)
+    return Step(
+        target_model, draft_model, dataclasses.replace(config, attention=kernel), draft_kind=kind, backend=backend,
+        fallback_reason=reason, attention_reason=attention_reason,
+    )

@@ -49,6 +49,7 @@ SYNC_METHODS = frozenset({"item", "tolist", "nonzero", "cpu", "numpy", "__bool__
 @dataclass(frozen=True)
 class GraphReport:
     backend: str  # what the step runs with; the captured graph itself is backend-independent
+    context: int  # attention window (tokens) of the inspected graph: one of `step.buckets`
     graph_count: int
     graph_break_count: int
     break_reasons: list[str]
@@ -59,7 +60,7 @@ class GraphReport:
     def __repr__(self) -> str:
         top = ", ".join(f"{k}: {v}" for k, v in sorted(self.op_counts.items()) if not k.startswith("aten::"))
         return (
-            f"GraphReport(backend={self.backend!r}, graph_count={self.graph_count}, "
+            f"GraphReport(backend={self.backend!r}, context={self.context}, graph_count={self.graph_count}, "
             f"graph_break_count={self.graph_break_count}, host_syncs={self.host_syncs}, "
             f"aten_ops={sum(v for k, v in self.op_counts.items() if k.startswith('aten::'))}, custom_ops={{{top}}})"
         )
@@ -70,8 +71,19 @@ def _op_name(target: object) -> str | None:
     return schema.name if schema is not None else None
 
 
-def inspect(step, state: DecodeState) -> GraphReport:
-    """Trace `step` on a clone of `state` and report what it captures."""
+def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphReport:
+    """Trace `step` on a clone of `state` and report what it captures.
+
+    context: which attention window's graph (tokens, one of `step.buckets`); None: the one `step`
+    would run for `state`.
+    """
+    cfg = step.config
+    if context is None:
+        blocks = cfg.bucket_for(state.max_position)
+    elif context in step.buckets:
+        blocks = context // cfg.block_size
+    else:
+        raise ValueError(f"context {context} is not one of this step's windows {step.buckets}")
     dynamo_graphs: list[torch.fx.GraphModule] = []
     aten_graphs: list[torch.fx.GraphModule] = []
 
@@ -86,7 +98,7 @@ def inspect(step, state: DecodeState) -> GraphReport:
         return lower(gm, example_inputs)
 
     def traced(state):
-        return decode_step(step.target, step.draft, step.config, state)
+        return decode_step(step.target, step.draft, cfg, state, context_blocks=blocks)
 
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
@@ -114,6 +126,7 @@ def inspect(step, state: DecodeState) -> GraphReport:
                 syncs.append(f"Tensor.{node.target} ({node.name})")
     return GraphReport(
         backend=step.backend,
+        context=blocks * cfg.block_size,
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
         break_reasons=sorted(new_breaks),

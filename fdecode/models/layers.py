@@ -4,16 +4,11 @@ Paged attention, per layer and per call (all shapes fixed, no host sync):
 1. project the B*Q query tokens to q, k, v; (Qwen3) RMSNorm each head of q and k; RoPE at `positions`;
 2. write k, v into the cache at `slots` *before* attending, so a query sees the keys of
    earlier tokens of the same call; causality inside the window comes from the mask;
-3. gather each lane's keys through its block table: key j of lane b lives in slot
-   `block_tables[b, j // bs] * bs + j % bs` and has position j; unallocated blocks (-1)
-   read block 0, the scratch block, and are masked out by position anyway;
-4. key j is visible to a query at position p iff j <= p; key 0 is always visible so a
-   padding row (negative position) attends to something and stays finite.
+3. attend over the lane's context window through its block table (`fdecode.ops.attention`:
+   key j is visible to a query at position p iff j <= p).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +16,7 @@ from torch import nn
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.rope import RotaryEmbedding
+from fdecode.ops.attention import PagedContext, paged_attention
 
 
 class RMSNorm(nn.Module):
@@ -35,23 +31,6 @@ class RMSNorm(nn.Module):
         x32 = x.to(torch.float32)  # [..., dim]
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
-
-
-def context_slots(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Flat KV slot of every key position a lane can hold.
-
-    block_tables: [B, max_blocks] int64, -1 = unallocated. Returns [B, max_blocks * block_size] int64.
-    """
-    offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
-    slots = block_tables.clamp_min(0)[:, :, None] * block_size + offsets  # [B, max_blocks, bs]
-    return slots.flatten(1)
-
-
-def context_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """positions: [B, Q] int64. Returns [B, 1, Q, num_keys] bool, True = key visible."""
-    key_pos = torch.arange(num_keys, dtype=positions.dtype, device=positions.device)  # [S]
-    visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
-    return visible[:, None]
 
 
 class Attention(nn.Module):
@@ -77,8 +56,7 @@ class Attention(nn.Module):
         slots: torch.Tensor,  # [B, Q] int64, where each token's k/v is written
         kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D] the whole cache leaf, written in place
         layer: int,  # which layer of `kv` this is
-        key_slots: torch.Tensor,  # [B, S] int64, slot of key position j of each lane
-        mask: torch.Tensor,  # [B, 1, Q, S] bool
+        ctx: PagedContext,  # the lanes' context windows (keys and visibility)
         rotary: RotaryEmbedding,
     ) -> torch.Tensor:
         b, q_len, _ = x.shape
@@ -97,19 +75,8 @@ class Attention(nn.Module):
         rows = torch.stack([k, v]).reshape(2, -1, self.num_kv_heads, self.head_dim)  # [2, B*Q, Hkv, D]
         kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows.to(kv.dtype))
 
-        num_keys = key_slots.shape[1]
-        flat_keys = key_slots.reshape(-1)
-        keys = kv[layer, 0][flat_keys].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
-        values = kv[layer, 1][flat_keys].view(b, num_keys, self.num_kv_heads, self.head_dim)  # [B, S, Hkv, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),  # [B, Hq, Q, D]
-            keys.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
-            values.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
-            attn_mask=mask,
-            scale=1.0 / math.sqrt(self.head_dim),
-            enable_gqa=True,
-        )  # [B, Hq, Q, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+        out = paged_attention(q, kv, layer, ctx)  # [B, Q, Hq, D]
+        return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -142,11 +109,10 @@ class DecoderLayer(nn.Module):
         slots: torch.Tensor,  # [B, Q] int64
         kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D]
         layer: int,
-        key_slots: torch.Tensor,  # [B, S] int64
-        mask: torch.Tensor,  # [B, 1, Q, S] bool
+        ctx: PagedContext,
         rotary: RotaryEmbedding,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, key_slots, mask, rotary)
+        x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

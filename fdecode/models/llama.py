@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import DecoderLayer, RMSNorm, context_mask, context_slots, init_random_
+from fdecode.models.layers import DecoderLayer, RMSNorm, init_random_
 from fdecode.models.rope import RotaryEmbedding
+from fdecode.ops.attention import paged_context
 
 if TYPE_CHECKING:
     from fdecode.models.mtp import MTPHead
@@ -62,12 +63,12 @@ class LlamaModel(nn.Module):
         *,
         block_size: int,
         hidden_in: torch.Tensor | None = None,  # unused: keeps the signature of MTPHead
+        attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 and the final-norm hidden state [B, Q, H] (model dtype)."""
-        key_slots = context_slots(block_tables, block_size)  # [B, S]
-        mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, slots, kv, i, key_slots, mask, self.rotary)
+            x = layer(x, positions, slots, kv, i, ctx, self.rotary)
         hidden = self.norm(x)  # [B, Q, H]
         return self.lm_head(hidden).float(), hidden

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import DecoderLayer, RMSNorm, context_mask, context_slots, init_random_
+from fdecode.models.layers import DecoderLayer, RMSNorm, init_random_
 from fdecode.models.llama import LlamaModel
 from fdecode.models.rope import RotaryEmbedding
+from fdecode.ops.attention import paged_context
 
 
 class MTPHead(nn.Module):
@@ -62,6 +63,7 @@ class MTPHead(nn.Module):
         *,
         block_size: int,
         hidden_in: torch.Tensor | None = None,  # [B, Q, H], hidden of the previous position
+        attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 and the layer output [B, Q, H] before the final norm."""
         if self._shared is None:
@@ -70,7 +72,6 @@ class MTPHead(nn.Module):
             raise ValueError("MTPHead needs hidden_in [B, Q, H]")
         embed_tokens, lm_head = self._shared
         x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
-        key_slots = context_slots(block_tables, block_size)  # [B, S]
-        mask = context_mask(positions, key_slots.shape[1])  # [B, 1, Q, S]
-        h = self.layer(self.eh_proj(x), positions, slots, kv, 0, key_slots, mask, self.rotary)  # [B, Q, H]
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
+        h = self.layer(self.eh_proj(x), positions, slots, kv, 0, ctx, self.rotary)  # [B, Q, H]
         return lm_head(self.norm(h)).float(), h

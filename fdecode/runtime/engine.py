@@ -156,6 +156,7 @@ class Engine:
         """One iteration: launch, read the previous output, admit. Returns the events read."""
         launched = None
         if self.num_active:
+            self.state.bound_positions(self._position_bound())
             self.state, out = self.step_fn(self.state)
             launched = out.packed
             self.steps += 1
@@ -220,6 +221,18 @@ class Engine:
                 self._retire(request)
                 del self._requests[request.id]
         return events
+
+    def _position_bound(self) -> int:
+        """Upper bound on every running lane's base_pos before the next launch, from what was read.
+
+        A lane's base_pos is its committed count minus one, and at most one step of it (<= W tokens)
+        is still unread; a lane primed since the last launch sits at len(prompt) = known. The state's
+        own bound (prefill + W per step) is valid too and only grows, so the tighter one is used:
+        it lets the window shrink again when long requests finish.
+        """
+        read = max(r.known for r in self._lanes if r is not None) + self.config.W - 1
+        own = self.state.max_position
+        return read if own is None else min(own, read)
 
     def _retire(self, request: _Request) -> None:
         self._lanes[request.lane] = None

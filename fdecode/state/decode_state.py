@@ -86,7 +86,25 @@ class DecodeState:
         return StepOutput(self.output)
 
     def replace(self, **changes: torch.Tensor) -> DecodeState:
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        if "base_pos" not in changes and "active" not in changes:
+            new.bound_positions(self.max_position)
+        return new
+
+    @property
+    def max_position(self) -> int | None:
+        """Host-side upper bound on every active lane's `base_pos`, None when unknown.
+
+        Not a field, so not a pytree leaf and never seen by a graph: the host tracks it (prefill
+        knows the prompts, each step adds at most W, an `Engine` tightens it from what it has read)
+        and the step uses it to pick the attention window (`DecodeConfig.bucket_for`) without a sync.
+        """
+        return getattr(self, "_max_position", None)
+
+    def bound_positions(self, bound: int | None) -> DecodeState:
+        """Record `bound` as this state's `max_position` (host bookkeeping only); returns self."""
+        object.__setattr__(self, "_max_position", bound)
+        return self
 
     @property
     def consumed(self) -> bool:
@@ -99,7 +117,7 @@ class DecodeState:
 
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
-        return DecodeState(*(t.clone() for t in _fields(self)))
+        return DecodeState(*(t.clone() for t in _fields(self))).bound_positions(self.max_position)
 
     def __repr__(self) -> str:
         b, w = self.tokens.shape

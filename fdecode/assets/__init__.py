@@ -1,0 +1,18 @@
+"""The bundled model, trained by `examples/train_tiny.py` (see BENCHMARKS.md for its figures).
+
+- `TINY`: a 4-layer byte-level Llama (2.8 M parameters) with a jointly trained MTP head (`mtp.*`),
+  trained on the Python standard library's sources; Hugging Face layout, bfloat16 weights.
+- `TINY_DRAFT`: an independent 2-layer draft LM trained on the same data.
+- `TINY_HELDOUT`: the held-out windows its reported loss is measured on (`training.json`).
+
+Load them the way users load any checkpoint: `fdecode.models.from_hf(TINY)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent
+TINY = ASSETS / "tiny-stdlib"
+TINY_DRAFT = ASSETS / "tiny-stdlib-draft"
+TINY_HELDOUT = ASSETS / "tiny-stdlib-heldout.safetensors"

@@ -1,0 +1,108 @@
+"""Paged attention over a lane's context window: one interface, a pure-torch reference, device kernels.
+
+Per forward, `paged_context` turns (block tables, query positions) into what
+every layer reads; per layer, `paged_attention` attends the queries to the keys
+of positions 0 .. window-1 of their lane, where the window is the block table's
+width (a context bucket: the step passes only the first `context_blocks`
+columns, so attention costs what the real context costs, not `max_seq_len`).
+
+Key j of lane b lives in slot `block_tables[b, j // bs] * bs + j % bs`.
+Visibility: key j is seen by a query at position p iff j <= p. The KV rows of
+the current call are written before attending, so a query sees the keys
+written by earlier rows of the same call; unallocated blocks (-1) read the
+scratch block 0 and are masked by position anyway. Key 0 is always visible, so
+a padding row (negative position) attends to something and stays finite.
+
+Kernels (chosen by `fdecode.graphs.backends.choose_attention`, which states why one is not used):
+- "torch": gather the window's keys and values, then SDPA with a boolean mask.
+  The reference, and the kernel on CPU.
+- "flash_attn" (CUDA, where the `flash-attn` package is installed):
+  `flash_attn_with_kvcache` reads the paged cache in place through the block
+  table, with device-side lengths `cache_seqlens = last query position + 1`
+  and `causal=True`, which aligns the Q query rows to the end of the sequence.
+  That is exactly fdecode's rows: each call's rows of a lane sit at
+  consecutive positions ending at its last one (verify: base_pos .. base_pos + K;
+  draft forward 0: repair at P - 1, current at P; later drafts: one row).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+KERNELS = ("torch", "flash_attn")
+
+
+class PagedContext(NamedTuple):
+    """What every layer of one forward reads (computed once per forward)."""
+
+    block_tables: torch.Tensor  # [B, nb] int64: the window's blocks, -1 = unallocated
+    positions: torch.Tensor  # [B, Q] int64: position of each query row
+    key_slots: torch.Tensor  # [B, S] int64, S = nb * bs: slot of key position j
+    mask: torch.Tensor  # [B, 1, Q, S] bool, True = visible
+    block_size: int
+    kernel: str  # one of KERNELS
+
+
+def paged_context(
+    block_tables: torch.Tensor, positions: torch.Tensor, block_size: int, *, kernel: str = "torch"
+) -> PagedContext:
+    """block_tables: [B, nb] int64; positions: [B, Q] int64."""
+    offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
+    key_slots = (block_tables.clamp_min(0)[:, :, None] * block_size + offsets).flatten(1)  # [B, S]
+    key_pos = torch.arange(key_slots.shape[1], dtype=positions.dtype, device=positions.device)  # [S]
+    visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
+    return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [B, Q, Hq, D], RoPE applied
+    kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D], this call's rows already written
+    layer: int,
+    ctx: PagedContext,
+) -> torch.Tensor:
+    """Attention output [B, Q, Hq, D] (in q's dtype) of each query over its lane's window."""
+    if ctx.kernel == "flash_attn":
+        return _flash_attn(q, kv, layer, ctx)
+    return paged_attention_reference(q, kv, layer, ctx)
+
+
+def paged_attention_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
+    b, _, _, d = q.shape
+    flat = ctx.key_slots.reshape(-1)
+    num_keys, kv_heads = ctx.key_slots.shape[1], kv.shape[-2]
+    keys = kv[layer, 0][flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
+    values = kv[layer, 1][flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # [B, Hq, Q, D]
+        keys.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]
+        values.transpose(1, 2).to(q.dtype),
+        attn_mask=ctx.mask,
+        scale=1.0 / math.sqrt(d),
+        enable_gqa=True,
+    )  # [B, Hq, Q, D]
+    return out.transpose(1, 2)
+
+
+def _flash_attn(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
+    from flash_attn import flash_attn_with_kvcache
+
+    _, _, num_slots, kv_heads, d = kv.shape
+    bs = ctx.block_size
+    pages = (num_slots // bs, bs, kv_heads, d)  # the paged layout flash-attn reads
+    # Rows of a lane end at its last position; lengths count keys 0 .. that position. Lanes whose rows
+    # are all padding (negative positions) get one key (slot 0 of their table), like the reference.
+    lengths = (ctx.positions[:, -1] + 1).clamp(min=q.shape[1]).to(torch.int32)
+    out = flash_attn_with_kvcache(
+        q,
+        kv[layer, 0].view(pages),
+        kv[layer, 1].view(pages),
+        cache_seqlens=lengths,
+        block_table=ctx.block_tables.clamp_min(0).to(torch.int32),
+        softmax_scale=1.0 / math.sqrt(d),
+        causal=True,
+    )
+    return out.to(q.dtype)

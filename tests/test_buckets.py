@@ -1,0 +1,161 @@
+"""Context buckets: a step attends over the smallest window holding every position it can touch.
+
+The window is picked on the host from `state.max_position`, an upper bound it
+tracks without reading the device. These tests pin that the choice is never
+too small (an attention read cut short would silently change the output), that
+outputs equal transformers' greedy output across windows and across a switch in
+the middle of a generation, and that each window is one graph that never recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fdecode
+from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
+
+BUCKETS = (16, 32, 48)  # tokens; max_seq_len 96 adds the whole lane (96) as the last window
+PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
+
+
+def config(k: int = 2, backend: str = "eager", **overrides) -> fdecode.DecodeConfig:
+    base = dict(num_draft_tokens=k, max_batch=4, max_seq_len=96, block_size=4, context_buckets=BUCKETS, backend=backend)
+    return fdecode.DecodeConfig(**{**base, **overrides})
+
+
+def recording(step) -> list[tuple[int, int]]:
+    """Wrap `step`'s graphs to record (true max base_pos of the active lanes, window tokens) per call.
+
+    Reading base_pos syncs, which is fine here: the test checks the host's bound against the truth."""
+    calls: list[tuple[int, int]] = []
+    graph = step._graph
+
+    def spy(blocks):
+        run = graph(blocks)
+
+        def call(state):
+            active = state.base_pos[state.active]
+            calls.append((int(active.max()) if active.numel() else -1, blocks * step.config.block_size))
+            return run(state)
+
+        return call
+
+    step._graph = spy
+    return calls
+
+
+def test_default_buckets_are_powers_of_two_up_to_the_lane() -> None:
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=5000)
+    assert cfg.bucket_blocks == (16, 32, 64, 128, 256, 313)
+    assert fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=100).bucket_blocks == (7,)
+    with pytest.raises(ValueError, match="context_buckets"):
+        fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=100, context_buckets=[64])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k=st.integers(1, 6),
+    block_size=st.sampled_from([1, 4, 16]),
+    buckets=st.lists(st.integers(1, 300), max_size=5),
+    max_position=st.integers(0, 400),
+)
+def test_bucket_for_holds_every_key_the_step_reads(k, block_size, buckets, max_position) -> None:
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k, max_batch=1, max_seq_len=300, block_size=block_size, context_buckets=tuple(buckets)
+    )
+    blocks = cfg.bucket_for(max_position)
+    assert blocks in cfg.bucket_blocks
+    furthest = max_position + 2 * k  # the last draft's position; it reads keys 0 .. furthest
+    assert blocks * block_size > furthest or blocks == cfg.blocks_per_lane
+    smaller = [n for n in cfg.bucket_blocks if n < blocks]
+    assert all(n * block_size <= furthest for n in smaller)  # and it is the smallest such window
+    assert cfg.bucket_for(None) == cfg.blocks_per_lane
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_output_is_unchanged_across_windows(draft_kind, k) -> None:
+    target = fdecode_target(2)
+    draft = mtp_head("partial", target) if draft_kind == "mtp" else independent_draft("partial", target)
+    step = fdecode.compile(target, draft, config(k))
+    calls = recording(step)
+    outs = fdecode.generate(step, [list(p) for p in PROMPTS], max_new_tokens=60)
+    for prompt, got in zip(PROMPTS, outs):
+        assert got == hf_greedy(prompt, 60)
+    windows = [w for _, w in calls]
+    assert windows == sorted(windows) and len(set(windows)) >= 3, windows  # it switched mid-generation
+    assert all(pos + 2 * k < w for pos, w in calls)
+
+
+def test_bound_never_underestimates_under_continuous_batching() -> None:
+    """Random lanes (random draft: mixed acceptance) under an Engine, which knows positions one step
+    late; requests of different lengths come and go, so the window also shrinks again."""
+    target = fdecode_target(2)
+    step = fdecode.compile(target, independent_draft("random", target), config(3, max_batch=3))
+    calls = recording(step)
+    engine = fdecode.Engine(step)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(9):
+        prompt = torch.randint(0, 96, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen).tolist()
+        engine.add_request(prompt, max_new_tokens=[60, 5, 20][i % 3], temperature=[0.0, 1.0, 0.7][i % 3], seed=i)
+    engine.run()
+    assert all(pos + 2 * 3 < w for pos, w in calls if pos >= 0)
+    windows = [w for _, w in calls]
+    assert any(b < a for a, b in zip(windows, windows[1:])), windows  # tightened after long lanes left
+
+
+def test_unknown_bound_uses_the_whole_lane() -> None:
+    target = fdecode_target(2)
+    step = fdecode.compile(target, independent_draft("partial", target), config())
+    state = step.prefill([[1, 2, 3]], max_new_tokens=10)
+    assert state.max_position == 3
+    calls = recording(step)
+    state, _ = step(state.bound_positions(None))
+    assert calls[-1][1] == 96 and state.max_position is None
+
+
+@pytest.mark.slow
+def test_each_window_is_one_graph_without_recompiles() -> None:
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    step = fdecode.compile(target, draft, config(2, backend="aot_eager"))
+    times = step.warmup()
+    assert set(times) == set(step.buckets) == {16, 32, 48, 96}
+    state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
+    for context in step.buckets:
+        report = fdecode.inspect(step, state, context=context)
+        assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+        assert report.context == context
+        assert report.op_counts["fdecode::prepare_next_draft"] == 1
+        # The attention mask [B, 1, Q, S] has exactly `context` key columns.
+        key_columns = {
+            tuple(n.meta["val"].shape)[-1]
+            for g in report.graphs for n in g.graph.nodes
+            if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
+            and n.meta["val"].dim() == 4
+        }
+        assert key_columns == {context}
+    with pytest.raises(ValueError, match="not one of"):
+        fdecode.inspect(step, state, context=20)
+    calls = recording(step)
+    outs = []
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        while not bool(state.step_output.finished[0]):
+            state, out = step(state)
+            outs += out.tokens[0, : int(out.num_tokens[0])].tolist()
+    assert len({w for _, w in calls}) >= 3
+    assert state.step_output.finished[0]
+    prompt_out = hf_greedy(PROMPTS[0], 80)
+    assert outs == prompt_out[1:]  # the first token came with the prefill
+
+
+def test_windows_follow_the_block_size_and_cap_at_the_lane() -> None:
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=50, block_size=16, context_buckets=(10, 33, 999))
+    assert cfg.bucket_blocks == (1, 3, 4)  # 10 -> 1 block, 33 -> 3 blocks, 999 -> capped at ceil(50/16)
+    assert [cfg.bucket_for(p) for p in (0, 11, 12, 43, 1000)] == [1, 1, 3, 3, 4]
+    assert math.ceil(50 / 16) == cfg.blocks_per_lane
