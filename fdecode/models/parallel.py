@@ -100,9 +100,16 @@ def check_group(group: object, cfg_tp_size: int, device: str) -> TPGroup | None:
     return TPGroup.of(group)
 
 
+def _done(t: torch.Tensor) -> torch.Tensor:
+    """The plain result of a functional collective. Traced, it already is one (followed by a
+    `wait_tensor` node); in eager mode it is an AsyncCollectiveTensor, which must not leak into
+    the state or the caller's logits, so wait for it here."""
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
 def rank0_tokens(tokens: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     """`tokens` as the group's rank 0 holds them, on every rank (an in-graph broadcast)."""
-    return funcol.broadcast(tokens, tp.root, tp.group)
+    return _done(funcol.broadcast(tokens, tp.root, tp.group))
 
 
 class RowParallelLinear(nn.Module):
@@ -115,7 +122,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = funcol.all_reduce(F.linear(x, self.weight), "sum", self.tp.group)
+        y = _done(funcol.all_reduce(F.linear(x, self.weight), "sum", self.tp.group))
         return y if self.bias is None else y + self.bias
 
 
@@ -133,7 +140,7 @@ class VocabParallelEmbedding(nn.Module):
         local = tokens - self.start  # [B, Q]
         mine = (local >= 0) & (local < self.rows)
         x = F.embedding(torch.where(mine, local, 0), self.weight)  # [B, Q, H]
-        return funcol.all_reduce(torch.where(mine[..., None], x, 0), "sum", self.tp.group)
+        return _done(funcol.all_reduce(torch.where(mine[..., None], x, 0), "sum", self.tp.group))
 
 
 class VocabParallelLMHead(nn.Module):
@@ -147,7 +154,7 @@ class VocabParallelLMHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight)  # [..., V/N]
         # all_gather concatenates along dim 0, so the vocabulary goes first and comes back last.
-        gathered = funcol.all_gather_single(local.movedim(-1, 0).contiguous(), 0, self.tp.group)  # [V, ...]
+        gathered = _done(funcol.all_gather_single(local.movedim(-1, 0).contiguous(), 0, self.tp.group))  # [V, ...]
         return gathered.movedim(0, -1)
 
 
