@@ -130,6 +130,7 @@ def test_errors_need_a_shardable_model_and_the_right_group(ranks):
     assert errors["kv_heads"].startswith("ValueError") and "num_kv_heads = 3" in errors["kv_heads"]
     assert errors["vocab"].startswith("ValueError") and "vocab_size = 97" in errors["vocab"]
     assert errors["size"].startswith("ValueError") and "tp_size=2" in errors["size"]
+    assert errors["resharded"].startswith("ValueError") and "already sharded" in errors["resharded"]
 
 
 def test_tp_without_a_process_group_raises():

@@ -121,35 +121,35 @@ def run_rank(rank: int, port: int, out: str) -> None:
         nonlocal clock
         result["seconds"][name], clock = time.perf_counter() - clock, time.perf_counter()
 
-    result["greedy_model"] = greedy(fdecode.compile(target, partial_draft(target), decode_config(**tp2), tp_group=group))
+    def tp_step(draft, **changes):
+        return fdecode.compile(target, draft, decode_config(**tp2, **changes), tp_group=group)
+
+    result["greedy_model"] = greedy(tp_step(partial_draft(target)))
     lap("greedy_model")
-    result["greedy_mtp"] = greedy(fdecode.compile(target, mtp_draft(target), decode_config(**tp2), tp_group=group))
+    result["greedy_mtp"] = greedy(tp_step(mtp_draft(target)))
     lap("greedy_mtp")
     # The same pair captured by Dynamo + AOTAutograd (collectives inside the graph) must agree too;
     # greedy-only (sampling=False), the smaller graph, to keep the capture time down.
-    compiled = fdecode.compile(
-        target, partial_draft(target), decode_config(backend="aot_eager", sampling=False, **tp2), tp_group=group
-    )
+    compiled = tp_step(partial_draft(target), backend="aot_eager", sampling=False)
     result["greedy_compiled"] = greedy(compiled)
     lap("greedy_compiled")
     result["logits"] = {name: variant_logits(cfg, group) for name, cfg in VARIANTS.items()}
     result["kv_shape"] = tuple(compiled.prefill([[1, 2]]).target_kv.shape)
     lap("logits")
 
-    step = fdecode.compile(target, partial_draft(target), decode_config(**tp2), tp_group=group)
+    step = tp_step(partial_draft(target))
     seeds = SAMPLING["seed"]
     perturbed = PERTURBED_SEEDS if rank == 1 else seeds  # stands in for a rank whose kernels disagree
     result["random"] = accepted_per_step(step, STEPS, seeds)
     lap("random")
     result["control"] = accepted_per_step(step, CONTROL_STEPS, perturbed)
     lap("control")
-    broadcast = fdecode.compile(
-        target, partial_draft(target), decode_config(broadcast_accepted=True, **tp2), tp_group=group
-    )
+    broadcast = tp_step(partial_draft(target), broadcast_accepted=True)
     result["broadcast"] = accepted_per_step(broadcast, STEPS, perturbed)
     lap("broadcast")
 
-    report = fdecode.inspect(broadcast, broadcast.prefill(PROMPTS, max_new_tokens=8, **{k: v[:3] for k, v in SAMPLING.items()}))
+    lanes = {k: v[: len(PROMPTS)] for k, v in SAMPLING.items()}  # greedy and random lanes in one graph
+    report = fdecode.inspect(broadcast, broadcast.prefill(PROMPTS, max_new_tokens=8, **lanes))
     result["inspect"] = {
         "graph_count": report.graph_count,
         "graph_break_count": report.graph_break_count,
@@ -160,10 +160,15 @@ def run_rank(rank: int, port: int, out: str) -> None:
 
     odd_kv = target_model(CFG.replace(num_heads=6, num_kv_heads=3))
     odd_vocab = target_model(CFG.replace(vocab_size=97))
+
+    def error_of(model, **changes) -> str:
+        return _error(lambda: fdecode.compile(model, partial_draft(model), decode_config(**changes), tp_group=group))
+
     result["errors"] = {
-        "kv_heads": _error(lambda: fdecode.compile(odd_kv, partial_draft(odd_kv), decode_config(**tp2), tp_group=group)),
-        "vocab": _error(lambda: fdecode.compile(odd_vocab, partial_draft(odd_vocab), decode_config(**tp2), tp_group=group)),
-        "size": _error(lambda: fdecode.compile(target, partial_draft(target), decode_config(tp_size=4), tp_group=group)),
+        "kv_heads": error_of(odd_kv, **tp2),
+        "vocab": error_of(odd_vocab, **tp2),
+        "size": error_of(target, tp_size=4),
+        "resharded": _error(lambda: tp_step(step.draft)),
     }
     lap("errors")
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))

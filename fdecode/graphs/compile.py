@@ -123,7 +123,12 @@ class Step:
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
-    target, draft, config: DecodeConfig, *, fallback: bool = False, tp_group: torch.distributed.ProcessGroup | None = None
+    target,
+    draft,
+    config: DecodeConfig,
+    *,
+    fallback: bool = False,
+    tp_group: torch.distributed.ProcessGroup | None = None,
 ) -> Step:
     """Bind `target` and `draft` to `config` and capture the decode step.
 

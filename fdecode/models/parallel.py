@@ -171,7 +171,8 @@ def _shard_layer_(layer: DecoderLayer, cfg: ModelConfig, tp: TPGroup) -> None:
     attn.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
     attn.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
     attn.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
-    attn.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=attn.o_proj.bias is not None, tp=tp)
+    o_bias = attn.o_proj.bias is not None
+    attn.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=o_bias, tp=tp)
     mlp.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size // n, bias=False)
     mlp.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size // n, bias=False)
     mlp.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, tp=tp)
@@ -221,6 +222,8 @@ def _sharded_mtp(head: MTPHead, tp: TPGroup) -> MTPHead:
 
 def parallelize(model: LlamaModel, tp: TPGroup) -> ParallelLlamaModel:
     """This rank's tensor-parallel copy of a full `model` (its MTP head, if any, sharded and bound too)."""
+    if isinstance(model, ParallelLlamaModel) or getattr(model.mtp, "tp", None) is not None:
+        raise ValueError("this model is already sharded: pass the full model (every rank loads it whole)")
     check_shardable(model.config, tp.size)
     with torch.device("meta"):  # no memory for full-size weights that are replaced right away
         sharded = ParallelLlamaModel(model.config, tp)
@@ -232,12 +235,16 @@ def parallelize(model: LlamaModel, tp: TPGroup) -> ParallelLlamaModel:
     return sharded.requires_grad_(False).eval().to(model.embed_tokens.weight.device)
 
 
-def parallelize_pair(target: LlamaModel, draft: nn.Module, kind: str, tp: TPGroup) -> tuple[ParallelLlamaModel, nn.Module]:
+def parallelize_pair(
+    target: LlamaModel, draft: nn.Module, kind: str, tp: TPGroup
+) -> tuple[ParallelLlamaModel, nn.Module]:
     """Shard a resolved (target, draft) pair for `fdecode.compile`: every check before any weight moves."""
     check_shardable(target.config, tp.size, what="target")
     if kind == "model":
         check_shardable(draft.config, tp.size, what="draft")
-    elif draft is not target.mtp:  # an MTP head of its own shares the target's vocabulary
+    elif draft is not target.mtp:  # an MTP head of its own
+        if getattr(draft, "tp", None) is not None:
+            raise ValueError("this MTP head is already sharded: pass the full head")
         check_shardable(draft.config, tp.size, what="MTP head")
     sharded = parallelize(target, tp)
     if kind == "mtp":
