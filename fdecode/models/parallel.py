@@ -21,6 +21,12 @@ and the PRNG key is in the state, so every rank samples the same tokens without 
 `DecodeConfig(broadcast_accepted=True)` adds the catch-all for non-deterministic kernels:
 every token the step derives state from (accepted runs, draft proposals, the first token
 of a prefill) is broadcast from the group's first rank inside the graph (`rank0_tokens`).
+The drafts need it as much as the accepted run: a draft is written into the KV (draft
+forwards, then the next validate) before it is accepted, and a rank whose KV heads saw
+other tokens corrupts every rank's all-reduced activations.
+
+Loading: every rank reads the whole checkpoint (`from_hf`), then keeps its slices
+(`shard_state_dict`); the full weights are dropped once sharded.
 """
 
 from __future__ import annotations
