@@ -26,7 +26,7 @@ forwards, then the next validate) before it is accepted, and a rank whose KV hea
 other tokens corrupts every rank's all-reduced activations.
 
 Loading: every rank reads the whole checkpoint (`from_hf`), then keeps its slices
-(`shard_state_dict`); the full weights are dropped once sharded.
+(`shard_state_dict`); the full weights are freed unless the caller holds them.
 """
 
 from __future__ import annotations
