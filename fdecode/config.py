@@ -36,10 +36,12 @@ class DecodeConfig:
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.ops.attention.attention_kernel`),
     # "torch" (the reference) or "flash_attn" (CUDA). `fdecode.compile` resolves "auto".
     attention: str = "auto"
+    tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
+    broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "max_stop_ids"):
+        for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "max_stop_ids", "tp_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
@@ -48,6 +50,8 @@ class DecodeConfig:
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise TypeError(f"DecodeConfig.dtype must be a floating torch.dtype, got {self.dtype!r}")
         object.__setattr__(self, "device", str(torch.device(self.device)))
+        if self.broadcast_accepted and self.tp_size == 1:
+            raise ValueError("DecodeConfig.broadcast_accepted needs tensor parallelism (tp_size > 1)")
         needed = 1 + self.max_batch * self.blocks_per_lane
         num_blocks = needed if self.num_blocks is None else self.num_blocks
         if not isinstance(num_blocks, int) or num_blocks < 2:

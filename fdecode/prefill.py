@@ -29,7 +29,7 @@ from fdecode.ops.filters import filtered_probs
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, sample
 from fdecode.state import DecodeState
-from fdecode.step import advance, transition_uniforms
+from fdecode.step import advance, agreed, transition_uniforms
 
 Prompt = Sequence[int] | torch.Tensor
 PerPrompt = float | int | Sequence[float] | Sequence[int] | None
@@ -176,7 +176,7 @@ def empty_state(target, draft, cfg: DecodeConfig) -> DecodeState:
         tokens=torch.zeros(batch, window, **zeros),
         base_pos=torch.zeros(batch, **zeros),
         block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
-        target_kv=target.config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        target_kv=target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
         draft_kv=draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
@@ -266,6 +266,7 @@ def prime(
         first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
     else:
         first, draft_u = last_logits.argmax(dim=-1), None
+    first = agreed(cfg, target, first)
     accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
     accepted[:, 0] = first
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])

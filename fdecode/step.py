@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.filters import filtered_probs
 from fdecode.ops.paging import slot_of
 from fdecode.ops.prepare import prepare_next_draft
@@ -38,6 +39,12 @@ def transition_uniforms(state: DecodeState, vocab: int) -> tuple[torch.Tensor, t
     accept = u[:, window * vocab : window * vocab + k]
     draft = u[:, window * vocab + k :].view(batch, k, vocab)
     return noise, accept, draft
+
+
+def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
+    """`tokens` as tensor-parallel rank 0 has them (`broadcast_accepted`, the catch-all for
+    non-deterministic kernels), else unchanged: every rank derives its state from the same tokens."""
+    return rank0_tokens(tokens, model.tp) if cfg.broadcast_accepted else tokens
 
 
 def decode_step(
@@ -62,6 +69,9 @@ def decode_step(
         accepted, length = verify(state, logits, noise, accept_u)
     else:  # greedy-only graph: no filters, no random numbers
         (accepted, length), draft_u = greedy_accept(state.tokens, logits), None
+    if cfg.broadcast_accepted:  # rank 0's run, before the stops, budgets or next draft derive from it
+        accepted = rank0_tokens(accepted, target.tp)
+        length = (accepted >= 0).sum(dim=1)
     accepted, length, remaining, finished = apply_stops(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
@@ -135,6 +145,7 @@ def advance(
     # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
     pos = state.base_pos + (accepted >= 0).sum(dim=1)
     proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0)
+    proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
     for j in range(1, window - 1):
@@ -144,6 +155,7 @@ def advance(
             proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h, attention=cfg.attention
         )
         proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j)
+        proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)
         draft_probs.append(probs)
 

@@ -11,6 +11,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import choose_attention, choose_backend
+from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
 from fdecode.state import DecodeState, StepOutput
@@ -178,19 +179,31 @@ class Step:
         )
 
 
-def compile(target, draft, config: DecodeConfig, *, fallback: bool = False) -> Step:  # noqa: A001 - mirrors torch.compile
+def compile(  # noqa: A001 - mirrors torch.compile
+    target,
+    draft,
+    config: DecodeConfig,
+    *,
+    fallback: bool = False,
+    tp_group: torch.distributed.ProcessGroup | None = None,
+) -> Step:
     """Bind `target` and `draft` to `config` and capture the decode step.
 
     target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
     draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
     fallback: run eager (and say why in `step.fallback_reason`) instead of raising when
         the requested backend cannot capture this configuration.
+    tp_group: the process group of a tensor-parallel step (`config.tp_size` ranks, one step per
+        rank); the models are loaded whole and each rank keeps its shards (`fdecode.models.parallel`).
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a fdecode.DecodeConfig, got {type(config).__name__}")
     backend, reason = choose_backend(config, fallback=fallback)
+    tp = check_group(tp_group, config.tp_size, config.device)
     target_model = resolve_target(target, config)
     draft_model, kind = resolve_draft(draft, target_model, config)
+    if tp is not None:
+        target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
     head_dims = (target_model.config.head_dim, draft_model.kv_config.head_dim)
     kernel, attention_reason = choose_attention(config, head_dims, fallback=fallback)
     return Step(
