@@ -186,11 +186,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
     *,
     fallback: bool = False,
     tp_group: torch.distributed.ProcessGroup | None = None,
+    warmup: bool = False,
 ) -> Step:
     """Bind `target` and `draft` to `config` and capture the decode step.
 
     target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
     draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
+    warmup: capture every context window's graph now (`Step.warmup`) instead of on first use.
     fallback: run eager (and say why in `step.fallback_reason`) instead of raising when
         the requested backend cannot capture this configuration.
     tp_group: the process group of a tensor-parallel step (`config.tp_size` ranks, one step per
@@ -206,7 +208,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
     head_dims = (target_model.config.head_dim, draft_model.kv_config.head_dim)
     kernel, attention_reason = choose_attention(config, head_dims, fallback=fallback)
-    return Step(
+    step = Step(
         target_model, draft_model, dataclasses.replace(config, attention=kernel), draft_kind=kind, backend=backend,
         fallback_reason=reason, attention_reason=attention_reason,
     )
+    if warmup:
+        step.warmup()
+    return step
