@@ -8,12 +8,15 @@ parameters) is a tensor in `DecodeState` instead, so it never causes a recompile
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs")
+BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs", "torchair")
+# torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
+TORCHAIR_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class DecodeConfig:
     device: str = "cpu"
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
     sampling: bool = True  # allow random lanes; False captures a greedy-only step (no filters, no PRNG)
+    torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -37,14 +41,21 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.torchair_mode not in TORCHAIR_MODES:
+            raise ValueError(f"DecodeConfig.torchair_mode must be one of {TORCHAIR_MODES}, got {self.torchair_mode!r}")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise TypeError(f"DecodeConfig.dtype must be a floating torch.dtype, got {self.dtype!r}")
-        object.__setattr__(self, "device", str(torch.device(self.device)))
+        object.__setattr__(self, "device", _normalise_device(self.device))
         needed = 1 + self.max_batch * self.blocks_per_lane
         num_blocks = needed if self.num_blocks is None else self.num_blocks
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"DecodeConfig.num_blocks must be an int >= 2 (block 0 is scratch), got {num_blocks!r}")
         object.__setattr__(self, "_resolved_num_blocks", num_blocks)
+
+    @property
+    def device_type(self) -> str:
+        """"cpu", "cuda", "npu", ...: known even where the device's torch extension is not installed."""
+        return self.device.split(":")[0]
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name
@@ -68,3 +79,19 @@ class DecodeConfig:
     @property
     def num_slots(self) -> int:
         return self.pool_blocks * self.block_size
+
+
+def _normalise_device(device: object) -> str:
+    """str(torch.device(device)); an Ascend "npu[:i]" stays as given where torch_npu, which teaches
+    torch that name, is absent, so backend eligibility can say so instead of a parse error."""
+    try:
+        return str(torch.device(device))
+    except RuntimeError:
+        name = str(device)
+        if name.split(":")[0] != "npu":
+            raise
+        if importlib.util.find_spec("torch_npu") is not None:
+            import torch_npu  # noqa: F401 - registers the "npu" device name
+
+            return str(torch.device(name))
+        return name

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import choose_backend
+from fdecode.graphs.backends import STATIC_KV, capture, choose_backend, device_reason
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
 from fdecode.state import DecodeState, StepOutput
@@ -42,16 +42,11 @@ class Step:
             return decode_step(target, draft, config, state)
 
         self.fn = fresh_code(step, "fdecode_step")  # the pure step function (what every backend captures)
-        if backend == "eager":
-            self._compiled = self.fn
-        elif backend == "cudagraphs":  # Inductor with CUDA graph replay
-            self._compiled = torch.compile(self.fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        else:
-            self._compiled = torch.compile(self.fn, backend=backend, fullgraph=True, dynamic=False)
+        self._compiled = capture(backend, self.fn, config)
 
     def _static_kv(self, state: DecodeState) -> DecodeState:
-        # CUDA graph replay must neither copy nor re-record for the KV pools: their addresses are fixed.
-        if self.backend == "cudagraphs":
+        # Graph replay (CUDA graphs, ACL graphs) must neither copy nor re-record for the KV pools.
+        if self.backend in STATIC_KV:
             torch._dynamo.mark_static_address(state.target_kv)
             torch._dynamo.mark_static_address(state.draft_kv)
         return state
@@ -126,12 +121,15 @@ def compile(target, draft, config: DecodeConfig, *, fallback: bool = False) -> S
 
     target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
     draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
-    fallback: run eager (and say why in `step.fallback_reason`) instead of raising when
-        the requested backend cannot capture this configuration.
+    fallback: run the best eligible backend (and say why in `step.fallback_reason`) instead of
+        raising when the requested backend cannot capture this configuration.
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a fdecode.DecodeConfig, got {type(config).__name__}")
-    backend, reason = choose_backend(config, fallback=fallback)
+    unusable = device_reason(config)
+    if unusable is not None:
+        raise ValueError(f"device {config.device!r} cannot be used here: {unusable}")
     target_model = resolve_target(target, config)
     draft_model, kind = resolve_draft(draft, target_model, config)
+    backend, reason = choose_backend(config, target_model, draft_model, kind, fallback=fallback)
     return Step(target_model, draft_model, config, draft_kind=kind, backend=backend, fallback_reason=reason)
