@@ -47,12 +47,12 @@ def device_reason(cfg: DecodeConfig) -> str | None:
     return None
 
 
-def parameters_reason(models: tuple[torch.nn.Module, ...], device: torch.device) -> str | None:
+def parameters_reason(models: tuple[torch.nn.Module, ...], device_type: str) -> str | None:
     """Every weight is a graph input: a weight on another device or with a strided layout breaks capture."""
     for model in models:
         for name, param in model.named_parameters():
-            if param.device.type != device.type:
-                return f"parameter {name} of {type(model).__name__} is on {param.device}, the step runs on {device}"
+            if param.device.type != device_type:
+                return f"parameter {name} of {type(model).__name__} is on {param.device}, the step runs on {device_type}"
             if not param.is_contiguous():
                 return f"parameter {name} of {type(model).__name__} is not contiguous (stride {param.stride()})"
     return None
@@ -67,19 +67,18 @@ def _aot_eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
 
 
 def _inductor(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
-    device = torch.device(cfg.device) if cfg.device_type in ("cpu", "cuda") else None
-    if device is None:
+    if cfg.device_type not in ("cpu", "cuda"):
         return f"inductor generates code for CPU and CUDA only, not {cfg.device_type!r}"
-    if device.type == "cuda":
+    if cfg.device_type == "cuda":
         if not torch.cuda.is_available():
             return "device is cuda but torch.cuda.is_available() is False"
         from torch.utils._triton import has_triton
 
         if not has_triton():
             return "inductor on CUDA generates Triton kernels, and triton is not importable"
-    if device.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+    if cfg.device_type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
         return "inductor on CPU needs a C++ compiler (g++, c++ or clang++) on PATH"
-    return parameters_reason((target, draft), device)
+    return parameters_reason((target, draft), cfg.device_type)
 
 
 def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
@@ -98,12 +97,11 @@ def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     reason = npu.availability_reason()
     if reason is not None:
         return reason
-    device = torch.device(cfg.device)
     if cfg.dtype not in npu.DTYPES:
         return f"dtype {cfg.dtype} is not supported by the NPU kernels (use one of {npu.DTYPES})"
     if draft_kind not in ("mtp", "model"):
         return f"unsupported draft kind {draft_kind!r}"
-    reason = parameters_reason((target, draft), device)
+    reason = parameters_reason((target, draft), cfg.device_type)
     if reason is not None or cfg.torchair_mode == "reduce-overhead":
         return reason
     return npu.ge_reason(cfg, hidden_size=target.config.hidden_size)
