@@ -54,7 +54,7 @@ class DecodeConfig:
 
     @property
     def device_type(self) -> str:
-        """"cpu", "cuda", "npu", ...: known even where the device's torch extension is not installed."""
+        """The device type ("cpu", "cuda", "npu", ...), known even where its torch extension is not installed."""
         return self.device.split(":")[0]
 
     @property
