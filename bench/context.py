@@ -51,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--backend", default="inductor")
     p.add_argument("--json", default="bench/context.json")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lengths, batches, growth, growth_max = [256, 1024, 4096, 16384], [1, 8], [100, 500, 1000, 2000, 4000], 4096
     hidden, vocab = 256, 4096
     if args.quick:

@@ -8,6 +8,7 @@ parameters) is a tensor in `DecodeState` instead, so it never causes a recompile
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
@@ -15,7 +16,9 @@ import torch
 
 from fdecode.ops.attention import KERNELS
 
-BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs")
+BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs", "torchair")
+# torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
+TORCHAIR_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class DecodeConfig:
     attention: str = "auto"
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
+    torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -47,9 +51,11 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.torchair_mode not in TORCHAIR_MODES:
+            raise ValueError(f"DecodeConfig.torchair_mode must be one of {TORCHAIR_MODES}, got {self.torchair_mode!r}")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise TypeError(f"DecodeConfig.dtype must be a floating torch.dtype, got {self.dtype!r}")
-        object.__setattr__(self, "device", str(torch.device(self.device)))
+        object.__setattr__(self, "device", _normalise_device(self.device))
         if self.broadcast_accepted and self.tp_size == 1:
             raise ValueError("DecodeConfig.broadcast_accepted needs tensor parallelism (tp_size > 1)")
         needed = 1 + self.max_batch * self.blocks_per_lane
@@ -87,6 +93,11 @@ class DecodeConfig:
         return next((n for n in self.bucket_blocks if n >= need), self.blocks_per_lane)
 
     @property
+    def device_type(self) -> str:
+        """The device type ("cpu", "cuda", "npu", ...), known even where its torch extension is not installed."""
+        return self.device.split(":")[0]
+
+    @property
     def K(self) -> int:  # noqa: N802 - the paper's name
         return self.num_draft_tokens
 
@@ -108,3 +119,19 @@ class DecodeConfig:
     @property
     def num_slots(self) -> int:
         return self.pool_blocks * self.block_size
+
+
+def _normalise_device(device: object) -> str:
+    """str(torch.device(device)); an Ascend "npu[:i]" stays as given where torch_npu, which teaches
+    torch that name, is absent, so backend eligibility can say so instead of a parse error."""
+    try:
+        return str(torch.device(device))
+    except RuntimeError:
+        name = str(device)
+        if name.split(":")[0] != "npu":
+            raise
+        if importlib.util.find_spec("torch_npu") is not None:
+            import torch_npu  # noqa: F401 - registers the "npu" device name
+
+            return str(torch.device(name))
+        return name

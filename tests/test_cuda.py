@@ -1,12 +1,13 @@
 """CUDA checks: skipped where no CUDA device is present (this project's CI has none).
 
-Run them on a GPU machine with `python -m pytest tests/test_cuda.py`.
+Run them on a GPU machine with `bash bench/gpu_check.sh` (or `python -m pytest tests/test_cuda.py`).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import fdecode
 from conftest import fdecode_target, independent_draft
@@ -16,24 +17,74 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3], [11, 12, 13, 14]]
 
 
-def cuda_step(backend: str, k: int = 3):
+def cuda_step(backend: str, k: int = 3, max_seq_len: int = 160):
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=k, max_batch=4, max_seq_len=160, block_size=16, backend=backend, device="cuda"
+        num_draft_tokens=k, max_batch=4, max_seq_len=max_seq_len, block_size=16, backend=backend, device="cuda"
     )
     return fdecode.compile(target, independent_draft("partial", target), cfg)
 
 
-def test_cudagraphs_greedy_equals_eager():
+@pytest.fixture
+def recordings(monkeypatch):
+    """Counts CUDA graph recordings (a spy on the graph-tree manager; the recording itself runs unchanged)."""
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    calls = []
+    original = CUDAGraphTreeManager.record_function
+
+    def record_function(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CUDAGraphTreeManager, "record_function", record_function)
+    counters["inductor"].clear()
+    return calls
+
+
+def test_auto_picks_cudagraphs():
+    step = cuda_step("auto")
+    assert (step.backend, step.fallback_reason) == ("cudagraphs", None)
+
+
+def test_cudagraphs_greedy_equals_eager(recordings):
     eager = fdecode.generate(cuda_step("eager"), PROMPTS, max_new_tokens=40)
     graphs = cuda_step("cudagraphs")
     assert graphs.backend == "cudagraphs"
     assert fdecode.generate(graphs, PROMPTS, max_new_tokens=40) == eager
+    assert recordings, "the step never ran as a CUDA graph"
+    assert counters["inductor"]["cudagraph_skips"] == 0
 
 
-def test_100_steps_without_a_device_to_host_sync():
+def test_triton_kernel_equals_reference():
+    from test_prepare_triton import compare
+
+    from fdecode.ops.prepare_triton import prepare_next_draft_triton
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("fdecode::prepare_next_draft", "CUDA")
+    assert compare("cuda", 300, prepare_next_draft_triton) == 300
+    assert compare("cuda", 300) == 300  # through the op, as the compiled step calls it
+
+
+def test_no_rerecording_after_warmup(recordings):
     step = cuda_step("cudagraphs")
-    state = step.prefill(PROMPTS, max_new_tokens=150, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
+    state = step.prefill(PROMPTS, max_new_tokens=100, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
+    kv = (state.target_kv.data_ptr(), state.draft_kv.data_ptr())
+    for _ in range(3):  # warm-up: compile, warm up, record
+        state, out = step(state)
+    recorded = len(recordings)
+    assert recorded >= 1
+    for _ in range(30):
+        state, out = step(state)
+    assert len(recordings) == recorded, "the step re-recorded its CUDA graph after warm-up"
+    assert (state.target_kv.data_ptr(), state.draft_kv.data_ptr()) == kv  # the KV pools never moved
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_100_steps_without_a_device_to_host_sync(recordings):
+    """The step alone, then the engine's loop (its reads are one step behind, through a pinned buffer)."""
+    step = cuda_step("cudagraphs", max_seq_len=640)
+    state = step.prefill(PROMPTS, max_new_tokens=500, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
     for _ in range(3):  # warm-up: compile and record the graph
         state, out = step(state)
     torch.cuda.synchronize()
@@ -45,3 +96,19 @@ def test_100_steps_without_a_device_to_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert out.tokens.shape == (4, 4)
+
+    engine = fdecode.Engine(step)
+    for prompt in PROMPTS:
+        engine.add_request(prompt, max_new_tokens=500)
+    for _ in range(3):  # admission (priming reads the prompts on the host) and warm-up
+        engine.step()
+    torch.cuda.synchronize()
+    got = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(100):
+            got += sum(len(e.new_tokens) for e in engine.step())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.host_waits >= 100 and got >= 100 * len(PROMPTS)
+    assert counters["inductor"]["cudagraph_skips"] == 0

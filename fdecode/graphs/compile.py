@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import choose_attention, choose_backend
+from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, choose_backend, device_reason
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
@@ -75,14 +75,7 @@ class Step:
         """The step for a window of `blocks` blocks, captured on first use."""
         graph = self._graphs.get(blocks)
         if graph is None:
-            fn = self._pure(blocks)
-            if self.backend == "eager":
-                graph = fn
-            elif self.backend == "cudagraphs":  # Inductor with CUDA graph replay
-                graph = torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
-            else:
-                graph = torch.compile(fn, backend=self.backend, fullgraph=True, dynamic=False)
-            self._graphs[blocks] = graph
+            graph = self._graphs[blocks] = capture(self.backend, self._pure(blocks), self.config)
         return graph
 
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
@@ -115,8 +108,8 @@ class Step:
         return dict(self.compile_seconds)
 
     def _static_kv(self, state: DecodeState) -> DecodeState:
-        # CUDA graph replay must neither copy nor re-record for the KV pools: their addresses are fixed.
-        if self.backend == "cudagraphs":
+        # Graph replay (CUDA graphs, ACL graphs) must neither copy nor re-record for the KV pools.
+        if self.backend in STATIC_KV:
             torch._dynamo.mark_static_address(state.target_kv)
             torch._dynamo.mark_static_address(state.draft_kv)
         return state
@@ -193,19 +186,22 @@ def compile(  # noqa: A001 - mirrors torch.compile
     target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
     draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
     warmup: capture every context window's graph now (`Step.warmup`) instead of on first use.
-    fallback: run eager (and say why in `step.fallback_reason`) instead of raising when
-        the requested backend cannot capture this configuration.
+    fallback: run the best eligible backend (and say why in `step.fallback_reason`) instead of
+        raising when the requested backend cannot capture this configuration.
     tp_group: the process group of a tensor-parallel step (`config.tp_size` ranks, one step per
         rank); the models are loaded whole and each rank keeps its shards (`fdecode.models.parallel`).
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a fdecode.DecodeConfig, got {type(config).__name__}")
-    backend, reason = choose_backend(config, fallback=fallback)
+    unusable = device_reason(config)
+    if unusable is not None:
+        raise ValueError(f"device {config.device!r} cannot be used here: {unusable}")
     tp = check_group(tp_group, config.tp_size, config.device)
     target_model = resolve_target(target, config)
     draft_model, kind = resolve_draft(draft, target_model, config)
     if tp is not None:
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
+    backend, reason = choose_backend(config, target_model, draft_model, kind, fallback=fallback)
     head_dims = (target_model.config.head_dim, draft_model.kv_config.head_dim)
     kernel, attention_reason = choose_attention(config, head_dims, fallback=fallback)
     step = Step(

@@ -40,6 +40,13 @@ from fdecode.prefill import block_table, check_budgets, check_prompt, check_samp
 from fdecode.runtime.allocator import BlockAllocator
 
 
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small host -> device copy that does not wait: staged in pinned memory on CUDA, copied non-blocking
+    (a pageable copy would synchronize the host with the device, mid-loop)."""
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class Event:
     request_id: int
@@ -261,8 +268,8 @@ class Engine:
             request.blocks += got
         if blocks:
             device = self.state.block_tables.device
-            index = (torch.tensor(lanes, device=device), torch.tensor(columns, device=device))
-            table = self.state.block_tables.index_put(index, torch.tensor(blocks, device=device))
+            index = (_to_device(lanes, device), _to_device(columns, device))
+            table = self.state.block_tables.index_put(index, _to_device(blocks, device))
             self.state = self.state.replace(block_tables=table)
 
     def _admit(self) -> None:

@@ -1,0 +1,78 @@
+"""Ascend NPU checks (torch_npu + torchair): skipped where no NPU is present (this project's CI has none).
+
+Written against torch_npu's and torchair's documented API; not yet run on an NPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdecode
+from conftest import fdecode_target, independent_draft, mtp_head
+from fdecode.graphs import torchair as npu
+
+UNAVAILABLE = npu.availability_reason()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs an Ascend NPU: {UNAVAILABLE}")
+
+PROMPTS = [[5, 17, 33, 2, 9], [7, 3], [11, 12, 13, 14]]
+
+
+def npu_step(backend: str, draft_kind: str = "model", **changes):
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target) if draft_kind == "model" else mtp_head("partial", target)
+    cfg = fdecode.DecodeConfig(
+        **{"num_draft_tokens": 3, "max_batch": 4, "max_seq_len": 160, "block_size": 16, "backend": backend,
+           "device": "npu", "dtype": torch.float16, **changes}
+    )
+    return fdecode.compile(target, draft, cfg)
+
+
+def test_auto_picks_torchair():
+    step = npu_step("auto")
+    assert (step.backend, step.fallback_reason) == ("torchair", None)
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+def test_acl_graph_greedy_equals_eager(draft_kind):
+    eager = fdecode.generate(npu_step("eager", draft_kind), PROMPTS, max_new_tokens=40)
+    graph = npu_step("torchair", draft_kind)
+    assert graph.backend == "torchair"
+    assert fdecode.generate(graph, PROMPTS, max_new_tokens=40) == eager
+
+
+def test_100_acl_graph_steps_without_a_device_to_host_sync():
+    import torch_npu
+
+    step = npu_step("torchair")
+    state = step.prefill(PROMPTS, max_new_tokens=150, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
+    for _ in range(3):  # warm-up: compile and capture
+        state, out = step(state)
+    torch.npu.synchronize()
+    torch_npu.npu.set_sync_debug_mode("error")
+    try:
+        for _ in range(100):
+            state, out = step(state)
+    finally:
+        torch_npu.npu.set_sync_debug_mode("default")
+    torch.npu.synchronize()
+    assert out.tokens.shape == (4, 4)
+
+
+def test_ge_mode_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="MtpPrepareNextDraft|no converter for aten.index_put"):
+        npu_step("torchair", torchair_mode="max-autotune")
+    step = fdecode.compile(
+        fdecode_target(2), independent_draft("random", fdecode_target(2)),
+        fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=16, backend="torchair",
+                             device="npu", dtype=torch.float16, torchair_mode="max-autotune"),
+        fallback=True,
+    )
+    assert step.backend == "eager" and step.fallback_reason.startswith("torchair: ")
+
+
+def test_ge_converter_registers_with_torchair():
+    tng = npu._import_torchair()
+    npu.register_ge_converter(tng)
+    npu.register_ge_converter(tng)  # idempotent
+    assert callable(tng.get_npu_backend)
