@@ -112,3 +112,21 @@ def test_100_steps_without_a_device_to_host_sync(recordings):
         torch.cuda.set_sync_debug_mode("default")
     assert engine.host_waits >= 100 and got >= 100 * len(PROMPTS)
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_flash_attn_matches_the_reference_on_paged_kv() -> None:
+    """The flash-attn path reads the same keys as the torch reference: consecutive query rows ending at
+    each lane's last position, a block table with unallocated (-1) tail blocks."""
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed on this CUDA machine")
+    from fdecode.ops.attention import paged_attention, paged_context
+
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d, blocks = 256, 8, 2, 64, 12
+    kv = torch.randn(1, 2, blocks * bs, kv_heads, d, device="cuda", dtype=torch.bfloat16)
+    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, -1], [2, -1, -1, -1]], device="cuda")
+    for q_len, last in ((4, [300, 700, 3]), (2, [256, 511, 1]), (1, [10, 600, 200])):
+        positions = torch.tensor(last, device="cuda")[:, None] - torch.arange(q_len - 1, -1, -1, device="cuda")
+        q = torch.randn(3, q_len, heads, d, device="cuda", dtype=torch.bfloat16)
+        ref = paged_attention(q, kv, 0, paged_context(tables, positions, bs, kernel="torch"))
+        got = paged_attention(q, kv, 0, paged_context(tables, positions, bs, kernel="flash_attn"))
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
