@@ -13,10 +13,9 @@ import json
 import sys
 
 import torch
-from safetensors.torch import load_file
 
 import fdecode
-from fdecode.assets import TINY, TINY_DRAFT, TINY_HELDOUT
+from fdecode.assets import TINY, TINY_DRAFT, heldout_windows
 from fdecode.bench import mean_accepted_length
 from fdecode.models import from_hf
 
@@ -26,7 +25,7 @@ NEW_TOKENS = 96
 
 
 def main() -> int:
-    windows = load_file(str(TINY_HELDOUT))["windows"].long()
+    windows = heldout_windows()
     stride = len(windows) // PROMPTS
     prompts = [windows[i * stride, :PROMPT_BYTES].tolist() for i in range(PROMPTS)]
     target = from_hf(TINY, dtype=torch.float32)

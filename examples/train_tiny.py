@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from fdecode.models import LlamaModel, MTPHead, ModelConfig, from_hf, save_hf
-from fdecode.models.dense import dense_forward, next_token_loss, shift_hidden
+from fdecode.models.dense import heldout_losses, sequence_losses
 from fdecode.tokenizer import ByteTokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "fdecode" / "assets"
@@ -67,30 +67,6 @@ def corpus() -> tuple[bytes, bytes]:
 
 def windows(data: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     return data[starts[:, None] + torch.arange(SEQ)].long()  # [N, SEQ]
-
-
-def losses(target: LlamaModel, draft: LlamaModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    logits, hidden = dense_forward(target, x)
-    mtp1_logits, mtp1_h = dense_forward(target.mtp, x, hidden_in=shift_hidden(hidden))
-    mtp2_logits, _ = dense_forward(target.mtp, x, hidden_in=shift_hidden(mtp1_h))
-    draft_logits, _ = dense_forward(draft, x)
-    return {
-        "target": next_token_loss(logits, x),
-        # Row p of depth 1 reads byte p and hidden(p - 1): it predicts byte p + 1.
-        "mtp1": next_token_loss(mtp1_logits, x),
-        # Row p of depth 2 reads byte p and the depth-1 output of row p - 1 (which predicted byte p).
-        "mtp2": next_token_loss(mtp2_logits, x),
-        "draft": next_token_loss(draft_logits, x),
-    }
-
-
-@torch.no_grad()
-def evaluate(target: LlamaModel, draft: LlamaModel, held: torch.Tensor) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for chunk in held.split(16):
-        for name, value in losses(target, draft, chunk).items():
-            totals[name] = totals.get(name, 0.0) + value.item() * len(chunk) / len(held)
-    return totals
 
 
 def main() -> None:
@@ -137,7 +113,7 @@ def main() -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         x = windows(train, torch.randint(0, len(train) - SEQ, (args.batch,), generator=gen))
-        parts = losses(target, draft, x)
+        parts = sequence_losses(target, draft, x)
         loss = parts["target"] + parts["mtp1"] + 0.5 * parts["mtp2"] + parts["draft"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,7 +132,7 @@ def main() -> None:
         ByteTokenizer().save_pretrained(folder)
     save_file({"windows": held.to(torch.int16)}, str(args.out / HELDOUT_FILE), metadata={"format": "pt"})
     loaded, loaded_draft = from_hf(target_dir, dtype=torch.float32), from_hf(draft_dir, dtype=torch.float32)
-    heldout = evaluate(loaded, loaded_draft, held)
+    heldout = heldout_losses(loaded, loaded_draft, held)
     report = {
         "heldout_loss_nats_per_byte": {k: round(v, 5) for k, v in heldout.items()},
         "heldout_windows": HELDOUT_WINDOWS,

@@ -19,13 +19,9 @@ import torch
 
 from torch.profiler import record_function
 
+from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.ops.paging import slot_of
-
-
-def _compiled(fn, name: str, backend: str):
-    fn = fresh_code(fn, name)
-    return fn if backend == "eager" else torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
 
 
 class BeforeLoop:
@@ -42,8 +38,8 @@ class BeforeLoop:
         def draft_forward(tokens, positions, slots, kv, tables, hidden):
             return draft(tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden, attention=cfg.attention)
 
-        self._validate = _compiled(validate, "before_validate", backend)
-        self._draft = _compiled(draft_forward, "before_draft", backend)
+        self._validate = capture(backend, fresh_code(validate, "before_validate"), cfg)
+        self._draft = capture(backend, fresh_code(draft_forward, "before_draft"), cfg)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int) -> tuple[list[list[int]], int]:
@@ -142,7 +138,7 @@ class TargetOnly:
             logits, _ = target(tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention)
             return logits.argmax(dim=-1)
 
-        self._next = _compiled(next_token, "target_only_step", backend)
+        self._next = capture(backend, fresh_code(next_token, "target_only_step"), cfg)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int) -> tuple[list[list[int]], int]:

@@ -250,14 +250,12 @@ WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
 def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: tuple[int, int]):
     """(target, draft, prompts or None) of a workload."""
     if name.startswith("bundled"):
-        from safetensors.torch import load_file
-
-        from fdecode.assets import TINY, TINY_DRAFT, TINY_HELDOUT
+        from fdecode.assets import TINY, TINY_DRAFT, heldout_windows
         from fdecode.models import from_hf
 
         target = from_hf(TINY, dtype=torch.float32)
         draft = "mtp" if name == "bundled-mtp" else from_hf(TINY_DRAFT, dtype=torch.float32)
-        windows = load_file(str(TINY_HELDOUT))["windows"].long()
+        windows = heldout_windows()
         return target, draft, [windows[i * 3, :48].tolist() for i in range(len(windows) // 3)]
     target = llama(vocab, *target_size, seed=1)
     return target, (target if name == "draft=target" else llama(vocab, *draft_size, seed=2)), None

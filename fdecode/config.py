@@ -36,7 +36,7 @@ class DecodeConfig:
     # Attention windows (tokens) with a graph each; a step attends over the smallest window that holds every
     # position it can touch. None: 256, 512, ... up to max_seq_len. Rounded up to whole blocks.
     context_buckets: tuple[int, ...] | None = None
-    # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.ops.attention.attention_kernel`),
+    # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference) or "flash_attn" (CUDA). `fdecode.compile` resolves "auto".
     attention: str = "auto"
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 ASSETS = Path(__file__).resolve().parent
 TINY = ASSETS / "tiny-stdlib"
 TINY_DRAFT = ASSETS / "tiny-stdlib-draft"
 TINY_HELDOUT = ASSETS / "tiny-stdlib-heldout.safetensors"
+
+
+def heldout_windows() -> torch.Tensor:
+    """The shipped held-out windows: [64, 256] int64 byte ids (`training.json` says how they were cut)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(TINY_HELDOUT))["windows"].long()

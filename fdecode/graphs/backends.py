@@ -85,9 +85,7 @@ def _inductor(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
 def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     if cfg.device_type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
-    if not torch.cuda.is_available():
-        return "device is cuda but torch.cuda.is_available() is False"
-    # A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
+    # CUDA availability and triton are checked by _inductor, which CUDA graphs build on. A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
     # device"); `parameters_reason` (through _inductor) refuses weights left on another device.
     return _inductor(cfg, target, draft, draft_kind)
 

@@ -94,16 +94,17 @@ class Step:
         return new_state, out
 
     def warmup(self) -> dict[int, float]:
-        """Capture every bucket's graph now, on throwaway all-inactive states; returns `compile_seconds`.
+        """Capture every bucket's graph now, on a throwaway all-inactive state; returns `compile_seconds`.
 
         For `cudagraphs`, the static KV addresses are those of the throwaway state, so the first real
         state still records its own graphs: warm up by stepping real states instead.
         """
         cfg = self.config
+        state = self.empty_state()  # one KV pool for every window: an all-inactive step stays all-inactive
         lower = 0  # blocks of the previous window
         for blocks in cfg.bucket_blocks:
             # The largest position the previous window cannot serve, so bucket_for picks this one.
-            self(self.empty_state().bound_positions(max(0, lower * cfg.block_size - 2 * cfg.K)))
+            state, _ = self(state.bound_positions(max(0, lower * cfg.block_size - 2 * cfg.K)))
             lower = blocks
         return dict(self.compile_seconds)
 

@@ -43,3 +43,33 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, *, ahead: int = 
     """Mean cross-entropy (nats/token) of row p predicting tokens[p + ahead]. logits [B, T, V], tokens [B, T]."""
     v = logits.shape[-1]
     return F.cross_entropy(logits[:, :-ahead].reshape(-1, v), tokens[:, ahead:].reshape(-1))
+
+
+def sequence_losses(target: LlamaModel, draft: LlamaModel | MTPHead, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean next-token cross-entropy (nats/token) over `tokens` [B, T] of the target, of its MTP head
+    at recursive depths 1 and 2, and of an independent `draft` LM: the objective `examples/train_tiny.py`
+    trains and the held-out loss the bundled model reports.
+
+    Row p of depth 1 reads token p and the target hidden of p - 1, and predicts token p + 1; row p of
+    depth 2 reads token p and the depth-1 output of row p - 1 (which predicted token p).
+    """
+    logits, hidden = dense_forward(target, tokens)
+    mtp1_logits, mtp1_h = dense_forward(target.mtp, tokens, hidden_in=shift_hidden(hidden))
+    mtp2_logits, _ = dense_forward(target.mtp, tokens, hidden_in=shift_hidden(mtp1_h))
+    draft_logits, _ = dense_forward(draft, tokens)
+    return {
+        "target": next_token_loss(logits, tokens),
+        "mtp1": next_token_loss(mtp1_logits, tokens),
+        "mtp2": next_token_loss(mtp2_logits, tokens),
+        "draft": next_token_loss(draft_logits, tokens),
+    }
+
+
+@torch.no_grad()
+def heldout_losses(target: LlamaModel, draft: LlamaModel, windows: torch.Tensor, *, chunk: int = 16) -> dict[str, float]:
+    """`sequence_losses` averaged over `windows` [N, T], evaluated `chunk` windows at a time."""
+    totals: dict[str, float] = {}
+    for part in windows.split(chunk):
+        for name, value in sequence_losses(target, draft, part).items():
+            totals[name] = totals.get(name, 0.0) + value.item() * len(part) / len(windows)
+    return totals
