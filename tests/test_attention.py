@@ -68,3 +68,63 @@ def test_reference_reads_exactly_the_window() -> None:
         scores = torch.einsum("hd,nhd->hn", q[lane, 0], keys) / d**0.5
         expect = torch.einsum("hn,nhd->hd", scores.softmax(-1), values)
         torch.testing.assert_close(out[lane, 0], expect)
+
+
+# ------------------------------------------------------------------ device kernels' argument mapping, on CPU
+#
+# The device kernels cannot run here. What can be checked on CPU is fdecode's side of the call: the
+# layouts, lengths, block tables and masks it passes. Each emulation below implements the kernel's
+# *documented* semantics (nothing of fdecode's) in the plainest torch, and the adapter's output through
+# it must equal the reference. The kernels themselves are checked on their devices (tests/test_cuda.py,
+# tests/test_npu.py).
+
+
+def flash_attn_with_kvcache_as_documented(
+    q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale, causal
+):
+    """flash-attn's documented semantics: q [B, Sq, Hq, D]; paged caches [num_blocks, page, Hk, D]; key j of
+    lane b is k_cache[block_table[b, j // page], j % page]; lane b has cache_seqlens[b] keys; with causal,
+    query row i sees keys j <= cache_seqlens[b] - Sq + i (the mask aligned to the bottom right); Hq / Hk
+    query heads share a key head (head h reads key head h // (Hq / Hk))."""
+    assert block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32 and causal
+    b, sq, hq, d = q.shape
+    page, hk = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    for lane in range(b):
+        n = int(cache_seqlens[lane])
+        idx = [(int(block_table[lane, j // page]), j % page) for j in range(n)]
+        keys = torch.stack([k_cache[blk, off] for blk, off in idx])  # [n, Hk, D]
+        values = torch.stack([v_cache[blk, off] for blk, off in idx])
+        for h in range(hq):
+            kh = h // (hq // hk)
+            scores = q[lane, :, h].float() @ keys[:, kh].float().T * softmax_scale  # [Sq, n]
+            visible = torch.arange(n)[None, :] <= (n - sq + torch.arange(sq))[:, None]
+            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+            out[lane, :, h] = (probs @ values[:, kh].float()).to(q.dtype)
+    return out
+
+
+def step_rows(last: list[int], q_len: int) -> torch.Tensor:
+    """Query positions as the step lays them out: q_len consecutive rows per lane ending at `last`."""
+    return torch.tensor(last)[:, None] - torch.arange(q_len - 1, -1, -1)
+
+
+def test_flash_attn_adapter_passes_what_flash_attn_documents(monkeypatch) -> None:
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_with_kvcache=flash_attn_with_kvcache_as_documented))
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d = 8, 4, 2, 16
+    kv = torch.randn(2, 2, 12 * bs, kv_heads, d)
+    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, 4], [2, -1, -1, -1]])
+    # verify (K + 1 rows), the first draft forward (repair + current), later draft forwards (one row);
+    # positions across block boundaries, a lane at its first positions (fewer keys than rows).
+    for q_len, last in ((4, [12, 31, 3]), (2, [8, 17, 1]), (1, [10, 25, 0])):
+        positions = step_rows(last, q_len)
+        q = torch.randn(3, q_len, heads, d)
+        for layer in (0, 1):
+            ref = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="torch"))
+            got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="flash_attn"))
+            valid = positions >= 0  # rows at negative positions are padding: their output is never read
+            torch.testing.assert_close(got[valid], ref[valid])

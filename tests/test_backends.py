@@ -20,6 +20,7 @@ from conftest import fdecode_target, independent_draft
 from fdecode.config import BACKENDS
 from fdecode.graphs import backends
 from fdecode.graphs import torchair as npu
+from fdecode.ops import kv
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4)
 
@@ -145,12 +146,15 @@ def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     assert npu.installed_kernel() is not None
     # H * itemsize % 32: 40 fp16 values are 80 bytes, 48 are 96.
     assert "% 32 == 0" in eligible("torchair", ge, target=weightless(40))
-    reason = eligible("torchair", ge, target=weightless(48))
-    assert reason == (
-        "torchair's GE mode has no converter for aten.index_put.default, which the step uses (see docs/backends.md)"
-    )
+    # With the kernel installed, the GE mode takes both the greedy-only and the sampling step (nothing blocks).
+    assert eligible("torchair", ge, target=weightless(48)) is None
     sampling = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16)
-    assert "aten.amax.default" in eligible("torchair", sampling, target=weightless(48))
+    assert eligible("torchair", sampling, target=weightless(48)) is None
+    # Were the step to contain an unconvertible op again, GE would be refused with its name.
+    monkeypatch.setitem(npu.GE_BLOCKERS, True, ("aten.amax.default",))
+    assert eligible("torchair", sampling, target=weightless(48)) == (
+        "torchair's GE mode has no converter for aten.amax.default, which the step uses (see docs/backends.md)"
+    )
     # ASCEND_OPP_PATH/vendors/<name> is searched too.
     monkeypatch.delenv("ASCEND_CUSTOM_OPP_PATH")
     monkeypatch.setenv("ASCEND_OPP_PATH", str(tmp_path / "opp"))
@@ -226,19 +230,50 @@ def test_ge_outputs_match_the_fake_results():
 
 
 def aten_overloads(report) -> set[str]:
-    return {str(n.target) for gm in report.graphs for n in gm.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
+    """Overloads of every node, a functionalized mutating custom op counted as the op itself."""
+    ops = set()
+    for gm in report.graphs:
+        for n in gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            target = n.args[0] if str(n.target).startswith("auto_functionalized") else n.target
+            if hasattr(target, "_schema"):
+                ops.add(str(target))
+    return ops
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sampling", [False, True])
-def test_ge_blockers_are_what_the_step_contains(sampling):
-    """GE_BLOCKERS is re-measured: the known-unconvertible overloads found in the captured step."""
+def captured_ops(sampling: bool) -> set[str]:
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="cudagraphs",
                                sampling=sampling)
     step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
     report = fdecode.inspect(step, step.prefill([[1, 2, 3]], max_new_tokens=4))
     assert report.backend == "inductor"  # inspect reports what runs (here the fallback); the graph is the same
-    ops = aten_overloads(report)
-    assert "fdecode.prepare_next_draft.default" in ops
-    assert sorted(ops & npu.GE_UNCONVERTED) == sorted(npu.GE_BLOCKERS[sampling])
+    return aten_overloads(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [False, True])
+def test_ge_blockers_are_what_the_npu_step_contains(sampling, monkeypatch):
+    """GE_BLOCKERS is re-measured: the unconvertible overloads (less those fdecode converts) found in the
+    step as an NPU captures it. Traced on CPU with the NPU's KV write, whose call there goes to
+    `fdecode::scatter_nd_update_` (torch_npu's `npu_scatter_nd_update_` on an NPU: same schema)."""
+    monkeypatch.setitem(kv.KV_WRITE, "cpu", kv.KV_WRITE["npu"])
+    ops = captured_ops(sampling)
+    assert {"fdecode.prepare_next_draft.default", "fdecode.scatter_nd_update_.default"} <= ops
+    assert not ops & {"aten.index_put.default", "aten.index_put_.default", "aten.amax.default"}
+    assert ("aten.view.dtype" in ops) == sampling  # the filters' float bits: fdecode's Bitcast converter
+    assert sorted((ops & npu.GE_UNCONVERTED) - npu.GE_SUPPLIED) == sorted(npu.GE_BLOCKERS[sampling])
+
+
+@pytest.mark.slow
+def test_the_cpu_step_writes_kv_with_index_put():
+    """The control of the test above: CPU and CUDA keep the one-scatter `index_put_`."""
+    ops = captured_ops(False)
+    assert "aten.index_put.default" in ops and "fdecode.scatter_nd_update_.default" not in ops
+
+
+def test_bitcast_converter_takes_same_width_views_only():
+    assert npu.bitcast_reason(torch.float32, torch.int32) is None
+    assert npu.bitcast_reason(torch.bfloat16, torch.int16) is None
+    assert "changes the last dimension" in npu.bitcast_reason(torch.float32, torch.int16)

@@ -108,3 +108,26 @@ def test_finished_lanes_and_free_blocks_are_never_written():
     assert torch.equal(blocks(state.draft_kv, lane1), before_d)
     assert not blocks(state.target_kv, free).any()
     assert not blocks(state.draft_kv, free).any()
+
+
+def test_both_kv_writes_put_every_row_in_the_same_place():
+    """`index_put` (CPU, CUDA) and `scatter_nd` (NPU) writes of random rows to random distinct slots."""
+    from fdecode.ops.kv import write_kv
+
+    gen = torch.Generator().manual_seed(0)
+    for layers, batch, q_len, heads, d in ((1, 1, 1, 1, 8), (3, 2, 4, 2, 16), (2, 5, 2, 4, 8)):
+        cache = torch.randn(layers, 2, 64, heads, d, generator=gen)
+        slots = torch.randperm(63, generator=gen)[: batch * q_len].view(batch, q_len) + 1  # distinct, not scratch
+        k, v = torch.randn(2, batch, q_len, heads, d, generator=gen).to(torch.float64)  # cast to the cache dtype
+        for layer in range(layers):
+            a, b = cache.clone(), cache.clone()
+            write_kv(a, layer, slots, k, v, way="index_put")
+            write_kv(b, layer, slots, k, v, way="scatter_nd")
+            assert torch.equal(a, b)
+            assert torch.equal(a[layer, 0, slots.flatten()], k.reshape(-1, heads, d).float())
+            assert torch.equal(a[layer, 1, slots.flatten()], v.reshape(-1, heads, d).float())
+            untouched = torch.ones(64, dtype=torch.bool)
+            untouched[slots.flatten()] = False
+            assert torch.equal(a[:, :, untouched], cache[:, :, untouched])
+            others = [i for i in range(layers) if i != layer]
+            assert torch.equal(a[others], cache[others])

@@ -100,3 +100,14 @@ def test_greedy_only_step_is_lossless_and_leaner():
     assert sum(lean_report.op_counts.values()) < sum(full_report.op_counts.values()) / 2
     with pytest.raises(ValueError, match="sampling=True"):
         lean.prefill(PROMPTS, max_new_tokens=4, temperature=0.5)
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+def test_greedy_equals_transformers_with_the_npu_kv_write(draft_kind, monkeypatch):
+    """The NPU's KV write (ScatterNdUpdate rows (layer, kind, slot), `fdecode.ops.kv`) taken on CPU:
+    the same tokens as transformers, with a mixture of accepted lengths."""
+    from fdecode.ops import kv
+
+    monkeypatch.setitem(kv.KV_WRITE, "cpu", "scatter_nd")
+    step, layers = build("partial", draft_kind, 3)
+    assert len(set(check_against_hf(step, layers))) >= 2

@@ -60,7 +60,9 @@ def test_100_acl_graph_steps_without_a_device_to_host_sync():
 
 
 def test_ge_mode_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="MtpPrepareNextDraft|no converter for aten.index_put"):
+    if npu.installed_kernel() is not None:
+        pytest.skip("the MtpPrepareNextDraft kernel is installed here: GE mode is eligible")
+    with pytest.raises(ValueError, match="MtpPrepareNextDraft"):
         npu_step("torchair", torchair_mode="max-autotune")
     step = fdecode.compile(
         fdecode_target(2), independent_draft("random", fdecode_target(2)),
@@ -73,6 +75,8 @@ def test_ge_mode_is_refused_with_the_reason():
 
 def test_ge_converter_registers_with_torchair():
     tng = npu._import_torchair()
-    npu.register_ge_converter(tng)
-    npu.register_ge_converter(tng)  # idempotent
+    npu.register_ge_converters(tng)
+    npu.register_ge_converters(tng)  # idempotent
     assert callable(tng.get_npu_backend)
+    # fdecode's converters replace torchair's (which raises NotImplementedError for aten.view.dtype).
+    assert getattr(torch.ops.aten.view.dtype, "_ge_converter", None) is not None

@@ -66,7 +66,10 @@ class GraphReport:
         )
 
 
-def _op_name(target: object) -> str | None:
+def _op_name(node: torch.fx.Node) -> str | None:
+    target = node.target
+    if getattr(target, "name", lambda: None)() in ("auto_functionalized", "auto_functionalized_v2"):
+        target = node.args[0]  # a mutating custom op, functionalized: count the op itself
     schema = getattr(target, "_schema", None)
     return schema.name if schema is not None else None
 
@@ -114,7 +117,7 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            name = _op_name(node.target)
+            name = _op_name(node)
             if name is None:
                 continue
             op_counts[name] += 1

@@ -6,13 +6,15 @@ Two graph modes (`DecodeConfig.torchair_mode`):
   runs as in eager; the fused op is captured through its meta (fake) registration
   and runs its registered implementation. ACL graph capture cannot hold torch's
   random ops: fdecode's counter-based PRNG (`fdecode.ops.random`) uses none.
-- `"max-autotune"`: a GE graph. Every FX node must have a GE converter. The fused
-  op gets one here (`register_ge_converter`), mapping it to the AscendC
-  `MtpPrepareNextDraft` kernel when that custom-op package is installed. GE lacks
-  converters for some ATen ops; `GE_BLOCKERS` lists the ones the step contains
-  (measured with `fdecode.inspect`, see docs/backends.md): the paged KV write
-  (`index_put`) among them, so the GE mode is refused with that reason until the
-  NPU path writes KV through a convertible op (e.g. torch_npu's scatter update).
+- `"max-autotune"`: a GE graph. Every FX node must have a GE converter. torchair
+  has none for some ATen ops (`GE_UNCONVERTED`); the step avoids or supplies
+  each one it would contain (measured with `fdecode.inspect`, see docs/backends.md):
+  the paged KV write goes through torch_npu's `npu_scatter_nd_update_` on an NPU
+  (`fdecode.ops.kv`), the min-p filter takes `max(dim)` (not `amax`), and the
+  float-bits view of the top-k/top-p filters (`aten.view.dtype`) gets a converter
+  here (GE `Bitcast`), as does the fused op (the AscendC `MtpPrepareNextDraft`
+  kernel, which must be installed as a custom-op package). `GE_BLOCKERS` is what
+  remains unconverted: nothing, re-measured by tests/test_backends.py.
 
 Recommended static-graph settings: `dynamic=False`, parameters frozen (GE:
 `experimental_config.frozen_parameter`), KV leaves marked static
@@ -50,13 +52,11 @@ GE_UNCONVERTED = frozenset(
         "aten.amax.default", "aten.view.dtype",
     }
 )
-# Of those, the ones the captured step contains, by `DecodeConfig.sampling` (measured with `fdecode.inspect`
-# on CPU, see docs/backends.md; tests/test_backends.py re-measures them): the paged KV write (index_put),
-# and in a sampling step the filters' min-p max (amax) and float-bits view (view.dtype).
-GE_BLOCKERS = {
-    False: ("aten.index_put.default",),
-    True: ("aten.amax.default", "aten.index_put.default", "aten.view.dtype"),
-}
+# Overloads in that set for which fdecode registers a converter of its own (`register_ge_converters`).
+GE_SUPPLIED = frozenset({"aten.view.dtype"})
+# What the captured NPU step still contains of GE_UNCONVERTED - GE_SUPPLIED, by `DecodeConfig.sampling`
+# (measured with `fdecode.inspect` on CPU with the NPU's KV write; tests/test_backends.py re-measures it).
+GE_BLOCKERS: dict[bool, tuple[str, ...]] = {False: (), True: ()}
 # GE names of the fused op's results, in the schema's return order.
 GE_OUTPUTS = ("tokens", "hidden_rows", "positions", "kv_lens", "slots")
 
@@ -143,7 +143,7 @@ def ge_reason(cfg: DecodeConfig, *, hidden_size: int) -> str | None:
             f"{hidden_size} * {itemsize} = {hidden_size * itemsize}"
         )
     blockers = GE_BLOCKERS[cfg.sampling]
-    if blockers:
+    if blockers:  # empty today; kept so that a new unconvertible op in the step is refused, not a GE build error
         return f"torchair's GE mode has no converter for {', '.join(blockers)}, which the step uses (see docs/backends.md)"
     return None
 
@@ -196,9 +196,23 @@ def ge_call_names() -> GeCall:
     return ge_call(*(a.name for a in schema.arguments))
 
 
-def register_ge_converter(tng) -> None:
-    """Register the fused op's GE converter with torchair `tng` (idempotent)."""
-    if getattr(register_ge_converter, "done", False):
+def bitcast_reason(source: torch.dtype, target: torch.dtype) -> str | None:
+    """Why `x.view(target)` of a `source` tensor cannot be a GE `Bitcast` (which keeps the shape), or None."""
+    if source.itemsize != target.itemsize:
+        return (
+            f"view({target}) of a {source} tensor changes the last dimension; fdecode's GE converter maps only "
+            "same-width views to Bitcast"
+        )
+    return None
+
+
+def register_ge_converters(tng) -> None:
+    """Register fdecode's GE converters with torchair `tng` (idempotent; call after importing torchair,
+    whose own aten converters a later registration replaces):
+    - `fdecode::prepare_next_draft` -> the AscendC `MtpPrepareNextDraft` kernel (`ge_call`);
+    - `aten.view.dtype` between same-width dtypes -> GE `Bitcast` (torchair's raises NotImplementedError
+      for every input; other widths still raise)."""
+    if getattr(register_ge_converters, "done", False):
         return
 
     @tng.register_fx_node_ge_converter(torch.ops.fdecode.prepare_next_draft.default)
@@ -207,7 +221,17 @@ def register_ge_converter(tng) -> None:
         attrs = {name: getattr(tng.ge.attr, kind)(value) for name, (kind, value) in call.attrs.items()}
         return tng.ge.custom_op(OP_TYPE, inputs=call.inputs, attrs=attrs, outputs=list(call.outputs))
 
-    register_ge_converter.done = True
+    @tng.register_fx_node_ge_converter(torch.ops.aten.view.dtype)
+    def _view_dtype(self, dtype, meta_outputs=None):
+        from torchair._ge_concrete_graph import ge_apis
+        from torchair.ge._ge_graph import ge_type_to_torch_type, torch_type_to_ge_type
+
+        reason = bitcast_reason(ge_type_to_torch_type(self.dtype), dtype)
+        if reason is not None:
+            raise NotImplementedError(reason)
+        return ge_apis.Bitcast(self, type=torch_type_to_ge_type(dtype))
+
+    register_ge_converters.done = True
 
 
 def backend(cfg: DecodeConfig):
@@ -215,7 +239,7 @@ def backend(cfg: DecodeConfig):
     tng = _import_torchair()
     config = tng.CompilerConfig()
     if cfg.torchair_mode == "max-autotune":
-        register_ge_converter(tng)
+        register_ge_converters(tng)
         config.mode = "max-autotune"
         config.experimental_config.frozen_parameter = True  # weights are graph inputs with fixed addresses
     else:

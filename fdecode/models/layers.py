@@ -17,6 +17,7 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.rope import RotaryEmbedding
 from fdecode.ops.attention import PagedContext, paged_attention
+from fdecode.ops.kv import write_kv
 
 
 class RMSNorm(nn.Module):
@@ -67,13 +68,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, positions), rotary(k, positions)
 
-        # One in-place index_put_ on the whole cache leaf (not on a kv[layer] view): Inductor turns it
-        # into a scatter of B*Q rows. Writing through a view, or the functional index_copy, makes
-        # the compiled step copy the entire cache every call.
-        flat_slots = slots.reshape(1, -1)  # [1, B*Q]
-        kind = torch.arange(2, device=slots.device)[:, None]  # [2, 1]: 0 = keys, 1 = values
-        rows = torch.stack([k, v]).reshape(2, -1, self.num_kv_heads, self.head_dim)  # [2, B*Q, Hkv, D]
-        kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows.to(kv.dtype))
+        write_kv(kv, layer, slots, k, v, way=ctx.kv_write)  # before attending: see the module docstring
 
         out = paged_attention(q, kv, layer, ctx)  # [B, Q, Hq, D]
         return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))

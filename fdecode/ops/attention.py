@@ -33,6 +33,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fdecode.ops.kv import kv_write_for
+
 KERNELS = ("torch", "flash_attn")
 
 
@@ -45,6 +47,7 @@ class PagedContext(NamedTuple):
     mask: torch.Tensor  # [B, 1, Q, S] bool, True = visible
     block_size: int
     kernel: str  # one of KERNELS
+    kv_write: str  # how layers write their keys and values (`fdecode.ops.kv.WAYS`)
 
 
 def paged_context(
@@ -55,7 +58,8 @@ def paged_context(
     key_slots = (block_tables.clamp_min(0)[:, :, None] * block_size + offsets).flatten(1)  # [B, S]
     key_pos = torch.arange(key_slots.shape[1], dtype=positions.dtype, device=positions.device)  # [S]
     visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
-    return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel)
+    kv_write = kv_write_for(block_tables.device.type)
+    return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel, kv_write)
 
 
 def paged_attention(

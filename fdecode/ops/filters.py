@@ -74,5 +74,6 @@ def filtered_probs(
     probs = probs * top_k_mask(probs, top_k[:, None].expand(probs.shape[:2]))
     probs = probs / probs.sum(dim=-1, keepdim=True)
     probs = probs * top_p_mask(probs, top_p[:, None].expand(probs.shape[:2]))
-    probs = probs * (probs >= min_p[:, None, None] * probs.amax(dim=-1, keepdim=True))
+    # max(dim) rather than amax: torchair's GE mode converts the former (ArgMaxWithValue), not the latter.
+    probs = probs * (probs >= min_p[:, None, None] * probs.max(dim=-1, keepdim=True).values)
     return probs / probs.sum(dim=-1, keepdim=True)

@@ -1,0 +1,74 @@
+"""Writing a forward's keys and values into the paged KV cache leaf, in place.
+
+The cache leaf is `kv: [num_layers, 2, num_slots, Hkv, D]`; a forward's B*Q
+rows of layer `layer` go to slots `slots: [B, Q]` (0 = the scratch slot, which
+padding rows may write in any order). Two ways, one meaning:
+
+- `"index_put"` (CPU, CUDA): one `index_put_` on the whole leaf with the index
+  tuple (layer, kind, slot). Inductor lowers it to a scatter of B*Q rows; writing
+  through a `kv[layer]` view, or the functional `index_copy`, makes a compiled
+  step copy the entire cache every call.
+- `"scatter_nd"` (Ascend NPU): `ScatterNdUpdate(kv, indices, updates)` with
+  `indices: [2*B*Q, 3]` rows (layer, kind, slot) and `updates: [2*B*Q, Hkv, D]`:
+  torch_npu's `npu_scatter_nd_update_`, which torchair's GE mode converts
+  (GE has no converter for `index_put`; the ACL graph mode runs it as is).
+  Elsewhere (tests on CPU) the same call goes to `fdecode::scatter_nd_update_`,
+  which has that op's schema and documented semantics, so the graph an NPU
+  captures can be built and measured without an NPU.
+
+The way is chosen per device type (`KV_WRITE`), which is static when the step
+is traced, so it costs no branch in the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The KV write each device type's step uses (others: "index_put").
+KV_WRITE = {"npu": "scatter_nd"}
+WAYS = ("index_put", "scatter_nd")
+
+
+def kv_write_for(device_type: str) -> str:
+    return KV_WRITE.get(device_type, "index_put")
+
+
+@torch.library.custom_op("fdecode::scatter_nd_update_", mutates_args=("self",))
+def scatter_nd_update_(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> None:
+    """`self[tuple(indices[n])] = updates[n]` for every row n of `indices: [N, depth]` (ScatterNdUpdate)."""
+    self.index_put_(tuple(indices.unbind(-1)), updates)
+
+
+@scatter_nd_update_.register_fake
+def _(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> None:
+    return None
+
+
+def _scatter_nd(kv: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> None:
+    if kv.device.type == "npu":
+        torch.ops.npu.npu_scatter_nd_update_(kv, indices, updates)
+    else:
+        torch.ops.fdecode.scatter_nd_update_(kv, indices, updates)
+
+
+def write_kv(
+    kv: torch.Tensor,  # [num_layers, 2, num_slots, Hkv, D], written in place
+    layer: int,
+    slots: torch.Tensor,  # [B, Q] int64
+    k: torch.Tensor,  # [B, Q, Hkv, D]
+    v: torch.Tensor,  # [B, Q, Hkv, D]
+    *,
+    way: str = "index_put",
+) -> None:
+    kv_heads, head_dim = kv.shape[-2:]
+    rows = torch.stack([k, v]).reshape(2, -1, kv_heads, head_dim).to(kv.dtype)  # [2, B*Q, Hkv, D]
+    flat_slots = slots.reshape(1, -1)  # [1, B*Q]
+    kind = torch.arange(2, device=slots.device)[:, None]  # [2, 1]: 0 = keys, 1 = values
+    if way == "index_put":
+        kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows)
+        return
+    if way != "scatter_nd":
+        raise ValueError(f"unknown KV write {way!r}, expected one of {WAYS}")
+    grid = flat_slots.expand(2, -1)  # [2, B*Q]
+    indices = torch.stack([torch.full_like(grid, layer), kind.expand_as(grid), grid], dim=-1)  # [2, B*Q, 3]
+    _scatter_nd(kv, indices.reshape(-1, 3), rows.reshape(-1, kv_heads, head_dim))
