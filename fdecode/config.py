@@ -37,7 +37,8 @@ class DecodeConfig:
     # position it can touch. None: 256, 512, ... up to max_seq_len. Rounded up to whole blocks.
     context_buckets: tuple[int, ...] | None = None
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
-    # "torch" (the reference) or "flash_attn" (CUDA). `fdecode.compile` resolves "auto".
+    # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
+    # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
     attention: str = "auto"
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)

@@ -12,6 +12,9 @@ from fdecode.graphs.backends import choose_attention
 from fdecode.ops.attention import paged_attention, paged_context
 
 
+SHAPES = ((8, 2, 64), (8, 2, 64))  # (num_heads, num_kv_heads, head_dim) of target and draft
+
+
 def cfg(**overrides) -> fdecode.DecodeConfig:
     return fdecode.DecodeConfig(**{"num_draft_tokens": 2, "max_batch": 1, "max_seq_len": 512, **overrides})
 
@@ -24,31 +27,53 @@ def flash_attn_installed(monkeypatch):
 
 
 def test_cpu_runs_the_reference_without_complaint() -> None:
-    assert choose_attention(cfg(), (64, 64)) == ("torch", None)
+    assert choose_attention(cfg(), SHAPES) == ("torch", None)
     with pytest.raises(ValueError, match="flash-attn runs on CUDA"):
-        choose_attention(cfg(attention="flash_attn"), (64, 64))
-    kernel, reason = choose_attention(cfg(attention="flash_attn"), (64, 64), fallback=True)
+        choose_attention(cfg(attention="flash_attn"), SHAPES)
+    kernel, reason = choose_attention(cfg(attention="flash_attn"), SHAPES, fallback=True)
     assert kernel == "torch" and "flash_attn: flash-attn runs on CUDA" in reason
 
 
 def test_flash_attn_eligibility_on_cuda(flash_attn_installed) -> None:
     good = dict(device="cuda", dtype=torch.bfloat16, block_size=256)
-    assert choose_attention(cfg(**good), (64, 128)) == ("flash_attn", None)
+    assert choose_attention(cfg(**good), ((8, 2, 64), (4, 4, 128))) == ("flash_attn", None)
     for change, words in (
         (dict(dtype=torch.float32), "float16 or bfloat16"),
         (dict(block_size=16), "block_size % 256"),
     ):
-        kernel, reason = choose_attention(cfg(**{**good, **change}), (64, 128))
+        kernel, reason = choose_attention(cfg(**{**good, **change}), ((8, 2, 64), (4, 4, 128)))
         assert kernel == "torch" and words in reason
-    kernel, reason = choose_attention(cfg(**good), (64, 100))
+    kernel, reason = choose_attention(cfg(**good), ((8, 2, 64), (4, 4, 100)))
     assert kernel == "torch" and "multiples of 8" in reason
 
 
 def test_flash_attn_missing_is_stated_on_cuda() -> None:
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed here")
-    kernel, reason = choose_attention(cfg(device="cuda", dtype=torch.float16, block_size=256), (64,))
+    kernel, reason = choose_attention(cfg(device="cuda", dtype=torch.float16, block_size=256), SHAPES)
     assert kernel == "torch" and "not installed" in reason
+
+
+def test_npu_kernel_eligibility(monkeypatch) -> None:
+    good = dict(device="npu", dtype=torch.bfloat16, block_size=128)
+    kernel, reason = choose_attention(cfg(**good), SHAPES)  # no torch_npu here: stated, the reference runs
+    assert kernel == "torch" and reason == "npu_fused_infer_attention: torch_npu is not installed (pip install fdecode[npu])"
+    with pytest.raises(ValueError, match="torch_npu is not installed"):
+        choose_attention(cfg(**good, attention="npu_fused_infer_attention"), SHAPES)
+    # Pretend only that torch_npu sees an NPU (the eligibility boundary); the rest is fdecode's own rule.
+    monkeypatch.setattr("fdecode.graphs.torchair.torch_npu_reason", lambda: None)
+    assert choose_attention(cfg(**good), SHAPES) == ("npu_fused_infer_attention", None)
+    assert choose_attention(cfg(**{**good, "block_size": 512}), SHAPES) == ("npu_fused_infer_attention", None)
+    for change, words in (
+        (dict(dtype=torch.float32), "float16 or bfloat16"),
+        (dict(block_size=64), "block_size in 128, 256, 384, 512"),
+        (dict(block_size=1024), "block_size in 128, 256, 384, 512"),
+    ):
+        kernel, reason = choose_attention(cfg(**{**good, **change}), SHAPES)
+        assert kernel == "torch" and words in reason
+    kernel, reason = choose_attention(cfg(**good), ((128, 1, 64), (8, 2, 64)))
+    assert kernel == "torch" and "at most 64x" in reason
+    assert choose_attention(cfg(**good, attention="torch"), SHAPES) == ("torch", None)
 
 
 def test_reference_reads_exactly_the_window() -> None:
@@ -128,3 +153,51 @@ def test_flash_attn_adapter_passes_what_flash_attn_documents(monkeypatch) -> Non
             got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="flash_attn"))
             valid = positions >= 0  # rows at negative positions are padding: their output is never read
             torch.testing.assert_close(got[valid], ref[valid])
+
+
+def npu_fused_infer_attention_score_as_documented(
+    query, key, value, *, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
+    num_heads, num_key_value_heads, scale, input_layout, sparse_mode,
+):
+    """torch_npu's documented semantics for paged KV: BSND query [B, S, N, D]; key/value caches in the BnBsH
+    layout [num_blocks, block_size, Hkv * D]; key j of lane b is cache[block_table[b, j // bs], j % bs], for
+    j < actual_seq_lengths_kv[b]; atten_mask [B, 1, S, KV_S] with True = masked (sparse_mode 0); query head h
+    reads key head h // (N / Hkv); scores scaled by `scale`. Returns (attention_out, softmax_lse)."""
+    assert input_layout == "BSND" and sparse_mode == 0 and block_table.dtype == torch.int32
+    assert all(isinstance(n, int) for n in (*actual_seq_lengths, *actual_seq_lengths_kv))  # host integers
+    b, sq, n_heads, d = query.shape
+    assert n_heads == num_heads and key.shape[1] == block_size and key.shape[2] == num_key_value_heads * d
+    assert atten_mask.dtype == torch.bool and tuple(atten_mask.shape) == (b, 1, sq, block_table.shape[1] * block_size)
+    keys = key.view(key.shape[0], block_size, num_key_value_heads, d)
+    values = value.view(keys.shape)
+    out = torch.empty_like(query)
+    for lane in range(b):
+        n = actual_seq_lengths_kv[lane]
+        idx = [(int(block_table[lane, j // block_size]), j % block_size) for j in range(n)]
+        k = torch.stack([keys[blk, off] for blk, off in idx])  # [n, Hkv, D]
+        v = torch.stack([values[blk, off] for blk, off in idx])
+        for h in range(n_heads):
+            kh = h // (n_heads // num_key_value_heads)
+            scores = query[lane, :, h].float() @ k[:, kh].float().T * scale  # [S, n]
+            probs = scores.masked_fill(atten_mask[lane, 0, :, :n], float("-inf")).softmax(-1)
+            out[lane, :, h] = (probs @ v[:, kh].float()).to(query.dtype)
+    return out, torch.zeros(1)
+
+
+def test_npu_adapter_passes_what_torch_npu_documents(monkeypatch) -> None:
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(npu_fused_infer_attention_score=npu_fused_infer_attention_score_as_documented)
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d = 8, 4, 2, 16
+    kv = torch.randn(2, 2, 12 * bs, kv_heads, d)
+    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, 4], [2, -1, -1, -1]])
+    for q_len, last in ((4, [12, 31, 3]), (2, [8, 17, 1]), (1, [10, 25, 0])):
+        positions = step_rows(last, q_len)
+        q = torch.randn(3, q_len, heads, d)
+        for layer in (0, 1):
+            ref = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="torch"))
+            got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="npu_fused_infer_attention"))
+            torch.testing.assert_close(got, ref)  # every row, padding included: the same mask as the reference

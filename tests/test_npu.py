@@ -80,3 +80,38 @@ def test_ge_converter_registers_with_torchair():
     assert callable(tng.get_npu_backend)
     # fdecode's converters replace torchair's (which raises NotImplementedError for aten.view.dtype).
     assert getattr(torch.ops.aten.view.dtype, "_ge_converter", None) is not None
+
+
+def test_fused_infer_attention_matches_the_reference_on_paged_kv():
+    """torch_npu's kernel reads the same keys as the torch reference (tests/test_attention.py checks the
+    arguments on CPU against the documented semantics; this checks the kernel)."""
+    from fdecode.ops.attention import paged_attention, paged_context
+
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d, blocks = 128, 8, 2, 64, 12
+    kv = torch.randn(2, 2, blocks * bs, kv_heads, d, dtype=torch.float16).npu()
+    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, 4], [2, -1, -1, -1]]).npu()
+    for q_len, last in ((4, [200, 500, 3]), (2, [128, 511, 1]), (1, [10, 300, 100])):
+        positions = (torch.tensor(last)[:, None] - torch.arange(q_len - 1, -1, -1)).npu()
+        q = torch.randn(3, q_len, heads, d, dtype=torch.float16).npu()
+        ref = paged_attention(q, kv, 1, paged_context(tables, positions, bs, kernel="torch"))
+        got = paged_attention(q, kv, 1, paged_context(tables, positions, bs, kernel="npu_fused_infer_attention"))
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+def test_npu_attention_kernel_greedy_equals_the_reference(draft_kind):
+    kernel = npu_step("torchair", draft_kind, block_size=128, max_seq_len=512)
+    assert kernel.config.attention == "npu_fused_infer_attention", kernel.attention_reason
+    reference = npu_step("torchair", draft_kind, block_size=128, max_seq_len=512, attention="torch")
+    assert fdecode.generate(kernel, PROMPTS, max_new_tokens=40) == fdecode.generate(reference, PROMPTS, max_new_tokens=40)
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_ge_graph_greedy_equals_eager(sampling):
+    if npu.installed_kernel() is None:
+        pytest.skip("GE mode needs the AscendC MtpPrepareNextDraft kernel package, not installed on this NPU machine")
+    eager = fdecode.generate(npu_step("eager", sampling=sampling), PROMPTS, max_new_tokens=40)
+    ge = npu_step("torchair", torchair_mode="max-autotune", sampling=sampling)
+    assert (ge.backend, ge.fallback_reason) == ("torchair", None)
+    assert fdecode.generate(ge, PROMPTS, max_new_tokens=40) == eager

@@ -44,7 +44,7 @@ def device_reason(cfg: DecodeConfig) -> str | None:
     if cfg.device_type == "cuda" and not torch.cuda.is_available():
         return "device is cuda but torch.cuda.is_available() is False"
     if cfg.device_type == "npu":
-        return npu.availability_reason()
+        return npu.torch_npu_reason()  # eager runs without torchair; the torchair backend checks for it
     return None
 
 
@@ -160,7 +160,11 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
 
 
-def _flash_attn(cfg: DecodeConfig, head_dims: tuple[int, ...]) -> str | None:
+# (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).
+HeadShapes = tuple[tuple[int, int, int], ...]
+
+
+def _flash_attn(cfg: DecodeConfig, shapes: HeadShapes) -> str | None:
     if cfg.device_type != "cuda":
         return f"flash-attn runs on CUDA, the step runs on {cfg.device_type!r}"
     if importlib.util.find_spec("flash_attn") is None:
@@ -169,27 +173,52 @@ def _flash_attn(cfg: DecodeConfig, head_dims: tuple[int, ...]) -> str | None:
         return f"flash-attn needs float16 or bfloat16, DecodeConfig.dtype is {cfg.dtype}"
     if cfg.block_size % 256:
         return f"flash-attn's paged KV needs block_size % 256 == 0, got {cfg.block_size}"
+    head_dims = tuple(d for _, _, d in shapes)
     if any(d % 8 or d > 256 for d in head_dims):
         return f"flash-attn needs head sizes that are multiples of 8 and <= 256, got {head_dims}"
     return None
 
 
-ATTENTION_ELIGIBILITY: dict[str, Callable[[DecodeConfig, tuple[int, ...]], str | None]] = {
-    "torch": lambda cfg, head_dims: None,  # the reference runs everywhere
+def _npu_fused_infer_attention(cfg: DecodeConfig, shapes: HeadShapes) -> str | None:
+    # Constraints from torch_npu's documentation of npu_fused_infer_attention_score, for paged KV with
+    # several query rows per lane (the verify): fp16/bf16 KV, block_size a multiple of 128 in 128..512,
+    # query heads a multiple (at most 64x) of the KV heads.
+    if cfg.device_type != "npu":
+        return f"npu_fused_infer_attention_score runs on an Ascend NPU, the step runs on {cfg.device_type!r}"
+    reason = npu.torch_npu_reason()
+    if reason is not None:
+        return reason
+    if cfg.dtype not in (torch.float16, torch.bfloat16):
+        return f"the NPU's paged attention with several query rows needs float16 or bfloat16, DecodeConfig.dtype is {cfg.dtype}"
+    if cfg.block_size % 128 or not 128 <= cfg.block_size <= 512:
+        return f"the NPU's paged attention with several query rows needs block_size in 128, 256, 384, 512, got {cfg.block_size}"
+    for heads, kv_heads, _ in shapes:
+        if heads % kv_heads or heads // kv_heads > 64:
+            return f"the NPU's attention needs query heads a multiple (at most 64x) of KV heads, got {heads} and {kv_heads}"
+    return None
+
+
+ATTENTION_ELIGIBILITY: dict[str, Callable[[DecodeConfig, HeadShapes], str | None]] = {
+    "torch": lambda cfg, shapes: None,  # the reference runs everywhere
     "flash_attn": _flash_attn,
+    "npu_fused_infer_attention": _npu_fused_infer_attention,
 }
+# The device kernel "auto" takes where it is eligible (elsewhere, and otherwise, the reference).
+DEVICE_ATTENTION = {"cuda": "flash_attn", "npu": "npu_fused_infer_attention"}
 
 
-def choose_attention(cfg: DecodeConfig, head_dims: tuple[int, ...], *, fallback: bool = False) -> tuple[str, str | None]:
-    """Paged-attention kernel for the target and draft with these head sizes: (kernel, why not the
-    requested / a device kernel, or None). "auto" takes flash_attn where eligible, else the reference."""
+def choose_attention(cfg: DecodeConfig, shapes: HeadShapes, *, fallback: bool = False) -> tuple[str, str | None]:
+    """Paged-attention kernel for models with these head shapes: (kernel, why not the requested one /
+    not the device's kernel, or None). "auto" takes the device's kernel where eligible, else the reference."""
     if cfg.attention == "auto":
-        reason = _flash_attn(cfg, head_dims)
+        device_kernel = DEVICE_ATTENTION.get(cfg.device_type)
+        if device_kernel is None:
+            return "torch", None  # on CPU the reference *is* the kernel
+        reason = ATTENTION_ELIGIBILITY[device_kernel](cfg, shapes)
         if reason is None:
-            return "flash_attn", None
-        # On CPU the reference *is* the kernel; on an accelerator say why no device kernel runs.
-        return "torch", (None if cfg.device_type == "cpu" else f"flash_attn: {reason}")
-    reason = ATTENTION_ELIGIBILITY[cfg.attention](cfg, head_dims)
+            return device_kernel, None
+        return "torch", f"{device_kernel}: {reason}"
+    reason = ATTENTION_ELIGIBILITY[cfg.attention](cfg, shapes)
     if reason is None:
         return cfg.attention, None
     if not fallback:

@@ -203,8 +203,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if tp is not None:
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
     backend, reason = choose_backend(config, target_model, draft_model, kind, fallback=fallback)
-    head_dims = (target_model.config.head_dim, draft_model.kv_config.head_dim)
-    kernel, attention_reason = choose_attention(config, head_dims, fallback=fallback)
+    shapes = tuple((c.num_heads, c.num_kv_heads, c.head_dim) for c in (target_model.config, draft_model.kv_config))
+    kernel, attention_reason = choose_attention(config, shapes, fallback=fallback)
     step = Step(
         target_model, draft_model, dataclasses.replace(config, attention=kernel), draft_kind=kind, backend=backend,
         fallback_reason=reason, attention_reason=attention_reason,

@@ -71,8 +71,8 @@ def _import_torchair():
         return importlib.import_module("torch_npu.dynamo.torchair")
 
 
-def availability_reason() -> str | None:
-    """None where torch_npu, an NPU and torchair are present, else what is missing."""
+def torch_npu_reason() -> str | None:
+    """None where torch_npu imports and sees an NPU, else what is missing."""
     if importlib.util.find_spec("torch_npu") is None:
         return "torch_npu is not installed (pip install fdecode[npu])"
     try:
@@ -82,6 +82,14 @@ def availability_reason() -> str | None:
     npu = getattr(torch, "npu", None)
     if npu is None or not npu.is_available():
         return "torch_npu is installed but torch.npu.is_available() is False"
+    return None
+
+
+def availability_reason() -> str | None:
+    """None where torch_npu, an NPU and torchair are present, else what is missing."""
+    reason = torch_npu_reason()
+    if reason is not None:
+        return reason
     try:
         _import_torchair()
     except ImportError as err:

@@ -23,6 +23,13 @@ Kernels (chosen by `fdecode.graphs.backends.choose_attention`, which states why 
   That is exactly fdecode's rows: each call's rows of a lane sit at
   consecutive positions ending at its last one (verify: base_pos .. base_pos + K;
   draft forward 0: repair at P - 1, current at P; later drafts: one row).
+- "npu_fused_infer_attention" (Ascend NPU, torch_npu): `npu_fused_infer_attention_score`
+  with the paged cache read in place through the block table (`block_table`,
+  BnBsH layout `[num_blocks, bs, Hkv * D]`, BSND queries). Its per-lane lengths
+  are host integers, which a captured graph bakes in and the host does not know
+  (positions live on the device), so every lane gets the window's length
+  (static per window graph) and visibility comes from the same boolean mask as
+  the reference (`sparse_mode=0`, True = masked in torch_npu's convention).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch.nn.functional as F
 
 from fdecode.ops.kv import kv_write_for
 
-KERNELS = ("torch", "flash_attn")
+KERNELS = ("torch", "flash_attn", "npu_fused_infer_attention")
 
 
 class PagedContext(NamedTuple):
@@ -71,6 +78,8 @@ def paged_attention(
     """Attention output [B, Q, Hq, D] (in q's dtype) of each query over its lane's window."""
     if ctx.kernel == "flash_attn":
         return _flash_attn(q, kv, layer, ctx)
+    if ctx.kernel == "npu_fused_infer_attention":
+        return _npu_fused_infer_attention(q, kv, layer, ctx)
     return paged_attention_reference(q, kv, layer, ctx)
 
 
@@ -109,4 +118,30 @@ def _flash_attn(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext
         softmax_scale=1.0 / math.sqrt(d),
         causal=True,
     )
+    return out.to(q.dtype)
+
+
+def _npu_fused_infer_attention(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
+    import torch_npu
+
+    b, q_len, heads, d = q.shape
+    _, _, num_slots, kv_heads, _ = kv.shape
+    bs = ctx.block_size
+    pages = (num_slots // bs, bs, kv_heads * d)  # BnBsH: the paged layout the kernel reads
+    window = ctx.block_tables.shape[1] * bs  # keys per lane: the whole window, the mask says which are visible
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        q,
+        kv[layer, 0].view(pages),
+        kv[layer, 1].view(pages),
+        atten_mask=~ctx.mask,  # [B, 1, Q, window], True = masked
+        actual_seq_lengths=[q_len] * b,
+        actual_seq_lengths_kv=[window] * b,
+        block_table=ctx.block_tables.clamp_min(0).to(torch.int32),
+        block_size=bs,
+        num_heads=heads,
+        num_key_value_heads=kv_heads,
+        scale=1.0 / math.sqrt(d),
+        input_layout="BSND",
+        sparse_mode=0,
+    )  # [B, Q, Hq, D]
     return out.to(q.dtype)
