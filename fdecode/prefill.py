@@ -168,16 +168,22 @@ def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
     return block_table([list(range(start, start + n)) for start, n in zip(starts, needs)], cfg)
 
 
-def empty_state(target, draft, cfg: DecodeConfig) -> DecodeState:
-    """A state with every lane inactive: fresh KV pools, no blocks handed out."""
+def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> DecodeState:
+    """A state with every lane inactive, no blocks handed out; KV pools `kv` (target, draft) reused
+    as they are (nothing is read before it is written), or fresh ones."""
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
+    if kv is None:
+        kv = (
+            target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+            draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        )
     zeros = dict(dtype=torch.int64, device=device)
     return DecodeState(
         tokens=torch.zeros(batch, window, **zeros),
         base_pos=torch.zeros(batch, **zeros),
         block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
-        target_kv=target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
-        draft_kv=draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        target_kv=kv[0],
+        draft_kv=kv[1],
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -303,8 +309,10 @@ def prefill(
     top_p: PerPrompt = None,
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
+    kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> DecodeState:
-    """Build the first state for `prompts` (lanes past len(prompts) stay inactive)."""
+    """Build the first state for `prompts` (lanes past len(prompts) stay inactive), in KV pools `kv`
+    (target, draft) or fresh ones."""
     vocab = target.config.vocab_size
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]
@@ -315,6 +323,6 @@ def prefill(
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(
-        target, draft, cfg, empty_state(target, draft, cfg), lanes, prompts,
+        target, draft, cfg, empty_state(target, draft, cfg, kv), lanes, prompts,
         block_tables=table, budgets=budgets, stop_ids=[stops] * len(prompts), sampling=sampling,
     )

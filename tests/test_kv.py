@@ -131,3 +131,52 @@ def test_both_kv_writes_put_every_row_in_the_same_place():
             assert torch.equal(a[:, :, untouched], cache[:, :, untouched])
             others = [i for i in range(layers) if i != layer]
             assert torch.equal(a[others], cache[others])
+
+
+def test_kv_pools_are_reused_only_when_no_state_holds_them():
+    """A prefill takes a KV pool no live state chain holds (graph replay keeps its addresses across
+    generations); two live chains never share one, so interleaving them changes no token."""
+    import gc
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4)
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    first = fdecode.generate(step, PROMPTS, max_new_tokens=12)
+    gc.collect()
+    (pool,) = step._pools
+    assert pool.free
+    assert fdecode.generate(step, PROMPTS, max_new_tokens=12) == first  # the same pool, stale KV and all
+    assert len(step._pools) == 1
+
+    a = step.prefill(PROMPTS[:2], max_new_tokens=12)
+    assert a.target_kv.data_ptr() == pool.target_kv.data_ptr() and not pool.free
+    b = step.prefill(PROMPTS[1:], max_new_tokens=12)  # `a` is alive: a second pool
+    assert len(step._pools) == 2 and b.target_kv.data_ptr() != a.target_kv.data_ptr()
+    seqs = {"a": [], "b": []}
+    for _ in range(5):  # interleaved: each chain keeps its pool through the state its step returns
+        a, out_a = step(a)
+        b, out_b = step(b)
+        seqs["a"].append(out_a.tokens.tolist())
+        seqs["b"].append(out_b.tokens.tolist())
+    assert not step._pools[0].free and not step._pools[1].free
+    for name, prompts in (("a", PROMPTS[:2]), ("b", PROMPTS[1:])):
+        alone = step.prefill(prompts, max_new_tokens=12)  # a third pool: both chains are still alive
+        got = []
+        for _ in range(5):
+            alone, out = step(alone)
+            got.append(out.tokens.tolist())
+        assert got == seqs[name]
+        del alone
+    assert len(step._pools) == 3
+    del a, b
+    gc.collect()
+    assert all(p.free for p in step._pools)
+
+
+def test_warmup_hands_its_kv_pool_to_the_first_prefill():
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager",
+                               context_buckets=(32, 64))
+    step = fdecode.compile(target, independent_draft("partial", target), cfg, warmup=True)
+    (pool,) = step._pools
+    assert step.prefill(PROMPTS[:2], max_new_tokens=8).draft_kv.data_ptr() == pool.draft_kv.data_ptr()

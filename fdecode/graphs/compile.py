@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,6 +24,30 @@ def fresh_code(fn: Callable, name: str) -> Callable:
     up to `cache_size_limit`) per code object; giving every Step its own means two steps with
     different configs never evict each other or count as each other's recompiles."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+class KVPool:
+    """A target + draft KV pair a step hands to `prefill` / `empty_state`, reused once no state holds it.
+
+    A state chain (a prefill's state, then each state a step returns) holds its pool through its
+    latest state; when that state is garbage, the next prefill takes the pool again. Reused
+    addresses are what graph replay needs: a CUDA/ACL graph records the KV addresses it was captured
+    with, and fresh pools per generation would make it record again."""
+
+    def __init__(self, target_kv: torch.Tensor, draft_kv: torch.Tensor) -> None:
+        self.target_kv, self.draft_kv = target_kv, draft_kv
+        self._holder: weakref.ref | None = None
+
+    @property
+    def free(self) -> bool:
+        return self._holder is None or self._holder() is None
+
+    def hold(self, state: DecodeState) -> DecodeState:
+        self._holder = weakref.ref(state)
+        return state
+
+    def holds(self, state: DecodeState) -> bool:
+        return state.target_kv.data_ptr() == self.target_kv.data_ptr()
 
 
 class Step:
@@ -55,6 +80,7 @@ class Step:
         self.attention_reason = attention_reason
         self.compile_seconds: dict[int, float] = {}
         self._graphs: dict[int, Callable] = {}
+        self._pools: list[KVPool] = []
         self.fn = self._pure(config.blocks_per_lane)  # the pure step function (what every backend captures)
 
     @property
@@ -89,6 +115,9 @@ class Step:
         if first:
             self.compile_seconds[blocks * cfg.block_size] = time.perf_counter() - start
         state.mark_consumed()
+        for pool in self._pools:
+            if pool.holds(new_state):
+                pool.hold(new_state)
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
@@ -96,8 +125,8 @@ class Step:
     def warmup(self) -> dict[int, float]:
         """Capture every bucket's graph now, on a throwaway all-inactive state; returns `compile_seconds`.
 
-        For `cudagraphs`, the static KV addresses are those of the throwaway state, so the first real
-        state still records its own graphs: warm up by stepping real states instead.
+        The throwaway state's KV pool goes back to the step, so the next `prefill` runs in the very
+        addresses the graphs were captured with (graph replay records nothing new).
         """
         cfg = self.config
         state = self.empty_state()  # one KV pool for every window: an all-inactive step stays all-inactive
@@ -108,12 +137,18 @@ class Step:
             lower = blocks
         return dict(self.compile_seconds)
 
-    def _static_kv(self, state: DecodeState) -> DecodeState:
-        # Graph replay (CUDA graphs, ACL graphs) must neither copy nor re-record for the KV pools.
-        if self.backend in STATIC_KV:
-            torch._dynamo.mark_static_address(state.target_kv)
-            torch._dynamo.mark_static_address(state.draft_kv)
-        return state
+    def _pool(self) -> KVPool:
+        """A KV pool no live state holds (allocated when every one is held)."""
+        for pool in self._pools:
+            if pool.free:
+                return pool
+        state = empty_state(self.target, self.draft, self.config)
+        pool = KVPool(state.target_kv, state.draft_kv)
+        if self.backend in STATIC_KV:  # graph replay (CUDA, ACL graphs) neither copies nor re-records for them
+            torch._dynamo.mark_static_address(pool.target_kv)
+            torch._dynamo.mark_static_address(pool.draft_kv)
+        self._pools.append(pool)
+        return pool
 
     def prefill(
         self,
@@ -132,14 +167,17 @@ class Step:
         Sampling parameters are scalars or one per prompt: temperature (0 = greedy, the default),
         top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
         """
-        return self._static_kv(prefill(
+        pool = self._pool()
+        return pool.hold(prefill(
             self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+            kv=(pool.target_kv, pool.draft_kv),
         ))
 
     def empty_state(self) -> DecodeState:
-        """A state with every lane inactive (fresh KV pools): what an `Engine` starts from."""
-        return self._static_kv(empty_state(self.target, self.draft, self.config))
+        """A state with every lane inactive, in a free KV pool: what an `Engine` starts from."""
+        pool = self._pool()
+        return pool.hold(empty_state(self.target, self.draft, self.config, (pool.target_kv, pool.draft_kv)))
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
