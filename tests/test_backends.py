@@ -162,6 +162,26 @@ def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     assert npu.kernel_io_names(npu.installed_kernel()) == (list(names.inputs), list(names.outputs))
 
 
+def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_path):
+    """Without the AscendC kernel, a GE request with fallback=True still captures one graph (ACL mode)."""
+    monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
+    monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path))
+    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16)
+    with pytest.raises(ValueError, match="MtpPrepareNextDraft kernel"):
+        backends.resolve_backend(ge, weightless(), weightless(), "model")
+    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "model", fallback=True)
+    assert (name, runs.torchair_mode) == ("torchair", "reduce-overhead")
+    assert reason.startswith("torchair GE graph: GE mode needs the AscendC MtpPrepareNextDraft kernel")
+    assert reason.endswith("running torchair's ACL graph mode instead")
+    # Where the ACL mode cannot run either, the usual chain: the next backends (eager on an NPU).
+    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "eagle", fallback=True)
+    assert (name, runs) == ("eager", ge) and "draft kind" in reason
+    # An eligible GE request runs as asked.
+    names = npu.ge_call_names()
+    write_kernel_package(tmp_path, list(names.inputs), list(names.outputs))
+    assert backends.resolve_backend(ge, weightless(48), weightless(48), "model", fallback=True) == (ge, "torchair", None)
+
+
 def test_explicit_backend_falls_back_to_the_next_eligible_one():
     target = fdecode_target(2)
     draft = independent_draft("random", target)

@@ -81,6 +81,21 @@ def test_no_rerecording_after_warmup(recordings):
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+def test_a_second_generation_replays_without_recording(recordings):
+    """The second prefill takes the first chain's KV pool (the step's pools), so the static KV
+    addresses the graphs were recorded with still hold."""
+    import gc
+
+    step = cuda_step("cudagraphs")
+    first = fdecode.generate(step, PROMPTS, max_new_tokens=40)
+    gc.collect()
+    recorded = len(recordings)
+    assert recorded >= 1
+    assert fdecode.generate(step, PROMPTS, max_new_tokens=40) == first
+    assert len(recordings) == recorded, "a new generation re-recorded the step's CUDA graph"
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
 def test_100_steps_without_a_device_to_host_sync(recordings):
     """The step alone, then the engine's loop (its reads are one step behind, through a pinned buffer)."""
     step = cuda_step("cudagraphs", max_seq_len=640)

@@ -59,7 +59,7 @@ def test_100_acl_graph_steps_without_a_device_to_host_sync():
     assert out.tokens.shape == (4, 4)
 
 
-def test_ge_mode_is_refused_with_the_reason():
+def test_ge_mode_without_the_kernel_is_refused_or_runs_the_acl_graph():
     if npu.installed_kernel() is not None:
         pytest.skip("the MtpPrepareNextDraft kernel is installed here: GE mode is eligible")
     with pytest.raises(ValueError, match="MtpPrepareNextDraft"):
@@ -70,7 +70,9 @@ def test_ge_mode_is_refused_with_the_reason():
                              device="npu", dtype=torch.float16, torchair_mode="max-autotune"),
         fallback=True,
     )
-    assert step.backend == "eager" and step.fallback_reason.startswith("torchair: ")
+    assert (step.backend, step.config.torchair_mode) == ("torchair", "reduce-overhead")
+    assert step.fallback_reason.startswith("torchair GE graph: ")
+    assert len(fdecode.generate(step, PROMPTS[:2], max_new_tokens=8)[0]) == 8
 
 
 def test_ge_converter_registers_with_torchair():

@@ -20,6 +20,7 @@ worst) and says why. `capture` turns the step function into what runs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 from collections.abc import Callable
@@ -147,6 +148,21 @@ def choose_backend(
     later = PREFERENCE[PREFERENCE.index(cfg.backend) + 1 :] if cfg.backend in PREFERENCE else ("eager",)
     name = first_eligible(later, reasons)
     return name, "; ".join(reasons)
+
+
+def resolve_backend(
+    cfg: DecodeConfig, target, draft, draft_kind: str, *, fallback: bool = False
+) -> tuple[DecodeConfig, str, str | None]:
+    """`choose_backend`, plus the one fallback inside a backend: a torchair GE-graph request that GE
+    cannot capture runs torchair's ACL graph mode (still one captured graph) rather than the next
+    backend. Returns (the config that runs, backend, reason or None)."""
+    if fallback and cfg.backend == "torchair" and cfg.torchair_mode == "max-autotune":
+        reason = _torchair(cfg, target, draft, draft_kind)
+        acl = dataclasses.replace(cfg, torchair_mode="reduce-overhead")
+        if reason is not None and _torchair(acl, target, draft, draft_kind) is None:
+            return acl, "torchair", f"torchair GE graph: {reason}; running torchair's ACL graph mode instead"
+    name, reason = choose_backend(cfg, target, draft, draft_kind, fallback=fallback)
+    return cfg, name, reason
 
 
 def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:

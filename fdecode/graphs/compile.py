@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, choose_backend, device_reason
+from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
@@ -240,7 +240,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     draft_model, kind = resolve_draft(draft, target_model, config)
     if tp is not None:
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
-    backend, reason = choose_backend(config, target_model, draft_model, kind, fallback=fallback)
+    config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     shapes = tuple((c.num_heads, c.num_kv_heads, c.head_dim) for c in (target_model.config, draft_model.kv_config))
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback)
     step = Step(
