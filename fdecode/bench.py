@@ -28,6 +28,7 @@ import torch
 
 import fdecode
 from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.models import LlamaModel, ModelConfig
 
@@ -57,12 +58,21 @@ def llama(vocab: int, hidden: int, layers: int, seed: int) -> LlamaModel:
     return LlamaModel.random(cfg, seed=seed, std=0.05)
 
 
+def _synchronize() -> None:
+    """Wait for the accelerator (if any), so a timed run includes the work it launched."""
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    if accelerator is not None and torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
 def _median_run(fn, reps: int) -> tuple[float, float, float, object]:
     fn()  # warm-up (compiles)
     times, result = [], None
     for _ in range(reps):
+        _synchronize()
         start = time.perf_counter()
         result = fn()
+        _synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times), min(times), max(times), result
 
@@ -115,12 +125,13 @@ def compute_floor(step, reps: int) -> float:
     def draft_forward(t, p, s, h):
         return step.draft(t, p, s, state.draft_kv, tables, block_size=bs, hidden_in=h, attention=cfg.attention)
 
-    # Own code objects per call, so floors of many configurations never hit Dynamo's recompile limit.
-    target = torch.compile(fresh_code(target_forward, "floor_target"), fullgraph=True, dynamic=False)
-    draft = torch.compile(fresh_code(draft_forward, "floor_draft"), fullgraph=True, dynamic=False)
-    tok_w, pos_w = state.tokens, state.base_pos[:, None] + torch.arange(w)
+    # Own code objects per call, so floors of many configurations never hit Dynamo's recompile limit;
+    # captured like the step (inductor, or inductor + CUDA graphs).
+    target = capture(step.backend, fresh_code(target_forward, "floor_target"), cfg)
+    draft = capture(step.backend, fresh_code(draft_forward, "floor_draft"), cfg)
+    tok_w, pos_w = state.tokens, state.base_pos[:, None] + torch.arange(w, device=state.base_pos.device)
     slots_w = torch.zeros_like(pos_w)
-    h2 = torch.zeros(b, 2, step.target.config.hidden_size)
+    h2 = torch.zeros(b, 2, step.target.config.hidden_size, dtype=cfg.dtype, device=state.tokens.device)
     tok2, pos2 = state.tokens[:, :2], pos_w[:, :2]
     tok1, pos1 = state.tokens[:, :1], pos_w[:, :1]
     with torch.no_grad():
@@ -130,8 +141,12 @@ def compute_floor(step, reps: int) -> float:
     return t + d0 + (cfg.K - 1) * d1
 
 
-def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None):
-    """prompts: a pool of real prompts (the first `batch` are used); None: random tokens."""
+def run_workload(
+    name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None, *, device="cpu",
+    dtype=torch.float32, backend="auto",
+):
+    """prompts: a pool of real prompts (the first `batch` are used); None: random tokens.
+    backend: what compiles the fdecode step and the baselines ("auto": cudagraphs on CUDA, else inductor)."""
     if prompts is None:
         gen = torch.Generator().manual_seed(0)
         prompts = [
@@ -139,11 +154,11 @@ def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, promp
         ]
     prompts = prompts[:batch]
     max_seq_len = max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
-    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, sampling=False)
+    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, sampling=False, device=device, dtype=dtype)
     eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
-    compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="inductor"))
+    compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend=backend))
     _, needed = fdecode_loop(compiled, prompts, new_tokens)  # compiles, and counts the steps a run takes
-    target_only, before = TargetOnly(compiled), BeforeLoop(compiled)
+    target_only, before = TargetOnly(compiled, backend=compiled.backend), BeforeLoop(compiled, backend=compiled.backend)
     systems = {
         "target-only": lambda: target_only.generate(prompts, max_new_tokens=new_tokens),
         "before": lambda: before.generate(prompts, max_new_tokens=new_tokens),
@@ -183,6 +198,7 @@ def run_workload(name, target, draft, batch, k, new_tokens, reps, hf_pair, promp
         raise RuntimeError(f"{name} B={batch} K={k}: {wrong} disagree with target-only greedy tokens; no numbers reported")
     floor = compute_floor(compiled, reps)
     for r in results:
+        r.extra["backend"] = compiled.backend
         if r.system == "fdecode":
             r.floor_ms = floor * 1e3
             r.overhead = 1 - floor * 1e3 / r.step_ms
@@ -220,8 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
         "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance)",
     )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--backend", default="auto", help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)")
     p.add_argument("--json", default="bench.json", help="where to write the results")
     args = p.parse_args(argv)
+    if args.device != "cpu":
+        args.no_hf = True
     if args.quick:
         args.batch, args.k, args.new_tokens, args.reps = [1], [2], 12, 1
         args.target, args.draft, args.vocab = "64x2", "64x1", 256
@@ -235,10 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             for k in args.k:
                 print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
                 results += run_workload(
-                    name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts
+                    name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts,
+                    device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
                 )
     print(markdown(results))
-    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
+            "backend": results[0].extra.get("backend") if results else None}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
     return 0

@@ -180,3 +180,24 @@ def test_warmup_hands_its_kv_pool_to_the_first_prefill():
     step = fdecode.compile(target, independent_draft("partial", target), cfg, warmup=True)
     (pool,) = step._pools
     assert step.prefill(PROMPTS[:2], max_new_tokens=8).draft_kv.data_ptr() == pool.draft_kv.data_ptr()
+
+
+def test_an_engine_keeps_its_kv_pool_through_admissions():
+    """Admission replaces the engine's state (`replace` builds a new object over the same KV): the lease
+    goes with it, so a prefill meanwhile never takes the engine's pool."""
+    import gc
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4)
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    engine = fdecode.Engine(step)
+    engine.add_request(PROMPTS[0], max_new_tokens=30)
+    engine.step()
+    engine.add_request(PROMPTS[1], max_new_tokens=30)  # admitted into the live state by the next steps
+    for _ in range(3):
+        engine.step()
+    gc.collect()
+    assert engine.state.kv_lease is not None
+    other = step.prefill(PROMPTS[2:], max_new_tokens=8)
+    assert other.target_kv.data_ptr() != engine.state.target_kv.data_ptr()
+    assert engine.state.clone().kv_lease is None  # a clone has KV of its own

@@ -15,7 +15,7 @@ from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
 from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
-from fdecode.state import DecodeState, StepOutput
+from fdecode.state import DecodeState, KVLease, StepOutput
 from fdecode.step import decode_step
 
 
@@ -29,25 +29,24 @@ def fresh_code(fn: Callable, name: str) -> Callable:
 class KVPool:
     """A target + draft KV pair a step hands to `prefill` / `empty_state`, reused once no state holds it.
 
-    A state chain (a prefill's state, then each state a step returns) holds its pool through its
-    latest state; when that state is garbage, the next prefill takes the pool again. Reused
+    Every state over the pool's KV carries one `KVLease` (a prefill's state, the states a step
+    returns, `replace`d states); when none is alive, the next prefill takes the pool again. Reused
     addresses are what graph replay needs: a CUDA/ACL graph records the KV addresses it was captured
     with, and fresh pools per generation would make it record again."""
 
     def __init__(self, target_kv: torch.Tensor, draft_kv: torch.Tensor) -> None:
         self.target_kv, self.draft_kv = target_kv, draft_kv
-        self._holder: weakref.ref | None = None
+        self._lease: weakref.ref | None = None
 
     @property
     def free(self) -> bool:
-        return self._holder is None or self._holder() is None
+        return self._lease is None or self._lease() is None
 
-    def hold(self, state: DecodeState) -> DecodeState:
-        self._holder = weakref.ref(state)
-        return state
-
-    def holds(self, state: DecodeState) -> bool:
-        return state.target_kv.data_ptr() == self.target_kv.data_ptr()
+    def lease(self, state: DecodeState) -> DecodeState:
+        """`state` (built over this pool's KV) with a new lease on the pool."""
+        lease = KVLease()
+        self._lease = weakref.ref(lease)
+        return state.lease_kv(lease)
 
 
 class Step:
@@ -115,9 +114,7 @@ class Step:
         if first:
             self.compile_seconds[blocks * cfg.block_size] = time.perf_counter() - start
         state.mark_consumed()
-        for pool in self._pools:
-            if pool.holds(new_state):
-                pool.hold(new_state)
+        new_state.share_kv_lease(state)  # the KV leaves moved on to the new state
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
@@ -168,7 +165,7 @@ class Step:
         top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
         """
         pool = self._pool()
-        return pool.hold(prefill(
+        return pool.lease(prefill(
             self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
             kv=(pool.target_kv, pool.draft_kv),
@@ -177,7 +174,7 @@ class Step:
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive, in a free KV pool: what an `Engine` starts from."""
         pool = self._pool()
-        return pool.hold(empty_state(self.target, self.draft, self.config, (pool.target_kv, pool.draft_kv)))
+        return pool.lease(empty_state(self.target, self.draft, self.config, (pool.target_kv, pool.draft_kv)))
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""

@@ -60,6 +60,12 @@ class StepOutput:
         return f"StepOutput(lanes={b}, window={w}, device={self.packed.device})"
 
 
+class KVLease:
+    """Marks the states that share one KV pool: alive while any of them is (see `DecodeState.kv_lease`)."""
+
+    __slots__ = ("__weakref__",)
+
+
 @dataclass(frozen=True)
 class DecodeState:
     """Everything a decode step reads and writes; fixed-shape tensors only."""
@@ -89,7 +95,27 @@ class DecodeState:
         new = dataclasses.replace(self, **changes)
         if "base_pos" not in changes and "active" not in changes:
             new.bound_positions(self.max_position)
+        if "target_kv" not in changes and "draft_kv" not in changes:
+            new.share_kv_lease(self)
         return new
+
+    @property
+    def kv_lease(self) -> KVLease | None:
+        """Host-side token shared by every state over the same KV leaves (None: not leased from a pool).
+
+        Not a field: a step's KV pool is free again once no state carrying its lease is alive
+        (`fdecode.graphs.compile.KVPool`). `replace`, and a step for the state it returns, pass it on.
+        """
+        return getattr(self, "_kv_lease", None)
+
+    def share_kv_lease(self, other: DecodeState) -> DecodeState:
+        """Carry `other`'s lease (this state aliases its KV leaves); returns self."""
+        object.__setattr__(self, "_kv_lease", other.kv_lease)
+        return self
+
+    def lease_kv(self, lease: KVLease) -> DecodeState:
+        object.__setattr__(self, "_kv_lease", lease)
+        return self
 
     @property
     def max_position(self) -> int | None:
