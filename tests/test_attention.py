@@ -9,6 +9,7 @@ import torch
 
 import fdecode
 from fdecode.graphs.backends import choose_attention
+import kernel_semantics
 from fdecode.ops.attention import paged_attention, paged_context
 
 
@@ -96,37 +97,7 @@ def test_reference_reads_exactly_the_window() -> None:
 
 
 # ------------------------------------------------------------------ device kernels' argument mapping, on CPU
-#
-# The device kernels cannot run here. What can be checked on CPU is fdecode's side of the call: the
-# layouts, lengths, block tables and masks it passes. Each emulation below implements the kernel's
-# *documented* semantics (nothing of fdecode's) in the plainest torch, and the adapter's output through
-# it must equal the reference. The kernels themselves are checked on their devices (tests/test_cuda.py,
-# tests/test_npu.py).
-
-
-def flash_attn_with_kvcache_as_documented(
-    q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale, causal
-):
-    """flash-attn's documented semantics: q [B, Sq, Hq, D]; paged caches [num_blocks, page, Hk, D]; key j of
-    lane b is k_cache[block_table[b, j // page], j % page]; lane b has cache_seqlens[b] keys; with causal,
-    query row i sees keys j <= cache_seqlens[b] - Sq + i (the mask aligned to the bottom right); Hq / Hk
-    query heads share a key head (head h reads key head h // (Hq / Hk))."""
-    assert block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32 and causal
-    b, sq, hq, d = q.shape
-    page, hk = k_cache.shape[1], k_cache.shape[2]
-    out = torch.empty_like(q)
-    for lane in range(b):
-        n = int(cache_seqlens[lane])
-        idx = [(int(block_table[lane, j // page]), j % page) for j in range(n)]
-        keys = torch.stack([k_cache[blk, off] for blk, off in idx])  # [n, Hk, D]
-        values = torch.stack([v_cache[blk, off] for blk, off in idx])
-        for h in range(hq):
-            kh = h // (hq // hk)
-            scores = q[lane, :, h].float() @ keys[:, kh].float().T * softmax_scale  # [Sq, n]
-            visible = torch.arange(n)[None, :] <= (n - sq + torch.arange(sq))[:, None]
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-            out[lane, :, h] = (probs @ values[:, kh].float()).to(q.dtype)
-    return out
+# (against the kernels' documented semantics: tests/kernel_semantics.py)
 
 
 def step_rows(last: list[int], q_len: int) -> torch.Tensor:
@@ -134,11 +105,9 @@ def step_rows(last: list[int], q_len: int) -> torch.Tensor:
     return torch.tensor(last)[:, None] - torch.arange(q_len - 1, -1, -1)
 
 
-def test_flash_attn_adapter_passes_what_flash_attn_documents(monkeypatch) -> None:
-    import sys
-    import types
-
-    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_with_kvcache=flash_attn_with_kvcache_as_documented))
+@pytest.mark.parametrize("kernel", ["flash_attn", "npu_fused_infer_attention"])
+def test_device_adapter_passes_what_the_kernel_documents(kernel, monkeypatch) -> None:
+    kernel_semantics.install(monkeypatch, kernel)
     torch.manual_seed(0)
     bs, heads, kv_heads, d = 8, 4, 2, 16
     kv = torch.randn(2, 2, 12 * bs, kv_heads, d)
@@ -150,54 +119,6 @@ def test_flash_attn_adapter_passes_what_flash_attn_documents(monkeypatch) -> Non
         q = torch.randn(3, q_len, heads, d)
         for layer in (0, 1):
             ref = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="torch"))
-            got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="flash_attn"))
+            got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel=kernel))
             valid = positions >= 0  # rows at negative positions are padding: their output is never read
             torch.testing.assert_close(got[valid], ref[valid])
-
-
-def npu_fused_infer_attention_score_as_documented(
-    query, key, value, *, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
-    num_heads, num_key_value_heads, scale, input_layout, sparse_mode,
-):
-    """torch_npu's documented semantics for paged KV: BSND query [B, S, N, D]; key/value caches in the BnBsH
-    layout [num_blocks, block_size, Hkv * D]; key j of lane b is cache[block_table[b, j // bs], j % bs], for
-    j < actual_seq_lengths_kv[b]; atten_mask [B, 1, S, KV_S] with True = masked (sparse_mode 0); query head h
-    reads key head h // (N / Hkv); scores scaled by `scale`. Returns (attention_out, softmax_lse)."""
-    assert input_layout == "BSND" and sparse_mode == 0 and block_table.dtype == torch.int32
-    assert all(isinstance(n, int) for n in (*actual_seq_lengths, *actual_seq_lengths_kv))  # host integers
-    b, sq, n_heads, d = query.shape
-    assert n_heads == num_heads and key.shape[1] == block_size and key.shape[2] == num_key_value_heads * d
-    assert atten_mask.dtype == torch.bool and tuple(atten_mask.shape) == (b, 1, sq, block_table.shape[1] * block_size)
-    keys = key.view(key.shape[0], block_size, num_key_value_heads, d)
-    values = value.view(keys.shape)
-    out = torch.empty_like(query)
-    for lane in range(b):
-        n = actual_seq_lengths_kv[lane]
-        idx = [(int(block_table[lane, j // block_size]), j % block_size) for j in range(n)]
-        k = torch.stack([keys[blk, off] for blk, off in idx])  # [n, Hkv, D]
-        v = torch.stack([values[blk, off] for blk, off in idx])
-        for h in range(n_heads):
-            kh = h // (n_heads // num_key_value_heads)
-            scores = query[lane, :, h].float() @ k[:, kh].float().T * scale  # [S, n]
-            probs = scores.masked_fill(atten_mask[lane, 0, :, :n], float("-inf")).softmax(-1)
-            out[lane, :, h] = (probs @ v[:, kh].float()).to(query.dtype)
-    return out, torch.zeros(1)
-
-
-def test_npu_adapter_passes_what_torch_npu_documents(monkeypatch) -> None:
-    import sys
-    import types
-
-    fake = types.SimpleNamespace(npu_fused_infer_attention_score=npu_fused_infer_attention_score_as_documented)
-    monkeypatch.setitem(sys.modules, "torch_npu", fake)
-    torch.manual_seed(0)
-    bs, heads, kv_heads, d = 8, 4, 2, 16
-    kv = torch.randn(2, 2, 12 * bs, kv_heads, d)
-    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, 4], [2, -1, -1, -1]])
-    for q_len, last in ((4, [12, 31, 3]), (2, [8, 17, 1]), (1, [10, 25, 0])):
-        positions = step_rows(last, q_len)
-        q = torch.randn(3, q_len, heads, d)
-        for layer in (0, 1):
-            ref = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="torch"))
-            got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel="npu_fused_infer_attention"))
-            torch.testing.assert_close(got, ref)  # every row, padding included: the same mask as the reference

@@ -10,6 +10,9 @@ import pytest
 import torch
 
 import fdecode
+import kernel_semantics
+from fdecode.graphs import backends
+from fdecode.ops import kv
 from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
@@ -35,11 +38,13 @@ def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None):
         from_step = True
 
 
-def build(kind: str, draft_kind: str, k: int, backend: str = "eager"):
+def build(kind: str, draft_kind: str, k: int, backend: str = "eager", **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
     draft = mtp_head(kind, target) if draft_kind == "mtp" else independent_draft(kind, target)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend=backend)
+    cfg = fdecode.DecodeConfig(
+        **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": backend, **changes}
+    )
     return fdecode.compile(target, draft, cfg), layers
 
 
@@ -106,8 +111,21 @@ def test_greedy_only_step_is_lossless_and_leaner():
 def test_greedy_equals_transformers_with_the_npu_kv_write(draft_kind, monkeypatch):
     """The NPU's KV write (ScatterNdUpdate rows (layer, kind, slot), `fdecode.ops.kv`) taken on CPU:
     the same tokens as transformers, with a mixture of accepted lengths."""
-    from fdecode.ops import kv
-
     monkeypatch.setitem(kv.KV_WRITE, "cpu", "scatter_nd")
     step, layers = build("partial", draft_kind, 3)
+    assert len(set(check_against_hf(step, layers))) >= 2
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
+@pytest.mark.parametrize("kernel", ["flash_attn", "npu_fused_infer_attention"])
+def test_greedy_equals_transformers_through_a_device_kernel_adapter(kernel, draft_kind, monkeypatch):
+    """Whole generations through a device kernel's adapter, the kernel being its documented semantics
+    (tests/kernel_semantics.py): every forward's rows (verify, repair + current, single drafts, prefill)
+    see the right keys. For the NPU, with its KV write too: the NPU step, less the device."""
+    kernel_semantics.install(monkeypatch, kernel)
+    monkeypatch.setitem(backends.ATTENTION_ELIGIBILITY, kernel, lambda cfg, shapes: None)  # only the device check
+    if kernel == "npu_fused_infer_attention":
+        monkeypatch.setitem(kv.KV_WRITE, "cpu", "scatter_nd")
+    step, layers = build("partial", draft_kind, 3, attention=kernel)
+    assert step.config.attention == kernel
     assert len(set(check_against_hf(step, layers))) >= 2
