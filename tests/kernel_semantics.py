@@ -15,6 +15,22 @@ import types
 import torch
 
 
+def attend_lane(q, k_cache, v_cache, table, n: int, scale: float, masked) -> torch.Tensor:
+    """One lane, as both kernels define it: q [Sq, Hq, D] over keys 0..n-1, key j read from
+    cache[table[j // page], j % page] of a paged cache [blocks, page, Hk, D]; masked [Sq, n] True = not
+    seen; query head h reads key head h // (Hq / Hk); softmax of scaled scores. Returns [Sq, Hq, D]."""
+    page, hq, hk = k_cache.shape[1], q.shape[1], k_cache.shape[2]
+    idx = [(int(table[j // page]), j % page) for j in range(n)]
+    keys = torch.stack([k_cache[blk, off] for blk, off in idx])  # [n, Hk, D]
+    values = torch.stack([v_cache[blk, off] for blk, off in idx])
+    out = torch.empty_like(q)
+    for h in range(hq):
+        kh = h // (hq // hk)
+        scores = q[:, h].float() @ keys[:, kh].float().T * scale  # [Sq, n]
+        out[:, h] = (scores.masked_fill(masked, float("-inf")).softmax(-1) @ values[:, kh].float()).to(q.dtype)
+    return out
+
+
 def flash_attn_with_kvcache_as_documented(
     q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale, causal
 ):
@@ -23,20 +39,12 @@ def flash_attn_with_kvcache_as_documented(
     query row i sees keys j <= cache_seqlens[b] - Sq + i (the mask aligned to the bottom right); Hq / Hk
     query heads share a key head (head h reads key head h // (Hq / Hk))."""
     assert block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32 and causal
-    b, sq, hq, d = q.shape
-    page, hk = k_cache.shape[1], k_cache.shape[2]
+    sq = q.shape[1]
     out = torch.empty_like(q)
-    for lane in range(b):
+    for lane in range(q.shape[0]):
         n = int(cache_seqlens[lane])
-        idx = [(int(block_table[lane, j // page]), j % page) for j in range(n)]
-        keys = torch.stack([k_cache[blk, off] for blk, off in idx])  # [n, Hk, D]
-        values = torch.stack([v_cache[blk, off] for blk, off in idx])
-        for h in range(hq):
-            kh = h // (hq // hk)
-            scores = q[lane, :, h].float() @ keys[:, kh].float().T * softmax_scale  # [Sq, n]
-            visible = torch.arange(n)[None, :] <= (n - sq + torch.arange(sq))[:, None]
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-            out[lane, :, h] = (probs @ values[:, kh].float()).to(q.dtype)
+        visible = torch.arange(n)[None, :] <= (n - sq + torch.arange(sq))[:, None]  # [Sq, n]
+        out[lane] = attend_lane(q[lane], k_cache, v_cache, block_table[lane], n, softmax_scale, ~visible)
     return out
 
 
@@ -58,14 +66,7 @@ def npu_fused_infer_attention_score_as_documented(
     out = torch.empty_like(query)
     for lane in range(b):
         n = actual_seq_lengths_kv[lane]
-        idx = [(int(block_table[lane, j // block_size]), j % block_size) for j in range(n)]
-        k = torch.stack([keys[blk, off] for blk, off in idx])  # [n, Hkv, D]
-        v = torch.stack([values[blk, off] for blk, off in idx])
-        for h in range(n_heads):
-            kh = h // (n_heads // num_key_value_heads)
-            scores = query[lane, :, h].float() @ k[:, kh].float().T * scale  # [S, n]
-            probs = scores.masked_fill(atten_mask[lane, 0, :, :n], float("-inf")).softmax(-1)
-            out[lane, :, h] = (probs @ v[:, kh].float()).to(query.dtype)
+        out[lane] = attend_lane(query[lane], keys, values, block_table[lane], n, scale, atten_mask[lane, 0, :, :n])
     return out, torch.zeros(1)
 
 
