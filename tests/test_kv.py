@@ -201,3 +201,19 @@ def test_an_engine_keeps_its_kv_pool_through_admissions():
     other = step.prefill(PROMPTS[2:], max_new_tokens=8)
     assert other.target_kv.data_ptr() != engine.state.target_kv.data_ptr()
     assert engine.state.clone().kv_lease is None  # a clone has KV of its own
+
+
+def test_scatter_nd_stand_in_passes_opcheck():
+    """`fdecode::scatter_nd_update_` (torch_npu's op's stand-in off the NPU) is a well-formed mutating op:
+    schema, fake implementation and functionalization agree with what it does."""
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 2, 16, 2, 4, generator=gen)
+    indices = torch.tensor([[0, 0, 3], [1, 1, 5], [0, 1, 9]])
+    updates = torch.randn(3, 2, 4, generator=gen)
+    torch.library.opcheck(torch.ops.fdecode.scatter_nd_update_.default, (cache.clone(), indices, updates))
+    out = cache.clone()
+    torch.ops.fdecode.scatter_nd_update_(out, indices, updates)
+    for (layer, kind, slot), row in zip(indices.tolist(), updates):
+        assert torch.equal(out[layer, kind, slot], row)
+    out[tuple(indices.T)] = cache[tuple(indices.T)]
+    assert torch.equal(out, cache)  # nothing else written
