@@ -7,8 +7,9 @@
 #                                   # 100 steps (step, then engine loop) under set_sync_debug_mode("error"),
 #                                   # flash-attn == reference where flash-attn is present; plus the
 #                                   # Triton-interpreter and attention-argument checks
-#   bash bench/gpu_check.sh bench   # fdecode bench on CUDA (cudagraphs, bf16): tokens/s, ms per step,
-#                                   # the before loop and target-only side by side in one run
+#   bash bench/gpu_check.sh bench   # fdecode bench on CUDA (cudagraphs, float32, so that the systems'
+#                                   # greedy tokens agree exactly, which the bench requires): tokens/s,
+#                                   # ms per step, the before loop and target-only side by side in one run
 #
 # That machine is offline: nothing is installed. Its image's python3 has torch (2.11 when last seen,
 # older than this package's torch>=2.13 metadata, so the package runs from the checkout through
@@ -26,7 +27,7 @@ case "${1:-tests}" in
       2>&1 | tee "$out/gpu-tests.log"
     ;;
   bench)
-    python3 -m fdecode.bench --device cuda --dtype bfloat16 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
+    python3 -m fdecode.bench --device cuda --dtype float32 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
       --workloads random-draft bundled-mtp --json "$out/bench-cuda.json" 2>&1 | tee "$out/gpu-bench.log"
     ;;
   *)

@@ -49,6 +49,8 @@ def overloads(draft_kind: str, sampling: bool) -> dict[str, int]:
 def ge_column(name: str) -> str:
     if name == "fdecode.scatter_nd_update_.default":  # the CPU stand-in of torch_npu's op
         return "torchair's (`npu.npu_scatter_nd_update_` on an NPU)"
+    if name.startswith("aten._scaled_dot_product"):  # the reference attention, lowered for this device
+        return "CPU lowering; a GE step uses `npu.npu_fused_infer_attention_score` instead (torchair's)"
     if name.startswith("fdecode.") or name in npu.GE_SUPPLIED:
         return "fdecode's"
     if name in npu.GE_UNCONVERTED:

@@ -149,6 +149,6 @@ class TargetOnly:
         for _ in range(max_new_tokens - 1):
             token = self._next(token, position, state.target_kv, state.block_tables)
             position = position + 1
-            produced.append(token)
+            produced.append(token.clone())  # a CUDA-graph replay reuses its output buffer: keep a copy (no sync)
         out = torch.cat(produced, dim=1).cpu().tolist()
         return [row for row in out[: len(prompts)]], max_new_tokens - 1

@@ -89,7 +89,7 @@ def fdecode_loop(step, prompts, new_tokens, steps: int | None = None):
         steps is not None and done < steps
     ):
         state, out = step(state)
-        packed.append(out.packed)
+        packed.append(out.packed.clone())  # a CUDA-graph replay reuses its output buffer: keep a copy (no sync)
         done += 1
     steps = done
     for p in torch.stack(packed).cpu().tolist():
@@ -198,7 +198,7 @@ def run_workload(
         raise RuntimeError(f"{name} B={batch} K={k}: {wrong} disagree with target-only greedy tokens; no numbers reported")
     floor = compute_floor(compiled, reps)
     for r in results:
-        r.extra["backend"] = compiled.backend
+        r.extra["backend"] = {"fdecode-eager": "eager"}.get(r.system, "transformers" if r.system.startswith("hf") else compiled.backend)
         if r.system == "fdecode":
             r.floor_ms = floor * 1e3
             r.overhead = 1 - floor * 1e3 / r.step_ms
@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto", help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)")
     p.add_argument("--json", default="bench.json", help="where to write the results")
     args = p.parse_args(argv)
-    if args.device != "cpu":
-        args.no_hf = True
+    if args.device != "cpu" or args.dtype != "float32":
+        args.no_hf = True  # transformers runs the float32 weights on the CPU: another computation
     if args.quick:
         args.batch, args.k, args.new_tokens, args.reps = [1], [2], 12, 1
         args.target, args.draft, args.vocab = "64x2", "64x1", 256

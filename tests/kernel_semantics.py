@@ -59,6 +59,7 @@ def npu_fused_infer_attention_score_as_documented(
     assert input_layout == "BSND" and sparse_mode == 0 and block_table.dtype == torch.int32
     assert all(isinstance(n, int) for n in (*actual_seq_lengths, *actual_seq_lengths_kv))  # host integers
     b, sq, n_heads, d = query.shape
+    assert list(actual_seq_lengths) == [sq] * b  # BSND: per-lane query lengths (not cumulative)
     assert n_heads == num_heads and key.shape[1] == block_size and key.shape[2] == num_key_value_heads * d
     assert atten_mask.dtype == torch.bool and tuple(atten_mask.shape) == (b, 1, sq, block_table.shape[1] * block_size)
     keys = key.view(key.shape[0], block_size, num_key_value_heads, d)

@@ -9,6 +9,7 @@ with no weights has none on the wrong device.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -133,7 +134,10 @@ def write_kernel_package(root, inputs, outputs) -> None:
 def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
     monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "vendor"))
-    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16, sampling=False)
+    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16, sampling=False,
+                attention="npu_fused_infer_attention")
+    # The reference attention's SDPA has no GE converter: GE needs the NPU attention kernel.
+    assert "GE mode needs the NPU attention kernel" in eligible("torchair", dataclasses.replace(ge, attention="torch"))
     assert "MtpPrepareNextDraft kernel" in eligible("torchair", ge) and "not installed" in eligible("torchair", ge)
 
     names = npu.ge_call_names()
@@ -148,7 +152,7 @@ def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     assert "% 32 == 0" in eligible("torchair", ge, target=weightless(40))
     # With the kernel installed, the GE mode takes both the greedy-only and the sampling step (nothing blocks).
     assert eligible("torchair", ge, target=weightless(48)) is None
-    sampling = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16)
+    sampling = dataclasses.replace(ge, sampling=True)
     assert eligible("torchair", sampling, target=weightless(48)) is None
     # Were the step to contain an unconvertible op again, GE would be refused with its name.
     monkeypatch.setitem(npu.GE_BLOCKERS, True, ("aten.amax.default",))
@@ -166,7 +170,8 @@ def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_pa
     """Without the AscendC kernel, a GE request with fallback=True still captures one graph (ACL mode)."""
     monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
     monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path))
-    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16)
+    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16,
+                attention="npu_fused_infer_attention")
     with pytest.raises(ValueError, match="MtpPrepareNextDraft kernel"):
         backends.resolve_backend(ge, weightless(), weightless(), "model")
     runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "model", fallback=True)
@@ -180,6 +185,10 @@ def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_pa
     names = npu.ge_call_names()
     write_kernel_package(tmp_path, list(names.inputs), list(names.outputs))
     assert backends.resolve_backend(ge, weightless(48), weightless(48), "model", fallback=True) == (ge, "torchair", None)
+    # "auto" on an NPU asking for GE: the same fallback to the ACL graph mode, not to eager.
+    auto = dataclasses.replace(ge, backend="auto", attention="torch")
+    runs, name, reason = backends.resolve_backend(auto, weightless(48), weightless(48), "model")
+    assert (name, runs.torchair_mode) == ("torchair", "reduce-overhead") and "NPU attention kernel" in reason
 
 
 def test_explicit_backend_falls_back_to_the_next_eligible_one():

@@ -171,6 +171,8 @@ def test_kv_pools_are_reused_only_when_no_state_holds_them():
     del a, b
     gc.collect()
     assert all(p.free for p in step._pools)
+    step.prefill(PROMPTS, max_new_tokens=4)  # takes the oldest free pool and drops the other free ones
+    assert step._pools == [pool]
 
 
 def test_warmup_hands_its_kv_pool_to_the_first_prefill():

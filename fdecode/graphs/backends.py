@@ -155,8 +155,12 @@ def resolve_backend(
 ) -> tuple[DecodeConfig, str, str | None]:
     """`choose_backend`, plus the one fallback inside a backend: a torchair GE-graph request that GE
     cannot capture runs torchair's ACL graph mode (still one captured graph) rather than the next
-    backend. Returns (the config that runs, backend, reason or None)."""
-    if fallback and cfg.backend == "torchair" and cfg.torchair_mode == "max-autotune":
+    backend, with `fallback=True` or under "auto". Returns (the config that runs, backend, reason or None).
+    `cfg.attention` must be resolved (`choose_attention`): the GE mode depends on it."""
+    asks_ge = cfg.torchair_mode == "max-autotune" and (
+        (cfg.backend == "torchair" and fallback) or (cfg.backend == "auto" and cfg.device_type == "npu")
+    )
+    if asks_ge:
         reason = _torchair(cfg, target, draft, draft_kind)
         acl = dataclasses.replace(cfg, torchair_mode="reduce-overhead")
         if reason is not None and _torchair(acl, target, draft, draft_kind) is None:

@@ -135,12 +135,18 @@ class Step:
         return dict(self.compile_seconds)
 
     def _pool(self) -> KVPool:
-        """A KV pool no live state holds (allocated when every one is held)."""
-        for pool in self._pools:
-            if pool.free:
-                return pool
-        state = empty_state(self.target, self.draft, self.config)
-        pool = KVPool(state.target_kv, state.draft_kv)
+        """A KV pool no live state holds, allocated when every one is held. Of the free pools, the oldest
+        is kept (the addresses the graphs were most likely captured with) and the others are dropped, so
+        the step holds one cache more than the chains alive at once, not its peak count."""
+        free = [pool for pool in self._pools if pool.free]
+        if free:
+            self._pools = [pool for pool in self._pools if pool is free[0] or pool not in free]
+            return free[0]
+        cfg = self.config
+        pool = KVPool(
+            self.target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=torch.device(cfg.device)),
+            self.draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=torch.device(cfg.device)),
+        )
         if self.backend in STATIC_KV:  # graph replay (CUDA, ACL graphs) neither copies nor re-records for them
             torch._dynamo.mark_static_address(pool.target_kv)
             torch._dynamo.mark_static_address(pool.draft_kv)
@@ -237,11 +243,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     draft_model, kind = resolve_draft(draft, target_model, config)
     if tp is not None:
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
-    config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     shapes = tuple((c.num_heads, c.num_kv_heads, c.head_dim) for c in (target_model.config, draft_model.kv_config))
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback)
+    config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
+    config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     step = Step(
-        target_model, draft_model, dataclasses.replace(config, attention=kernel), draft_kind=kind, backend=backend,
+        target_model, draft_model, config, draft_kind=kind, backend=backend,
         fallback_reason=reason, attention_reason=attention_reason,
     )
     if warmup:

@@ -134,6 +134,13 @@ def kernel_io_names(entry: dict) -> tuple[list[str], list[str]]:
 
 def ge_reason(cfg: DecodeConfig, *, hidden_size: int) -> str | None:
     """Why the GE mode cannot capture this step, or None."""
+    if cfg.attention != "npu_fused_infer_attention":
+        # The reference's SDPA: torchair has no GE converter for the fused SDPA overloads
+        # (`_scaled_dot_product_flash_attention` raises NotImplementedError at fced884).
+        return (
+            f"GE mode needs the NPU attention kernel (attention='npu_fused_infer_attention', which needs float16/"
+            f"bfloat16 and block_size 128..512), the step's attention is {cfg.attention!r}"
+        )
     entry = installed_kernel()
     if entry is None:
         return (

@@ -95,7 +95,7 @@ class DecodeState:
         new = dataclasses.replace(self, **changes)
         if "base_pos" not in changes and "active" not in changes:
             new.bound_positions(self.max_position)
-        if "target_kv" not in changes and "draft_kv" not in changes:
+        if new.target_kv is self.target_kv or new.draft_kv is self.draft_kv:  # still over (part of) the pool
             new.share_kv_lease(self)
         return new
 
