@@ -26,12 +26,16 @@ case "${1:-tests}" in
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_prepare_triton.py tests/test_attention.py \
       2>&1 | tee "$out/gpu-tests.log"
     ;;
-  bench)
+  bench)  # the default ~30M / ~4M random-weight pair
     python3 -m fdecode.bench --device cuda --dtype float32 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
-      --workloads random-draft bundled-mtp --json "$out/bench-cuda.json" 2>&1 | tee "$out/gpu-bench.log"
+      --workloads random-draft --json "$out/bench-cuda.json" 2>&1 | tee "$out/gpu-bench.log"
+    ;;
+  bench-bundled)  # the bundled model with its MTP head, real acceptance
+    python3 -m fdecode.bench --device cuda --dtype float32 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
+      --workloads bundled-mtp --json "$out/bench-cuda-bundled.json" 2>&1 | tee "$out/gpu-bench-bundled.log"
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [tests|bench]" >&2
+    echo "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled]" >&2
     exit 2
     ;;
 esac
