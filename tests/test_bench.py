@@ -45,3 +45,54 @@ def test_profile_writes_traces_and_a_timeline(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     out = capsys.readouterr().out
     assert "host round trip" in out and "fdecode step" in out
+
+
+def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch):
+    """A CUDA-graph replay returns the same output tensors every call, overwritten in place. The bench's
+    device-resident loop and the target-only baseline keep outputs across calls, so they must copy them,
+    and the Engine must have copied a step's output before it launches the next: simulated here by making
+    every call of the captured functions write into one persistent buffer."""
+    import fdecode
+    from conftest import fdecode_target, independent_draft
+    from fdecode.baseline import TargetOnly
+    from fdecode.bench import fdecode_loop
+    from fdecode.state import StepOutput
+
+    def replay_like(fn, pick, rebuild):
+        buffer = []
+
+        def call(*args):
+            result = fn(*args)
+            out = pick(result)
+            if not buffer:
+                buffer.append(out.clone())
+            buffer[0].copy_(out)
+            return rebuild(result, buffer[0])
+
+        return call
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4)
+    prompts = [[5, 17, 33, 2, 9], [7, 3]]
+    honest = fdecode.compile(target, independent_draft("partial", target), cfg)
+    expected, steps = fdecode_loop(honest, prompts, 16)
+    assert fdecode_loop(honest, prompts, 16, steps)[0] == expected
+
+    replaying = fdecode.compile(target, independent_draft("partial", target), cfg)
+    real_graph, graphs = type(replaying)._graph, {}
+
+    def graph(self, blocks):  # one "recorded graph" per window, as the step keeps them
+        if blocks not in graphs:
+            graphs[blocks] = replay_like(
+                real_graph(self, blocks), lambda r: r[1].packed, lambda r, packed: (r[0], StepOutput(packed))
+            )
+        return graphs[blocks]
+
+    monkeypatch.setattr(type(replaying), "_graph", graph)
+    assert fdecode_loop(replaying, prompts, 16, steps)[0] == expected  # device-resident: outputs read at the end
+    assert fdecode.generate(replaying, prompts, max_new_tokens=16, progress=False) == expected  # the Engine's reads
+
+    baseline = TargetOnly(honest)
+    want = baseline.generate(prompts, max_new_tokens=12)
+    baseline._next = replay_like(baseline._next, lambda r: r, lambda r, token: token)
+    assert baseline.generate(prompts, max_new_tokens=12) == want
