@@ -13,8 +13,11 @@ Two graph modes (`DecodeConfig.torchair_mode`):
   (`fdecode.ops.kv`), the min-p filter takes `max(dim)` (not `amax`), and the
   float-bits view of the top-k/top-p filters (`aten.view.dtype`) gets a converter
   here (GE `Bitcast`), as does the fused op (the AscendC `MtpPrepareNextDraft`
-  kernel, which must be installed as a custom-op package). `GE_BLOCKERS` is what
-  remains unconverted: nothing, re-measured by tests/test_backends.py.
+  kernel, which must be installed as a custom-op package). The attention must be
+  the NPU kernel (`npu_fused_infer_attention_score`, which torchair converts): the
+  reference's SDPA lowers to fused SDPA overloads that GE cannot convert.
+  `GE_BLOCKERS` is what remains unconverted: nothing, re-measured by
+  tests/test_backends.py.
 
 Recommended static-graph settings: `dynamic=False`, parameters frozen (GE:
 `experimental_config.frozen_parameter`), KV leaves marked static
