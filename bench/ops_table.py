@@ -34,16 +34,7 @@ def overloads(draft_kind: str, sampling: bool) -> dict[str, int]:
     config = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager",
                                   sampling=sampling)
     step = fdecode.compile(target, draft, config)
-    report = fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8))
-    counts: dict[str, int] = {}
-    for gm in report.graphs:
-        for node in gm.graph.nodes:
-            if node.op != "call_function":
-                continue
-            op = node.args[0] if str(node.target).startswith("auto_functionalized") else node.target
-            if hasattr(op, "_schema"):
-                counts[str(op)] = counts.get(str(op), 0) + 1
-    return counts
+    return fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8)).overload_counts
 
 
 def ge_column(name: str) -> str:

@@ -260,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
                 )
     print(markdown(results))
-    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
-            "backend": results[0].extra.get("backend") if results else None}
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
     return 0

@@ -168,15 +168,19 @@ def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
     return block_table([list(range(start, start + n)) for start, n in zip(starts, needs)], cfg)
 
 
-def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> DecodeState:
-    """A state with every lane inactive, no blocks handed out; KV pools `kv` (target, draft) reused
-    as they are (nothing is read before it is written), or fresh ones."""
+def new_kv(target, draft, cfg: DecodeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh target and draft KV pools for `cfg` (a `Step` owns them and hands them to its states)."""
+    device = torch.device(cfg.device)
+    return (
+        target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+        draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
+    )
+
+
+def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.Tensor]) -> DecodeState:
+    """A state with every lane inactive, no blocks handed out, over KV pools `kv` (target, draft) taken
+    as they are (nothing is read before it is written)."""
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
-    if kv is None:
-        kv = (
-            target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
-            draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=device),
-        )
     zeros = dict(dtype=torch.int64, device=device)
     return DecodeState(
         tokens=torch.zeros(batch, window, **zeros),
@@ -309,10 +313,10 @@ def prefill(
     top_p: PerPrompt = None,
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
-    kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: tuple[torch.Tensor, torch.Tensor],
 ) -> DecodeState:
-    """Build the first state for `prompts` (lanes past len(prompts) stay inactive), in KV pools `kv`
-    (target, draft) or fresh ones."""
+    """Build the first state for `prompts` (lanes past len(prompts) stay inactive), over KV pools `kv`
+    (target, draft)."""
     vocab = target.config.vocab_size
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]

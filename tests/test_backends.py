@@ -258,19 +258,6 @@ def test_ge_outputs_match_the_fake_results():
 # ---------------------------------------------------------------------------- ops per backend (measured)
 
 
-def aten_overloads(report) -> set[str]:
-    """Overloads of every node, a functionalized mutating custom op counted as the op itself."""
-    ops = set()
-    for gm in report.graphs:
-        for n in gm.graph.nodes:
-            if n.op != "call_function":
-                continue
-            target = n.args[0] if str(n.target).startswith("auto_functionalized") else n.target
-            if hasattr(target, "_schema"):
-                ops.add(str(target))
-    return ops
-
-
 def captured_ops(sampling: bool) -> set[str]:
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="cudagraphs",
@@ -278,7 +265,7 @@ def captured_ops(sampling: bool) -> set[str]:
     step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
     report = fdecode.inspect(step, step.prefill([[1, 2, 3]], max_new_tokens=4))
     assert report.backend == "inductor"  # inspect reports what runs (here the fallback); the graph is the same
-    return aten_overloads(report)
+    return set(report.overload_counts)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
-from fdecode.prefill import PerPrompt, Prompt, empty_state, prefill
+from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
 from fdecode.state import DecodeState, KVLease, StepOutput
 from fdecode.step import decode_step
 
@@ -142,11 +142,7 @@ class Step:
         if free:
             self._pools = [pool for pool in self._pools if pool is free[0] or pool not in free]
             return free[0]
-        cfg = self.config
-        pool = KVPool(
-            self.target.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=torch.device(cfg.device)),
-            self.draft.kv_config.new_kv(cfg.num_slots, dtype=cfg.dtype, device=torch.device(cfg.device)),
-        )
+        pool = KVPool(*new_kv(self.target, self.draft, self.config))
         if self.backend in STATIC_KV:  # graph replay (CUDA, ACL graphs) neither copies nor re-records for them
             torch._dynamo.mark_static_address(pool.target_kv)
             torch._dynamo.mark_static_address(pool.draft_kv)

@@ -57,6 +57,17 @@ class GraphReport:
     host_syncs: list[str]  # nodes that force a device -> host sync
     graphs: list[torch.fx.GraphModule] = field(repr=False)  # the ATen graphs
 
+    @property
+    def overload_counts(self) -> dict[str, int]:
+        """Nodes per op overload ("aten.index_put.default", "fdecode.prepare_next_draft.default")."""
+        counts: Counter[str] = Counter()
+        for gm in self.graphs:
+            for node in gm.graph.nodes:
+                op = node_op(node)
+                if op is not None:
+                    counts[str(op)] += 1
+        return dict(counts)
+
     def __repr__(self) -> str:
         top = ", ".join(f"{k}: {v}" for k, v in sorted(self.op_counts.items()) if not k.startswith("aten::"))
         return (
@@ -66,12 +77,15 @@ class GraphReport:
         )
 
 
-def _op_name(node: torch.fx.Node) -> str | None:
+def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
+    """The op overload an ATen-graph node calls, or None (placeholders, getitem, ...). A mutating custom
+    op, functionalized into `auto_functionalized(op, ...)`, counts as the op itself."""
+    if node.op != "call_function":
+        return None
     target = node.target
     if getattr(target, "name", lambda: None)() in ("auto_functionalized", "auto_functionalized_v2"):
-        target = node.args[0]  # a mutating custom op, functionalized: count the op itself
-    schema = getattr(target, "_schema", None)
-    return schema.name if schema is not None else None
+        target = node.args[0]
+    return target if hasattr(target, "_schema") else None
 
 
 def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphReport:
@@ -115,11 +129,10 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
     syncs: list[str] = []
     for gm in aten_graphs:
         for node in gm.graph.nodes:
-            if node.op != "call_function":
+            op = node_op(node)
+            if op is None:
                 continue
-            name = _op_name(node)
-            if name is None:
-                continue
+            name = op._schema.name
             op_counts[name] += 1
             if name in SYNC_OPS:
                 syncs.append(f"{name} ({node.name})")
