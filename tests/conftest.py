@@ -122,3 +122,20 @@ def fresh_forward(model, seq: list[int], *, block_size: int = 4, hidden_in=None)
     with torch.no_grad():
         logits, hidden = model(torch.tensor([seq]), positions, slots, kv, table, block_size=block_size, hidden_in=hidden_in)
     return logits, hidden, kv[:, :, slots[0]]
+
+
+def steps_without_host_syncs(step, state, steps: int, device):
+    """Warm up (3 steps: compile, capture), then run `steps` steps under the device's sync debug mode
+    "error", so any device-to-host sync raises. `device`: `torch.cuda` or `torch_npu.npu` (both have
+    `synchronize` and `set_sync_debug_mode`). Returns the last (state, output)."""
+    for _ in range(3):
+        state, out = step(state)
+    device.synchronize()
+    device.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            state, out = step(state)
+    finally:
+        device.set_sync_debug_mode("default")
+    device.synchronize()
+    return state, out

@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fdecode
-from conftest import fdecode_target, independent_draft
+from conftest import fdecode_target, independent_draft, steps_without_host_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is present")
 
@@ -100,16 +100,7 @@ def test_100_steps_without_a_device_to_host_sync(recordings):
     """The step alone, then the engine's loop (its reads are one step behind, through a pinned buffer)."""
     step = cuda_step("cudagraphs", max_seq_len=640)
     state = step.prefill(PROMPTS, max_new_tokens=500, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
-    for _ in range(3):  # warm-up: compile and record the graph
-        state, out = step(state)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(100):
-            state, out = step(state)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    _, out = steps_without_host_syncs(step, state, 100, torch.cuda)
     assert out.tokens.shape == (4, 4)
 
     engine = fdecode.Engine(step)

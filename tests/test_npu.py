@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft, mtp_head
+from conftest import fdecode_target, independent_draft, mtp_head, steps_without_host_syncs
 from fdecode.graphs import torchair as npu
 
 UNAVAILABLE = npu.availability_reason()
@@ -46,16 +46,7 @@ def test_100_acl_graph_steps_without_a_device_to_host_sync():
 
     step = npu_step("torchair")
     state = step.prefill(PROMPTS, max_new_tokens=150, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
-    for _ in range(3):  # warm-up: compile and capture
-        state, out = step(state)
-    torch.npu.synchronize()
-    torch_npu.npu.set_sync_debug_mode("error")
-    try:
-        for _ in range(100):
-            state, out = step(state)
-    finally:
-        torch_npu.npu.set_sync_debug_mode("default")
-    torch.npu.synchronize()
+    _, out = steps_without_host_syncs(step, state, 100, torch_npu.npu)
     assert out.tokens.shape == (4, 4)
 
 
