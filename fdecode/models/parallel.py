@@ -65,11 +65,10 @@ class TPGroup:
     group: dist.ProcessGroup
     rank: int  # this process's rank inside `group`
     size: int  # N, ranks in `group`
-    root: int  # global rank of the group's rank 0 (the broadcast source)
 
     @classmethod
     def of(cls, group: dist.ProcessGroup) -> TPGroup:
-        return cls(group, dist.get_rank(group), group.size(), dist.get_global_rank(group, 0))
+        return cls(group, dist.get_rank(group), group.size())
 
 
 def check_shardable(cfg: ModelConfig, size: int, *, what: str = "model") -> None:
@@ -114,8 +113,11 @@ def _done(t: torch.Tensor) -> torch.Tensor:
 
 
 def rank0_tokens(tokens: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    """`tokens` as the group's rank 0 holds them, on every rank (an in-graph broadcast)."""
-    return _done(funcol.broadcast(tokens, tp.root, tp.group))
+    """`tokens` as the group's rank 0 holds them, on every rank (an in-graph broadcast).
+
+    The functional broadcast's `src` is a rank *within* `group` (not a global rank), so the
+    source is 0 whatever global ranks the group holds (a DP x TP layout's group [2, 3] too)."""
+    return _done(funcol.broadcast(tokens, 0, tp.group))
 
 
 class RowParallelLinear(nn.Module):
