@@ -32,7 +32,12 @@ class DecodeConfig:
     dtype: torch.dtype = torch.float32  # KV cache and activation dtype
     device: str = "cpu"
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
-    sampling: bool = True  # allow random lanes; False captures a greedy-only step (no filters, no PRNG)
+    # Allow random lanes. Steps whose lanes are all greedy run the greedy-only graph either way (the host
+    # picks a `SamplingPlan` per step); False refuses temperature > 0 and never captures a sampling graph.
+    sampling: bool = True
+    # C: a step whose random lanes all have 1 <= top_k <= C filters and samples within torch.topk's C
+    # candidates (one pass over the vocabulary); 0 disables that graph (every random step filters all of V).
+    top_k_candidates: int = 128
     # Attention windows (tokens) with a graph each; a step attends over the smallest window that holds every
     # position it can touch. None: 256, 512, ... up to max_seq_len. Rounded up to whole blocks.
     context_buckets: tuple[int, ...] | None = None
@@ -50,6 +55,8 @@ class DecodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
+        if isinstance(self.top_k_candidates, bool) or not isinstance(self.top_k_candidates, int) or self.top_k_candidates < 0:
+            raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.torchair_mode not in TORCHAIR_MODES:

@@ -25,11 +25,12 @@ from collections.abc import Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.ops.filters import filtered_probs
+from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, sample
 from fdecode.state import DecodeState
-from fdecode.step import advance, agreed, transition_uniforms
+from fdecode.ops.plan import GREEDY, plan_for
+from fdecode.step import advance, agreed, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor
 PerPrompt = float | int | Sequence[float] | Sequence[int] | None
@@ -64,7 +65,7 @@ def check_sampling(
         "top_k": _per_prompt("top_k", top_k, count, 0),
         "top_p": _per_prompt("top_p", top_p, count, 1.0),
         "min_p": _per_prompt("min_p", min_p, count, 0.0),
-        "seed": [secrets.randbits(32) if s is None else s for s in _per_prompt("seed", seed, count, None)],
+        "seed": [secrets.randbits(63) if s is None else s for s in _per_prompt("seed", seed, count, None)],
     }
     for i in range(count):
         t, k, p, m, s = (params[n][i] for n in ("temperature", "top_k", "top_p", "min_p", "seed"))
@@ -83,7 +84,6 @@ def check_sampling(
             raise ValueError(f"prompt {i}: seed must be an int in [0, 2**63), got {s!r}")
     if cfg is not None and not cfg.sampling and any(t > 0 for t in params["temperature"]):
         raise ValueError("temperature > 0 needs a step compiled with DecodeConfig(sampling=True)")
-    params["seed"] = [s % 2**32 for s in params["seed"]]
     return params
 
 
@@ -199,7 +199,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
         output=torch.zeros(batch, window + 2, **zeros),
-    ).bound_positions(0)
+    ).bound_positions(0).record_sampling((None,) * batch)
 
 
 @torch.no_grad()
@@ -223,7 +223,7 @@ def prime(
     n, bs, device = len(lanes), cfg.block_size, torch.device(cfg.device)
     vocab = target.config.vocab_size
     lengths = torch.tensor([len(p) for p in prompts], device=device)  # [n]
-    longest = int(lengths.max())
+    longest = max(len(p) for p in prompts)  # from host data: no device read
     tokens = torch.zeros(n, longest, dtype=torch.int64)
     for row, p in enumerate(prompts):
         tokens[row, : len(p)] = torch.tensor(p)
@@ -270,10 +270,14 @@ def prime(
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
-    if cfg.sampling:
-        noise, _, draft_u = transition_uniforms(primed, vocab)
-        probs = filtered_probs(last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-        first = torch.where(lane["temperature"] > 0, sample(probs[:, 0], noise[:, 0]), last_logits.argmax(dim=-1))
+    params = list(zip(sampling["temperature"], sampling["top_k"], sampling["top_p"]))
+    plan = plan_for(*zip(*params), candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
+    if plan.random:
+        noise, _, draft_u = transition_randoms(primed, cfg.K)
+        probs, ids = filtered(plan, last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
+        pick = sample(probs[:, 0], noise)
+        drawn = pick if ids is None else ids[:, 0].gather(1, pick[:, None])[:, 0]
+        first = torch.where(lane["temperature"] > 0, drawn, last_logits.argmax(dim=-1))
     else:
         first, draft_u = last_logits.argmax(dim=-1), None
     first = agreed(cfg, target, first)
@@ -282,10 +286,17 @@ def prime(
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
     window_hidden[:, 0] = hidden[rows, last]
     accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
-    new = advance(draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished)
+    new = advance(
+        draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished, plan=plan
+    )
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
-    return write_lanes(state, lanes, new).bound_positions(bound)
+    known = state.lane_sampling
+    if known is not None:
+        known = list(known)
+        for lane_index, p in zip(lanes, params):
+            known[lane_index] = p
+    return write_lanes(state, lanes, new).bound_positions(bound).record_sampling(known)
 
 
 def write_lanes(state: DecodeState, lanes: list[int], rows: DecodeState) -> DecodeState:

@@ -21,24 +21,25 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.parallel import rank0_tokens
-from fdecode.ops.filters import filtered_probs
+from fdecode.ops.filters import dense, filtered
 from fdecode.ops.paging import slot_of
+from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
 
 
-def transition_uniforms(state: DecodeState, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All random numbers of one transition, drawn at once from the lanes' (seed, counter):
-    recovery/bonus noise [B, W, V], acceptance tests [B, K], draft sampling noise [B, K, V]."""
-    batch, window = state.tokens.shape
-    k = window - 1
-    u = uniform(state.seed, state.counter, window * vocab + k + k * vocab)
-    noise = u[:, : window * vocab].view(batch, window, vocab)
-    accept = u[:, window * vocab : window * vocab + k]
-    draft = u[:, window * vocab + k :].view(batch, k, vocab)
-    return noise, accept, draft
+def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All random numbers of one transition, drawn at once from the lanes' (seed, counter): the
+    recovery / bonus draw [B, 2], the acceptance tests [B, K], the K draft draws [B, K, 2]."""
+    u = uniform(state.seed, state.counter, 3 * k + 2)
+    return u[:, :2], u[:, 2 : k + 2], u[:, k + 2 :].reshape(-1, k, 2)
+
+
+def general_plan(cfg: DecodeConfig) -> SamplingPlan:
+    """The plan exact for any lanes the config allows: every filter on, or greedy-only."""
+    return SamplingPlan(random=True, top_k=True, top_p=True) if cfg.sampling else GREEDY
 
 
 def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
@@ -48,13 +49,17 @@ def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def decode_step(
-    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | None = None
+    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | None = None,
+    plan: SamplingPlan | None = None,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
 
     context_blocks: attend over the first `context_blocks` blocks of each lane only (a context bucket,
     `DecodeConfig.bucket_for`); it must hold every position up to max(base_pos) + 2K. None: whole lanes.
+    plan: the sampling code to run (`fdecode.ops.plan`); it must be exact for every active lane's
+    parameters. None: `general_plan(cfg)`.
     """
+    plan = general_plan(cfg) if plan is None else plan
     window = cfg.W
     context = state.block_tables[:, :context_blocks]  # [B, context_blocks]: what attention reads
     positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
@@ -64,9 +69,9 @@ def decode_step(
     logits, hidden = target(
         state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size, attention=cfg.attention
     )  # [B, W, V], [B, W, H]
-    if cfg.sampling:
-        noise, accept_u, draft_u = transition_uniforms(state, logits.shape[-1])
-        accepted, length = verify(state, logits, noise, accept_u)
+    if plan.random:
+        noise, accept_u, draft_u = transition_randoms(state, cfg.K)
+        accepted, length = verify(state, logits, noise, accept_u, plan)
     else:  # greedy-only graph: no filters, no random numbers
         (accepted, length), draft_u = greedy_accept(state.tokens, logits), None
     if cfg.broadcast_accepted:  # rank 0's run, before the stops, budgets or next draft derive from it
@@ -78,33 +83,36 @@ def decode_step(
     accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
-        overflow=overflow, context_blocks=context_blocks,
+        overflow=overflow, context_blocks=context_blocks, plan=plan,
     )
     return new_state, new_state.step_output
 
 
 def verify(
-    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor, accept_u: torch.Tensor
+    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor, accept_u: torch.Tensor, plan: SamplingPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted tokens [B, W] (-1 padded) and lengths [B]: greedy or rejection sampling, per lane."""
     greedy, greedy_len = greedy_accept(state.tokens, logits)
-    target_probs = filtered_probs(logits, state.temperature, state.top_k, state.top_p, state.min_p)
-    sampled, sampled_len = speculative_accept(state.tokens, state.draft_probs, target_probs, accept_u, noise)
+    probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
+    sampled, sampled_len = speculative_accept(state.tokens, state.draft_probs, probs, accept_u, noise, ids)
     random_lane = state.temperature > 0
     return torch.where(random_lane[:, None], sampled, greedy), torch.where(random_lane, sampled_len, greedy_len)
 
 
 def propose(
-    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int
+    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int, plan: SamplingPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft j's token [B] (argmax for greedy lanes, a sample for random ones) and its distribution [B, V].
 
-    logits: [B, V] draft logits; u: [B, V] uniform noise for the sample, None in a greedy-only step
+    logits: [B, V] draft logits; u: [B, 2] uniforms for the draw, None in a greedy-only step
     (whose draft distributions are never read, so the state's are passed through)."""
-    if u is None:
+    if not plan.random:
         return logits.argmax(dim=-1), state.draft_probs[:, j]
-    probs = filtered_probs(logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)[:, 0]
-    return torch.where(state.temperature > 0, sample(probs, u), logits.argmax(dim=-1)), probs
+    probs, ids = filtered(plan, logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)
+    pick = sample(probs[:, 0], u)  # [B]
+    token = pick if ids is None else ids[:, 0].gather(1, pick[:, None])[:, 0]
+    q = dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1])
+    return torch.where(state.temperature > 0, token, logits.argmax(dim=-1)), q
 
 
 def advance(
@@ -113,12 +121,13 @@ def advance(
     state: DecodeState,
     accepted: torch.Tensor,  # [B, W] int64, committed tokens of this transition, -1 padded
     hidden: torch.Tensor,  # [B, W, H] target hidden of the rows that produced them
-    draft_u: torch.Tensor | None,  # [B, K, V] uniform noise for sampling the K drafts (None: greedy-only)
+    draft_u: torch.Tensor | None,  # [B, K, 2] uniforms for sampling the K drafts (None: greedy-only)
     *,
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
     overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
     context_blocks: int | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
+    plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
 ) -> DecodeState:
     """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
     batch, window = accepted.shape
@@ -144,7 +153,7 @@ def advance(
     # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
     # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
     pos = state.base_pos + (accepted >= 0).sum(dim=1)
-    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0)
+    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0, plan)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
@@ -154,7 +163,7 @@ def advance(
         logits, h = draft(
             proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h, attention=cfg.attention
         )
-        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j)
+        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan)
         proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)
         draft_probs.append(probs)

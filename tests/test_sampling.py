@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fdecode.ops.filters import filtered_probs
-from fdecode.ops.random import hash32, uniform
+from fdecode.ops.random import philox, random_bits, uniform
 from fdecode.ops.sampling import sample, speculative_accept
 
 ALPHA = 1e-3
@@ -36,25 +36,65 @@ def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
 # ---------------------------------------------------------------- PRNG
 
 
-def lowbias32(x: int) -> int:
-    """Reference: the published lowbias32 with native 32-bit xor, shifts and products."""
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
+def philox_reference(counter: tuple[int, ...], key: tuple[int, ...]) -> tuple[int, ...]:
+    """Philox4x32-10 as published, with native 64-bit products, shifts and xor (independent of the op)."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c3 ^ k1, p0 & 0xFFFFFFFF
+    return c0, c1, c2, c3
 
 
-def test_hash_matches_the_reference_bit_for_bit():
-    xs = [0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1, 0xDEADBEEF, 0x9E3779B9]
-    assert hash32(torch.tensor(xs)).tolist() == [lowbias32(x) for x in xs]
+# Known-answer vectors of Random123 (kat_vectors: philox4x32 10): counter, key -> output.
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
 
 
-def test_uniform_is_reproducible_per_lane_and_well_spread():
+@pytest.mark.parametrize(("counter", "key", "want"), KAT)
+def test_philox_matches_the_known_answers(counter, key, want):
+    got = philox(tuple(torch.tensor([c]) for c in counter), tuple(torch.tensor([k]) for k in key))
+    assert tuple(int(w) for w in got) == want == philox_reference(counter, key)
+
+
+def test_random_bits_are_the_lane_stream_bit_for_bit():
+    """Word i of (seed, counter) is word i % 4 of Philox((i // 4, counter lo, counter hi, 0), seed split in two)."""
+    seeds, counters = [0, 7, 2**63 - 1, 0xDEADBEEF12345], [0, 3, 2**32 + 5, 2**40]
+    bits = random_bits(torch.tensor(seeds), torch.tensor(counters), 10)
+    for lane, (seed, n) in enumerate(zip(seeds, counters)):
+        key = (seed & 0xFFFFFFFF, seed >> 32)
+        want = [w for i in range(3) for w in philox_reference((i, n & 0xFFFFFFFF, n >> 32, 0), key)][:10]
+        assert bits[lane].tolist() == want
+
+
+def test_streams_of_distinct_seed_counter_pairs_are_disjoint():
+    """Property: the counter blocks two distinct (seed, counter) pairs read never coincide (Philox is a
+    bijection of the block for a fixed key, and the key is the seed), so neither do their words:
+    no 64-bit value (two consecutive words) repeats across 4096 streams of 64 words."""
+    gen = torch.Generator().manual_seed(3)
+    seeds = torch.randint(0, 2**62, (64,), generator=gen).repeat_interleave(64)
+    counters = torch.arange(64).repeat(64) + torch.randint(0, 2**40, (1,), generator=gen)
+    words = random_bits(seeds, counters, 64)
+    pairs = (words[:, 0::2] * 2**31 + torch.div(words[:, 1::2], 2, rounding_mode="floor")).flatten()
+    assert pairs.unique().numel() == pairs.numel()
+    # Nearby counters and seeds (the case a hash of seed + counter gets wrong) differ everywhere.
+    a = random_bits(torch.tensor([5, 5, 6]), torch.tensor([9, 10, 9]), 4096)
+    assert not bool((a[0] == a[1]).any() or (a[0] == a[2]).any())
+
+
+def test_uniform_is_on_the_grid_inside_zero_one():
     seed, counter = torch.tensor([1, 2, 3]), torch.tensor([0, 0, 5])
     u = uniform(seed, counter, 20000)
     assert torch.equal(u, uniform(seed, counter, 20000))
-    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert torch.equal(u * 2**24, (u * 2**24).round())  # exact multiples of 2**-24
+    assert float(torch.tensor(1 - 2**-24, dtype=torch.float32)) < 1  # the largest value is exact, below 1
     assert abs(float(u.mean()) - 0.5) < 0.01
     # A lane's numbers depend on its own seed/counter only, not on the batch it sits in.
     assert torch.equal(uniform(seed[1:2], counter[1:2], 20000)[0], u[1])
@@ -65,9 +105,54 @@ def test_uniform_is_reproducible_per_lane_and_well_spread():
 
 
 def test_uniform_is_bit_identical_compiled():
-    seed, counter = torch.tensor([7, 2**32 - 1]), torch.tensor([3, 9])
+    seed, counter = torch.tensor([7, 2**62 + 3]), torch.tensor([3, 2**33 + 9])
     compiled = torch.compile(uniform, backend="inductor", fullgraph=True, dynamic=False)
     assert torch.equal(compiled(seed, counter, 4096), uniform(seed, counter, 4096))
+
+
+# ---------------------------------------------------------------- sampling by inversion
+
+EXTREMES = (0.0, 1 - 2**-24)  # the smallest and the largest value `uniform` can produce
+
+
+@pytest.mark.parametrize("n", [4, 5000])
+def test_noise_at_the_extremes_never_selects_a_zero_entry(n):
+    """Zero-probability entries at both ends and in between; every extreme pair of uniforms picks a positive one."""
+    probs = torch.zeros(3, n)
+    probs[0, 1:3] = torch.tensor([0.7, 0.3])  # zeros first and last
+    probs[1, n // 2] = 1.0  # one positive entry in the middle
+    probs[2, ::2] = 1e-30  # tiny positives among zeros
+    probs[2, 1] = 1.0
+    for u0 in EXTREMES:
+        for u1 in EXTREMES:
+            u = torch.tensor([u0, u1]).expand(3, 2)
+            picked = sample(probs, u)
+            assert bool((probs.gather(1, picked[:, None]) > 0).all()), (u0, u1, picked)
+
+
+def test_the_old_repro_selects_no_filtered_token():
+    # Was: the exponential race with u == 1.0 on a zero entry computed 0 / -log(1) = NaN, and argmax took it.
+    probs = torch.tensor([[0.7, 0.3, 0.0, 0.0]])
+    for u0 in EXTREMES:
+        assert int(sample(probs, torch.tensor([[u0, 0.5]]))) in (0, 1)
+
+
+def test_sample_follows_the_distribution_at_a_large_vocabulary():
+    """Two-level inversion (V > CHUNK): a distribution with mass spread over many buckets and one spike."""
+    v, n = 3000, 60000
+    weights = torch.zeros(v)
+    weights[::7] = torch.linspace(1, 3, len(weights[::7]))
+    weights[1500] = 200.0
+    probs = weights / weights.sum()
+    u = uniform(torch.arange(n), torch.zeros(n, dtype=torch.int64), 2)
+    picked = sample(probs.expand(n, v), u)
+    assert bool((probs[picked] > 0).all())
+    # Chi-square over coarse cells (each cell: 30 consecutive tokens) and the spike on its own.
+    cells = torch.div(torch.arange(v), 30, rounding_mode="floor")
+    cells[1500] = cells.max() + 1
+    observed = torch.bincount(cells[picked], minlength=int(cells.max()) + 1)
+    expected = torch.zeros_like(observed, dtype=torch.float64).index_add_(0, cells, probs.double())
+    assert chi2_pvalue(observed, expected) > ALPHA
 
 
 # ---------------------------------------------------------------- filters
@@ -137,10 +222,10 @@ def draw(k: int, accept_fn=speculative_accept, draft_q=None, seed=0):
     lanes = torch.arange(N) + seed * N
     zero = torch.zeros(N, dtype=torch.int64)
     q = Q[:k].expand(N, k, V)
-    drafts = torch.stack([sample(q[:, j], uniform(lanes, zero + 10 + j, V)) for j in range(k)], dim=1)
+    drafts = torch.stack([sample(q[:, j], uniform(lanes, zero + 10 + j, 2)) for j in range(k)], dim=1)
     tokens = torch.cat([torch.zeros(N, 1, dtype=torch.int64), drafts], dim=1)
     p = P[: k + 1].expand(N, k + 1, V)
-    noise = uniform(lanes, zero + 0, (k + 1) * V).view(N, k + 1, V)
+    noise = uniform(lanes, zero + 0, 2)
     accepted, _ = accept_fn(tokens, q if draft_q is None else draft_q[:k].expand(N, k, V), p, uniform(lanes, zero + 1, k), noise)
     return accepted
 
@@ -170,9 +255,9 @@ def test_acceptance_length_matches_theory():
 def test_draft_equal_to_target_is_always_accepted():
     lanes, zero = torch.arange(N), torch.zeros(N, dtype=torch.int64)
     q = P[:3].expand(N, 3, V)  # the draft's distributions are the target's
-    drafts = torch.stack([sample(q[:, j], uniform(lanes, zero + 10 + j, V)) for j in range(3)], dim=1)
+    drafts = torch.stack([sample(q[:, j], uniform(lanes, zero + 10 + j, 2)) for j in range(3)], dim=1)
     tokens = torch.cat([torch.zeros(N, 1, dtype=torch.int64), drafts], dim=1)
-    noise = uniform(lanes, zero + 0, 4 * V).view(N, 4, V)
+    noise = uniform(lanes, zero + 0, 2)
     accepted, length = speculative_accept(tokens, q, P.expand(N, 4, V), uniform(lanes, zero + 1, 3), noise)
     assert bool((length == 4).all())
     assert torch.equal(accepted[:, :3], drafts)
@@ -186,7 +271,8 @@ def bug_recover_from_target(tokens, q, p, accept_u, noise):
     accepted, length = speculative_accept(tokens, q, p, accept_u, noise)
     at = (length - 1)[:, None]
     rejected = (length < tokens.shape[1])[:, None]
-    wrong = torch.where(rejected, sample(p, noise).gather(1, at), accepted.gather(1, at))
+    from_p = sample(p, noise[:, None].expand(*p.shape[:2], 2))  # [N, W]: row j drawn from p_j
+    wrong = torch.where(rejected, from_p.gather(1, at), accepted.gather(1, at))
     return accepted.scatter(1, at, wrong), length
 
 

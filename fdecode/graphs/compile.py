@@ -14,9 +14,10 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_draft, resolve_target
+from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
 from fdecode.state import DecodeState, KVLease, StepOutput
-from fdecode.step import decode_step
+from fdecode.step import decode_step, general_plan
 
 
 def fresh_code(fn: Callable, name: str) -> Callable:
@@ -78,60 +79,85 @@ class Step:
         self.fallback_reason = fallback_reason
         self.attention_reason = attention_reason
         self.compile_seconds: dict[int, float] = {}
-        self._graphs: dict[int, Callable] = {}
+        self.plan_compile_seconds: dict[tuple[int, str], float] = {}
+        self._graphs: dict[tuple[int, SamplingPlan], Callable] = {}
         self._pools: list[KVPool] = []
-        self.fn = self._pure(config.blocks_per_lane)  # the pure step function (what every backend captures)
+        # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
+        self.fn = self._pure(config.blocks_per_lane, general_plan(config))
 
     @property
     def buckets(self) -> tuple[int, ...]:
         """Attention windows, in tokens, that this step has a graph for (compiled lazily)."""
         return tuple(n * self.config.block_size for n in self.config.bucket_blocks)
 
-    def _pure(self, blocks: int) -> Callable:
+    @property
+    def plans(self) -> tuple[SamplingPlan, ...]:
+        """The sampling plans this step can run, one graph per plan and window (`fdecode.ops.plan`)."""
+        return all_plans(self.config.sampling, self.config.top_k_candidates)
+
+    def plan_for(self, state: DecodeState) -> SamplingPlan:
+        """The cheapest plan exact for the lanes of `state` that may be active, from host bookkeeping
+        (`state.lane_sampling`); unknown lanes get the plan exact for any parameters."""
+        cfg = self.config
+        if not cfg.sampling:
+            return GREEDY
+        lanes = state.lane_sampling
+        if lanes is None:
+            return general_plan(cfg)
+        live = [lane for lane in lanes if lane is not None]
+        return plan_for(*zip(*live), candidates=cfg.top_k_candidates) if live else GREEDY
+
+    def _pure(self, blocks: int, plan: SamplingPlan) -> Callable:
         target, draft, config = self.target, self.draft, self.config
 
         def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=blocks)
+            return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan)
 
-        # A code object per window: each is its own Dynamo cache entry, never a recompile of another.
-        return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}")
+        # A code object per window and plan: each is its own Dynamo cache entry, never a recompile of another.
+        name = "".join(c if c.isalnum() else "_" for c in plan.name)
+        return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
 
-    def _graph(self, blocks: int) -> Callable:
-        """The step for a window of `blocks` blocks, captured on first use."""
-        graph = self._graphs.get(blocks)
+    def _graph(self, blocks: int, plan: SamplingPlan) -> Callable:
+        """The step for a window of `blocks` blocks and a sampling plan, captured on first use."""
+        graph = self._graphs.get((blocks, plan))
         if graph is None:
-            graph = self._graphs[blocks] = capture(self.backend, self._pure(blocks), self.config)
+            graph = self._graphs[blocks, plan] = capture(self.backend, self._pure(blocks, plan), self.config)
         return graph
 
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
         self.check_state(state)
+        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state))
+
+    def _run(self, state: DecodeState, blocks: int, plan: SamplingPlan) -> tuple[DecodeState, StepOutput]:
         cfg = self.config
-        blocks = cfg.bucket_for(state.max_position)
-        first = blocks * cfg.block_size not in self.compile_seconds
+        window = blocks * cfg.block_size
+        first = (window, plan.name) not in self.plan_compile_seconds
         start = time.perf_counter()
         with torch.no_grad():
-            new_state, out = self._graph(blocks)(state)
+            new_state, out = self._graph(blocks, plan)(state)
         if first:
-            self.compile_seconds[blocks * cfg.block_size] = time.perf_counter() - start
+            seconds = self.plan_compile_seconds[window, plan.name] = time.perf_counter() - start
+            self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
+        new_state.record_sampling(state.lane_sampling)
         state.mark_consumed()
         new_state.share_kv_lease(state)  # the KV leaves moved on to the new state
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
 
-    def warmup(self) -> dict[int, float]:
-        """Capture every bucket's graph now, on a throwaway all-inactive state; returns `compile_seconds`.
+    def warmup(self, plans: Sequence[SamplingPlan] | None = None) -> dict[int, float]:
+        """Capture every window's graph for each of `plans` (None: all of `self.plans`) now, on a
+        throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
 
-        The throwaway state's KV pool goes back to the step, so the next `prefill` runs in the very
-        addresses the graphs were captured with (graph replay records nothing new).
+        After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
+        pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
+        captured with (graph replay records nothing new).
         """
         cfg = self.config
-        state = self.empty_state()  # one KV pool for every window: an all-inactive step stays all-inactive
-        lower = 0  # blocks of the previous window
+        state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
         for blocks in cfg.bucket_blocks:
-            # The largest position the previous window cannot serve, so bucket_for picks this one.
-            state, _ = self(state.bound_positions(max(0, lower * cfg.block_size - 2 * cfg.K)))
-            lower = blocks
+            for plan in self.plans if plans is None else plans:
+                state, _ = self._run(state, blocks, plan)
         return dict(self.compile_seconds)
 
     def _pool(self) -> KVPool:

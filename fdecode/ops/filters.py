@@ -4,76 +4,145 @@ Order (the usual one): probs = softmax(logits / T); keep the top-k; renormalise;
 keep the smallest top set whose mass reaches top-p; keep tokens with
 p >= min_p * max(p); renormalise. Per-lane parameters are tensors, so changing
 them never recompiles; "off" values are k = 0, top_p = 1, min_p = 0. A lane with
-T = 0 is greedy: its filtered distribution is not used (T = 1 is used to keep the
-math finite).
+T = 0 is greedy: its filtered distribution is not used (T = 1 keeps the math finite).
+`filtered_probs` is the specification; the step runs one of two implementations
+of it, chosen by its `SamplingPlan` (`fdecode.ops.plan`):
 
-No sort of the vocabulary. Both thresholds are found by a radix search over the
-bit patterns of the (non-negative) float32 probabilities, whose integer order is
-their numeric order: 8 passes of 4 bits, each pass comparing every probability
-with 15 candidate thresholds in one fused reduction, finding the exact k-th
-largest probability (top-k) and the exact smallest kept probability (top-p).
-Ties at a threshold are all kept. Cost per filtered row: 2 x 8 reductions of
-15 x V compares (no data movement, no intermediate of size V), against
-O(V log V) with a full permutation for a sort; a step filters (K + 1) target rows
-and K draft rows per lane. (Radix 16 rather than 2: a quarter of the sequential
-reductions, which is what the compiled graph's size and compile time scale with.)
+- **Candidates** (`candidate_filter`, every random lane has 1 <= top_k <= C): one
+  `torch.topk` of C over the vocabulary, then everything (top-k ties, softmax,
+  top-p by a cumulative sum, min-p) over the C sorted candidates. One pass over V.
+- **Full vocabulary** (`full_filter`): softmax and min-p over V; the exact k-th
+  largest probability (top-k) and the exact top-p threshold only where the plan
+  says some lane uses them, each by a radix select over the bit patterns of the
+  float32 probabilities (non-negative floats order as their bits): 4 passes of
+  8-bit digits, each one `scatter_add` histogram of counts or of fixed-point mass
+  (integers: the same sums in any order, on any backend), then a 256-entry suffix
+  sum picks the digit. No sort of the vocabulary.
+
+Float-level caveats: ties at a threshold are all kept (in the candidate path only
+within the C candidates); top-p mass is summed in fixed point (2**-40 per unit, so
+a token below 2**-40 weighs nothing toward reaching top_p) and top_p * mass is
+rounded in float32.
+
+Measured per step at V = 151,936, B = 1, K = 3 (7 filtered rows), on the project's
+2-core CPU with inductor: see BENCHMARKS.md ("Sampling at a real vocabulary").
 """
 
 from __future__ import annotations
 
 import torch
 
-_DIGITS = (28, 24, 20, 16, 12, 8, 4, 0)  # 4-bit digits of a non-negative float32's bit pattern
+from fdecode.ops.plan import SamplingPlan
+from fdecode.ops.sampling import first_true
+
+_SHIFTS = (24, 16, 8, 0)  # 8-bit digits of a non-negative float32's bit pattern (bit 31 is 0)
+_FIXED = float(1 << 40)  # fixed-point unit of top-p mass
 
 
-def _prob_bits(probs: torch.Tensor) -> torch.Tensor:
-    return probs.contiguous().view(torch.int32).to(torch.int64)
+def radix_select(bits: torch.Tensor, weight: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """Per row, the largest t with sum(weight[bits >= t]) >= need.
 
-
-def _radix_threshold(bits: torch.Tensor, enough) -> torch.Tensor:
-    """Largest t (as bits) with enough(bits >= t) true, per row, digit by digit.
-
-    bits: [..., V]; enough maps keep masks [..., 15, V] (one per candidate digit) to [..., 15] bool,
-    monotone in the threshold, so the satisfied candidates are a prefix and their count is the digit.
+    bits: [R, V] int64 in [0, 2**31); weight: [R, V] int64 >= 0; need: [R] int64 in [1, weight.sum(-1)].
+    Returns t [R, 1]. Digit by digit: `above` is the weight of entries past the current bin, the
+    histogram splits the bin into 256 sub-bins, and the digit is the last sub-bin that still reaches need.
     """
-    t = torch.zeros_like(bits[..., :1])  # [..., 1]
-    digits = torch.arange(1, 16, device=bits.device)
-    for shift in _DIGITS:
-        candidates = t + digits * (1 << shift)  # [..., 15]
-        ok = enough(bits[..., None, :] >= candidates[..., :, None])  # [..., 15]
-        t = t + ok.sum(dim=-1, keepdim=True) * (1 << shift)
-    return t
+    rows = bits.shape[0]
+    prefix = torch.zeros_like(bits[:, :1])  # [R, 1] the digits found so far
+    above = torch.zeros_like(prefix)
+    zero = torch.zeros_like(prefix)
+    for shift in _SHIFTS:
+        span = 1 << (shift + 8)
+        same = torch.div(bits, span, rounding_mode="floor") == torch.div(prefix, span, rounding_mode="floor")
+        digit = torch.div(bits, 1 << shift, rounding_mode="floor") & 255
+        hist = torch.zeros(rows, 256, dtype=weight.dtype, device=bits.device).scatter_add(
+            1, digit, torch.where(same, weight, 0)
+        )
+        suffix = hist.sum(dim=-1, keepdim=True) - hist.cumsum(dim=-1) + hist  # [R, 256] weight with digit >= d
+        d = ((above + suffix) >= need[:, None]).sum(dim=-1, keepdim=True) - 1  # >= 0: the previous bin reached need
+        above = above + torch.cat([suffix, zero], dim=-1).gather(-1, d + 1)
+        prefix = prefix + d * (1 << shift)
+    return prefix
 
 
-def top_k_mask(probs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[..., V] probs, [...] k (0 = off) -> [..., V] bool: the k most probable tokens (ties kept)."""
-    bits = _prob_bits(probs)
-    need = k[..., None]
-    t = _radix_threshold(bits, lambda keep: keep.sum(dim=-1) >= need)
-    return (bits >= t) | (need <= 0)
+def _softmax(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return torch.softmax(logits.float() / t[:, None, None], dim=-1)
 
 
-def top_p_mask(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """[..., V] normalised probs, [...] top_p (1 = off) -> [..., V] bool: the smallest top set with mass >= p."""
-    bits = _prob_bits(probs)
-    need = p[..., None]
-    t = _radix_threshold(bits, lambda keep: (probs[..., None, :] * keep).sum(dim=-1) >= need)
-    return (bits >= t) | (need >= 1.0)
-
-
-def filtered_probs(
+def full_filter(
     logits: torch.Tensor,  # [B, R, V] rows of one lane share its parameters
     temperature: torch.Tensor,  # [B] float32, 0 = greedy
     top_k: torch.Tensor,  # [B] int64, 0 = off
     top_p: torch.Tensor,  # [B] float32, 1 = off
     min_p: torch.Tensor,  # [B] float32, 0 = off
+    *,
+    use_top_k: bool = True,  # False: every lane's top_k is taken as off (the plan knows none uses it)
+    use_top_p: bool = True,  # False: every lane's top_p is taken as off
 ) -> torch.Tensor:
     """The distribution a lane samples from: [B, R, V] float32, each row sums to 1."""
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    probs = torch.softmax(logits.float() / t[:, None, None], dim=-1)
-    probs = probs * top_k_mask(probs, top_k[:, None].expand(probs.shape[:2]))
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    probs = probs * top_p_mask(probs, top_p[:, None].expand(probs.shape[:2]))
+    b, r, v = logits.shape
+    probs = _softmax(logits, temperature)
     # max(dim) rather than amax: torchair's GE mode converts the former (ArgMaxWithValue), not the latter.
-    probs = probs * (probs >= min_p[:, None, None] * probs.max(dim=-1, keepdim=True).values)
+    keep = probs >= min_p[:, None, None] * probs.max(dim=-1, keepdim=True).values
+    bits = probs.contiguous().view(torch.int32).to(torch.int64).view(b * r, v)
+    in_k = None
+    if use_top_k:
+        k = top_k[:, None].expand(b, r).reshape(-1)
+        t_k = radix_select(bits, torch.ones_like(bits), k.clamp(1, v))
+        in_k = (bits >= t_k) | (k <= 0)[:, None]
+        keep = keep & in_k.view(b, r, v)
+    if use_top_p:
+        p = top_p[:, None].expand(b, r).reshape(-1)
+        mass = (probs.view(b * r, v) * _FIXED).to(torch.int64)
+        mass = mass if in_k is None else torch.where(in_k, mass, 0)
+        total = mass.sum(dim=-1)
+        need = torch.minimum((p * total.to(torch.float32)).to(torch.int64).clamp_min(1), total)
+        t_p = radix_select(bits, mass, need)
+        keep = keep & ((bits >= t_p) | (p >= 1.0)[:, None]).view(b, r, v)
+    probs = torch.where(keep, probs, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def filtered_probs(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """The specification: `full_filter` with every filter on ([B, R, V] logits, [B] parameters)."""
+    return full_filter(logits, temperature, top_k, top_p, min_p)
+
+
+def candidate_filter(
+    logits: torch.Tensor,  # [B, R, V]
+    temperature: torch.Tensor,  # [B] float32
+    top_k: torch.Tensor,  # [B] int64 in 1 .. count for random lanes (others are clamped; unused)
+    top_p: torch.Tensor,  # [B] float32
+    min_p: torch.Tensor,  # [B] float32
+    count: int,  # C, the candidates kept by torch.topk
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The filtered distribution on the top `count` tokens: probs [B, R, C] (rows sum to 1) and ids [B, R, C]."""
+    b, r, _ = logits.shape
+    count = min(count, logits.shape[-1])
+    values, ids = torch.topk(logits, count, dim=-1)  # sorted, descending
+    k = top_k.clamp(1, count)[:, None, None].expand(b, r, 1)
+    in_k = values >= values.gather(-1, k - 1)  # ties at the k-th value are kept
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    z = values.float() / t[:, None, None]
+    probs = torch.softmax(torch.where(in_k, z, float("-inf")), dim=-1)
+    last = first_true(probs.cumsum(dim=-1) >= top_p[:, None, None]).clamp(max=count - 1)  # [B, R]
+    in_p = (probs >= probs.gather(-1, last[..., None])) | (top_p >= 1.0)[:, None, None]
+    in_min = probs >= min_p[:, None, None] * probs[..., :1]
+    probs = torch.where(in_k & in_p & in_min, probs, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True), ids
+
+
+def filtered(
+    plan: SamplingPlan, logits: torch.Tensor, temperature, top_k, top_p, min_p
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The plan's implementation: (probs, ids) on candidates, or (dense probs [B, R, V], None)."""
+    if plan.candidates:
+        return candidate_filter(logits, temperature, top_k, top_p, min_p, plan.candidates)
+    return full_filter(logits, temperature, top_k, top_p, min_p, use_top_k=plan.top_k, use_top_p=plan.top_p), None
+
+
+def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """[..., V] probabilities from candidates (ids are distinct, so scatter_add places each once)."""
+    if ids is None:
+        return probs
+    return torch.zeros(*probs.shape[:-1], vocab, dtype=probs.dtype, device=probs.device).scatter_add(-1, ids, probs)

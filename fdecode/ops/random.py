@@ -1,23 +1,23 @@
-"""Counter-based randomness, JAX style: a pure function of (seed, counter, index).
+"""Counter-based randomness: Philox4x32-10 (Salmon et al., SC'11), a pure function of (key, counter).
 
-Each lane carries a 32-bit `seed` and a `counter` that advances once per
-transition (prefill or step). A transition draws all its numbers in one call:
+Each lane carries a `seed` (the 64-bit Philox key, seeds are in [0, 2**63)) and a
+`counter` that advances once per transition (prefill or step). Transition n of a
+lane reads the 128-bit counter blocks
 
-    lane = hash(seed + counter * 0x9E3779B9)        (a bijection of counter for a fixed seed)
-    bits = hash(lane + index)                       (index 0 .. size-1, 32-bit words)
+    (index, n mod 2**32, n // 2**32, 0)        index = 0, 1, ... (4 words each)
 
-so a lane's numbers depend on nothing but its own seed and step count: not on
-the other lanes, the batch size, the backend or the device. There is no
-generator object, no global state and no host sync. The hash is a bijection of
-32-bit words, so the numbers of one transition never repeat within it. Two
-levels of hashing only: Inductor inlines the whole chain into one kernel, and
-every extra level multiplies its expression size (and compile time) by ~30.
+under the lane's key. Philox is a bijection of the 128-bit block for a fixed key,
+so the blocks of distinct (seed, counter) pairs are distinct by construction: the
+streams of two transitions never overlap, whatever their lengths, and numbers
+depend on nothing but the lane's own seed and step count (not on the other lanes,
+the batch size, the backend or the device). No generator object, no global state,
+no host sync. A transition draws only O(K) numbers per lane (the sampler needs
+two per draw, `fdecode.ops.sampling.sample`), so the 10 rounds cost nothing.
 
-The hash is Chris Wellons' `lowbias32` (xor-shift / multiply rounds). It is
-written in plain int64 arithmetic that every backend lowers exactly: products
-are split into 16-bit limbs so no intermediate exceeds 2**49, shifts are
-floor divisions / multiplications by powers of two, and xor is
-`(a | b) - (a & b)`. (Ascend GE graphs have no converters for bitwise xor and
+The rounds are written in plain int64 arithmetic that every backend lowers
+exactly: the 32 x 32 -> 64-bit products are split into 16-bit limbs so no
+intermediate exceeds 2**34, shifts are floor divisions by powers of two, and xor
+is `(a | b) - (a & b)`. (Ascend GE graphs have no converters for bitwise xor and
 shifts; this form needs neither, and is bit-identical in eager and compiled code.)
 """
 
@@ -26,42 +26,61 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
-_M1, _M2 = 0x7FEB352D, 0x846CA68B
-_GOLDEN = 0x9E3779B9  # odd: counter -> counter * _GOLDEN is a bijection mod 2**32
+# Philox4x32 round multipliers and key schedule (Weyl) constants, from the paper.
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+ROUNDS = 10
 
 
 def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a | b) - (a & b)
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for x in [0, 2**32), via 16-bit limbs (no int64 overflow)."""
-    lo, hi = x & 0xFFFF, torch.div(x, 65536, rounding_mode="floor")
-    return (lo * c + ((hi * (c & 0xFFFF)) & 0xFFFF) * 65536) & MASK32
+def _mulhilo(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * c) // 2**32 and (x * c) mod 2**32 for x in [0, 2**32), via 16-bit limbs (no int64 overflow)."""
+    x_lo, x_hi = x & 0xFFFF, torch.div(x, 1 << 16, rounding_mode="floor")
+    c_lo, c_hi = c & 0xFFFF, c >> 16
+    mid = x_hi * c_lo + x_lo * c_hi  # < 2**33
+    low = x_lo * c_lo + (mid & 0xFFFF) * (1 << 16)  # < 2**33
+    hi = x_hi * c_hi + torch.div(mid, 1 << 16, rounding_mode="floor") + torch.div(low, 1 << 32, rounding_mode="floor")
+    return hi, low & MASK32
 
 
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 of int64 values in [0, 2**32) -> int64 in [0, 2**32)."""
-    x = _xor(x, torch.div(x, 1 << 16, rounding_mode="floor"))
-    x = _mul32(x, _M1)
-    x = _xor(x, torch.div(x, 1 << 15, rounding_mode="floor"))
-    x = _mul32(x, _M2)
-    return _xor(x, torch.div(x, 1 << 16, rounding_mode="floor"))
+def philox(
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], key: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 of broadcastable int64 words in [0, 2**32): 4 counter words, 2 key words -> 4 words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(ROUNDS):
+        if r:
+            k0, k1 = (k0 + _W0) & MASK32, (k1 + _W1) & MASK32
+        hi0, lo0 = _mulhilo(c0, _M0)
+        hi1, lo1 = _mulhilo(c2, _M1)
+        c0, c1, c2, c3 = _xor(_xor(hi1, c1), k0), lo1, _xor(_xor(hi0, c3), k1), lo0
+    return c0, c1, c2, c3
 
 
 def random_bits(seed: torch.Tensor, counter: torch.Tensor, size: int) -> torch.Tensor:
-    """32 random bits per (lane, index).
+    """32 random bits per (lane, index): the first `size` words of the lane's stream for this transition.
 
-    seed:    [B] int64 in [0, 2**32)
-    counter: [B] int64, the lane's transition count
+    seed:    [B] int64 in [0, 2**63), the lane's key
+    counter: [B] int64 >= 0, the lane's transition count
     returns: [B, size] int64 in [0, 2**32)
     """
-    lane = hash32((seed + counter * _GOLDEN) & MASK32)  # [B]
-    index = torch.arange(size, device=seed.device)
-    return hash32((lane[:, None] + index) & MASK32)
+    blocks = torch.arange(-(-size // 4), device=seed.device)[None, :]  # [1, n]
+    key = ((seed & MASK32)[:, None], torch.div(seed, 1 << 32, rounding_mode="floor")[:, None])
+    n_lo = (counter & MASK32)[:, None]
+    n_hi = torch.div(counter, 1 << 32, rounding_mode="floor")[:, None]
+    words = philox((blocks.expand(seed.shape[0], -1), n_lo, n_hi, torch.zeros_like(n_lo)), key)
+    words = torch.broadcast_tensors(*words)
+    return torch.stack(words, dim=-1).flatten(1)[:, :size]
 
 
 def uniform(seed: torch.Tensor, counter: torch.Tensor, size: int) -> torch.Tensor:
-    """[B, size] float32 uniform in (0, 1): the top 24 bits, offset by half a step so 0 never occurs."""
+    """[B, size] float32 uniform on the grid {0, 2**-24, ..., 1 - 2**-24} (the top 24 bits of each word).
+
+    Every value is exact in float32 and below 1 (an offset of half a step would round the top
+    value to 1.0); the sampler is built so that neither end can select a zero-probability token."""
     bits = torch.div(random_bits(seed, counter, size), 256, rounding_mode="floor")
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return bits.to(torch.float32) * (1.0 / (1 << 24))

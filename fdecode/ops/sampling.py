@@ -61,46 +61,85 @@ def apply_stops(
     return accepted, length, remaining, finished
 
 
-def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Draw one token per row without a host sync: argmax(probs / E), E = -log(u) ~ Exp(1).
+CHUNK = 1024  # tokens per first-level bucket of `sample`
 
-    probs: [..., V] non-negative (need not be normalised); u: [..., V] uniform in (0, 1).
-    Returns [...] int64 distributed as probs / probs.sum() (the exponential race).
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The first index whose cumulative mass exceeds u * total, never a zero entry.  [..., N], [...] -> [...]
+
+    Zero entries are excluded explicitly, not through the cumulative sums: a parallel scan may round
+    a flat stretch of the CDF up or down, and u * total may round up to the total itself."""
+    cdf = probs.cumsum(dim=-1)
+    positive = probs > 0
+    first = first_true((cdf > u[..., None] * cdf[..., -1:]) & positive)
+    index = torch.arange(probs.shape[-1], device=probs.device)
+    last_positive = (index * positive).max(dim=-1).values  # where rounding leaves u * total past every entry
+    return torch.minimum(first, last_positive)
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row by inversion, without a host sync and with two uniforms per row.
+
+    probs: [..., N] non-negative, not all zero (need not be normalised); u: [..., 2] uniform in [0, 1).
+    Returns [...] int64 distributed as probs / probs.sum(); a zero entry is never returned.
+    Two levels keep float32 exact enough at any N: u[..., 0] picks a bucket of CHUNK tokens by its
+    mass, u[..., 1] a token inside it, so each cumulative sum runs over at most max(N / CHUNK, CHUNK)
+    terms and a token's probability is resolved to 2**-24 of its bucket's mass, not of the total.
     """
-    return (probs / -torch.log(u)).argmax(dim=-1)
+    n = probs.shape[-1]
+    if n <= CHUNK:
+        return _inverse_cdf(probs, u[..., 0])
+    buckets = -(-n // CHUNK)
+    padded = torch.cat([probs, probs.new_zeros(*probs.shape[:-1], buckets * CHUNK - n)], dim=-1)
+    chunks = padded.view(*probs.shape[:-1], buckets, CHUNK)
+    bucket = _inverse_cdf(chunks.sum(dim=-1), u[..., 0])  # [...]
+    row = chunks.gather(-2, bucket[..., None, None].expand(*bucket.shape, 1, CHUNK))[..., 0, :]
+    return bucket * CHUNK + _inverse_cdf(row, u[..., 1])
 
 
 def speculative_accept(
     tokens: torch.Tensor,  # [B, W] int64: t then the K drafts
     draft_probs: torch.Tensor,  # [B, K, V] q: the (filtered) distribution each draft was sampled from
-    target_probs: torch.Tensor,  # [B, W, V] p: the target's filtered distribution after each window row
-    accept_u: torch.Tensor,  # [B, K] uniform (0, 1)
-    noise_u: torch.Tensor,  # [B, W, V] uniform (0, 1)
+    target_probs: torch.Tensor,  # [B, W, N] p: the target's filtered distribution after each window row
+    accept_u: torch.Tensor,  # [B, K] uniform [0, 1)
+    noise_u: torch.Tensor,  # [B, 2] uniform [0, 1): the draw of the recovered / bonus token
+    target_ids: torch.Tensor | None = None,  # [B, W, N] token of each entry of p; None: p is dense (N = V)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rejection sampling (lossless: the committed tokens follow p exactly).
 
     Draft d[r+1] is accepted with probability min(1, p_r(d) / q_r(d)); at the first
     rejection (row a) the lane commits a *recovered* token drawn from the residual
-    max(0, p_a - q_a) (normalised: the exponential race needs no explicit sum); if all
-    K drafts pass, it commits a *bonus* token drawn from p_K, the last window row.
-    Returns accepted [B, W] (-1 padded) and length [B] = a + 1.
+    max(0, p_a - q_a) (normalised by `sample`); if all K drafts pass, it commits a
+    *bonus* token drawn from p_K, the last window row. Only that one row is drawn from.
+    With `target_ids`, p is given on candidates (entries outside them have p = 0, so
+    the residual lives on them too). Returns accepted [B, W] (-1 padded) and length [B] = a + 1.
     """
-    window = tokens.shape[1]
+    batch, window = tokens.shape
+    k = window - 1
     drafts = tokens[:, 1:, None]  # [B, K, 1]
-    p_of_draft = target_probs[:, :-1].gather(-1, drafts)[..., 0]  # [B, K]
     q_of_draft = draft_probs.gather(-1, drafts)[..., 0]  # [B, K]
-    passed = accept_u * q_of_draft < p_of_draft  # u < p / q without dividing
+    if target_ids is None:
+        p_of_draft = target_probs[:, :-1].gather(-1, drafts)[..., 0]  # [B, K]
+        q_rows = draft_probs  # [B, K, N]
+    else:
+        p_of_draft = torch.where(target_ids[:, :-1] == drafts, target_probs[:, :-1], 0.0).sum(dim=-1)
+        q_rows = draft_probs.gather(-1, target_ids[:, :-1])  # q on p's candidates
+    passed = accept_u * q_of_draft < p_of_draft  # u < p / q without dividing; p = 0 never passes
     drafts_accepted = first_true(~passed)  # [B], 0..K
 
-    residual = (target_probs[:, :-1] - draft_probs).clamp_min(0.0)  # [B, K, V]
-    # p == q row by row leaves no residual, but then the draft is never rejected there.
-    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, target_probs[:, :-1])
-    recovery = torch.cat([residual, target_probs[:, -1:]], dim=1)  # [B, W, V]: row K is the bonus distribution
-    fallback = sample(recovery, noise_u).gather(1, drafts_accepted[:, None])  # [B, 1]
+    def row(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:  # x[b, r[b]]: [B, R, N], [B] -> [B, N]
+        return x.gather(1, r[:, None, None].expand(batch, 1, x.shape[-1]))[:, 0]
+
+    p_a = row(target_probs, drafts_accepted)
+    residual = (p_a - row(q_rows, drafts_accepted.clamp(max=k - 1))).clamp_min(0.0)
+    # p == q on the row leaves no residual, but then the draft is never rejected there.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
+    pick = sample(torch.where((drafts_accepted < k)[:, None], residual, p_a), noise_u)  # [B]
+    fallback = pick if target_ids is None else row(target_ids, drafts_accepted).gather(1, pick[:, None])[:, 0]
 
     index = torch.arange(window, device=tokens.device)[None, :]
     shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # d1 .. dK then a dummy
-    accepted = torch.where(index < drafts_accepted[:, None], shifted, fallback)
+    accepted = torch.where(index < drafts_accepted[:, None], shifted, fallback[:, None])
     accepted = torch.where(index <= drafts_accepted[:, None], accepted, torch.full_like(accepted, -1))
     return accepted, drafts_accepted + 1
 

@@ -163,7 +163,7 @@ class Engine:
         """One iteration: launch, read the previous output, admit. Returns the events read."""
         launched = None
         if self.num_active:
-            self.state.bound_positions(self._position_bound())
+            self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
             self.state, out = self.step_fn(self.state)
             launched = out.packed
             self.steps += 1
@@ -240,6 +240,14 @@ class Engine:
         read = max(r.known for r in self._lanes if r is not None) + self.config.W - 1
         own = self.state.max_position
         return read if own is None else min(own, read)
+
+    def _lane_sampling(self) -> tuple[tuple[float, int, float] | None, ...]:
+        """(temperature, top_k, top_p) of each lane's request, None for a free lane: the step picks its
+        sampling plan from it, so a batch that has no random request left runs the greedy graph."""
+        return tuple(
+            None if r is None else (r.sampling["temperature"][0], r.sampling["top_k"][0], r.sampling["top_p"][0])
+            for r in self._lanes
+        )
 
     def _retire(self, request: _Request) -> None:
         self._lanes[request.lane] = None

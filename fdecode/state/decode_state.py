@@ -82,7 +82,7 @@ class DecodeState:
     top_k: torch.Tensor  # [B] int64: keep the k most probable tokens, 0 = off
     top_p: torch.Tensor  # [B] float32: keep the smallest top set of mass >= top_p, 1 = off
     min_p: torch.Tensor  # [B] float32: keep tokens with p >= min_p * max p, 0 = off
-    seed: torch.Tensor  # [B] int64 in [0, 2**32): the lane's PRNG key
+    seed: torch.Tensor  # [B] int64 in [0, 2**63): the lane's PRNG key (Philox, `fdecode.ops.random`)
     counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
     draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from
     output: torch.Tensor  # [B, W + 2] int64: packed StepOutput of the transition that made this state
@@ -95,6 +95,8 @@ class DecodeState:
         new = dataclasses.replace(self, **changes)
         if "base_pos" not in changes and "active" not in changes:
             new.bound_positions(self.max_position)
+        if not {"active", "temperature", "top_k", "top_p"} & changes.keys():
+            new.record_sampling(self.lane_sampling)
         if new.target_kv is self.target_kv or new.draft_kv is self.draft_kv:  # still over (part of) the pool
             new.share_kv_lease(self)
         return new
@@ -133,6 +135,18 @@ class DecodeState:
         return self
 
     @property
+    def lane_sampling(self) -> tuple[tuple[float, int, float] | None, ...] | None:
+        """Host-side (temperature, top_k, top_p) of each lane that may be active (None: a free lane),
+        or None when unknown. Like `max_position`, host bookkeeping the step reads to pick its
+        `SamplingPlan` without a sync (unknown: the plan exact for any parameters)."""
+        return getattr(self, "_lane_sampling", None)
+
+    def record_sampling(self, lanes: tuple[tuple[float, int, float] | None, ...] | None) -> DecodeState:
+        """Record `lanes` as this state's `lane_sampling` (host bookkeeping only); returns self."""
+        object.__setattr__(self, "_lane_sampling", None if lanes is None else tuple(lanes))
+        return self
+
+    @property
     def consumed(self) -> bool:
         """True once a step has taken this state (its KV leaves now belong to the returned state)."""
         return getattr(self, "_consumed", False)
@@ -143,7 +157,8 @@ class DecodeState:
 
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
-        return DecodeState(*(t.clone() for t in _fields(self))).bound_positions(self.max_position)
+        new = DecodeState(*(t.clone() for t in _fields(self))).bound_positions(self.max_position)
+        return new.record_sampling(self.lane_sampling)
 
     def __repr__(self) -> str:
         b, w = self.tokens.shape

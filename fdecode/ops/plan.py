@@ -1,0 +1,62 @@
+"""`SamplingPlan`: which sampling code a step graph contains, chosen on the host per step.
+
+The host knows every lane's sampling parameters (it wrote them at prefill and
+admission), as it knows the attention window, so it picks the cheapest graph
+that is exact for the lanes that may be active, without reading the device:
+
+- no random lane: the greedy-only graph (argmax verification, no filters, no PRNG);
+- every random lane has 1 <= top_k <= `candidates` (`DecodeConfig.top_k_candidates`):
+  the candidate graph, which filters and samples within `torch.topk`'s candidates;
+- otherwise the full-vocabulary graph, with the exact top-k and top-p threshold
+  searches only where some random lane uses them (min-p costs one max, always in).
+
+Each plan is a graph of its own per attention window; switching plans picks a
+graph and never recompiles one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    random: bool = False  # some lane samples; False: the greedy-only graph
+    candidates: int = 0  # > 0: every random lane has 1 <= top_k <= candidates (filter within torch.topk)
+    top_k: bool = False  # full vocabulary: some random lane has top_k > 0 (exact radix select by count)
+    top_p: bool = False  # full vocabulary: some random lane has top_p < 1 (exact radix select by mass)
+
+    @property
+    def name(self) -> str:
+        if not self.random:
+            return "greedy"
+        if self.candidates:
+            return f"top_k<={self.candidates}"
+        return "+".join(["full"] + [f for f in ("top_k", "top_p") if getattr(self, f)])
+
+    def __repr__(self) -> str:
+        return f"SamplingPlan({self.name})"
+
+
+GREEDY = SamplingPlan()
+
+
+def plan_for(
+    temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float], *, candidates: int
+) -> SamplingPlan:
+    """The plan for lanes with these (host-side) parameters, one entry per lane that may be active."""
+    random = [(k, p) for t, k, p in zip(temperature, top_k, top_p) if t > 0]
+    if not random:
+        return GREEDY
+    if candidates and all(1 <= k <= candidates for k, _ in random):
+        return SamplingPlan(random=True, candidates=candidates)
+    return SamplingPlan(random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random))
+
+
+def all_plans(sampling: bool, candidates: int) -> tuple[SamplingPlan, ...]:
+    """Every plan a step can run (`Step.warmup` captures them all)."""
+    if not sampling:
+        return (GREEDY,)
+    full = tuple(SamplingPlan(random=True, top_k=k, top_p=p) for k in (False, True) for p in (False, True))
+    return (GREEDY, *((SamplingPlan(random=True, candidates=candidates),) if candidates else ()), *full)
