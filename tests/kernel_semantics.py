@@ -39,7 +39,11 @@ def flash_attn_with_kvcache_as_documented(
     query row i sees keys j <= cache_seqlens[b] - Sq + i (the mask aligned to the bottom right); Hq / Hk
     query heads share a key head (head h reads key head h // (Hq / Hk))."""
     assert block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32 and causal
-    sq = q.shape[1]
+    sq, page = q.shape[1], k_cache.shape[1]
+    # The kernel trusts the lengths: one past the table's capacity reads past the block table (out of
+    # bounds on the device; here, say so).
+    capacity = block_table.shape[1] * page
+    assert int(cache_seqlens.max()) <= capacity, f"cache_seqlens {cache_seqlens.tolist()} read past a {capacity}-token block table"
     out = torch.empty_like(q)
     for lane in range(q.shape[0]):
         n = int(cache_seqlens[lane])

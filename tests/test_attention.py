@@ -9,6 +9,7 @@ import torch
 
 import fdecode
 from fdecode.graphs.backends import choose_attention
+from fdecode.graphs.compile import fresh_code
 import kernel_semantics
 from fdecode.ops.attention import paged_attention, paged_context
 
@@ -124,3 +125,69 @@ def test_device_adapter_passes_what_the_kernel_documents(kernel, monkeypatch) ->
             got = paged_attention(q, kv, layer, paged_context(tables, positions, bs, kernel=kernel))
             valid = positions >= 0  # rows at negative positions are padding: their output is never read
             torch.testing.assert_close(got[valid], ref[valid])
+
+
+# ------------------------------------------------------------------ flash-attn under capture (CPU, the stand-in)
+
+
+def flash_case():
+    """Lanes as the step meets them after the Engine shrank the window to 4 blocks of 8 (32 tokens): two
+    live lanes inside it, and an inactive lane whose stale base_pos (58) lies past it."""
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d, q_len = 8, 4, 2, 16, 4
+    kv = torch.randn(1, 2, 12 * bs, kv_heads, d)
+    tables = torch.tensor([[3, 7, -1, -1], [5, 1, 9, 4], [2, 6, 8, 10]])
+    positions = step_rows([12, 31, 61], q_len)
+    q = torch.randn(3, q_len, heads, d)
+    return q, kv, tables, positions, bs
+
+
+def flash_attention(q, kv, tables, positions, bs):
+    return paged_attention(q, kv, 0, paged_context(tables, positions, bs, kernel="flash_attn"))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_flash_attn_captures_in_one_graph_and_stays_in_the_window(backend, monkeypatch) -> None:
+    """fullgraph capture holds the kernel (one registered op node), and a stale position past the window
+    reads the window, as the reference does, instead of past the block table."""
+    kernel_semantics.install(monkeypatch, "flash_attn")
+    q, kv, tables, positions, bs = flash_case()
+    window = tables.shape[1] * bs
+    ref = paged_attention(q, kv, 0, paged_context(tables, positions, bs, kernel="torch"))
+    if backend == "eager":
+        got = flash_attention(q, kv, tables, positions, bs)
+    else:
+        graphs = []
+
+        def seen(gm, example_inputs):
+            graphs.append(gm)
+            return (torch._dynamo.lookup_backend(backend))(gm, example_inputs)
+
+        fn = fresh_code(flash_attention, f"flash_attention_{backend}")  # a Dynamo cache entry of its own
+        got = torch.compile(fn, backend=seen, fullgraph=True, dynamic=False)(q, kv, tables, positions, bs)
+        targets = [node.target for gm in graphs for node in gm.graph.nodes]
+        assert len(graphs) == 1 and targets.count(torch.ops.fdecode.flash_attn_paged.default) == 1
+    # Rows inside the window are the reference's; the stale lane's last row sees the whole window in both.
+    rows = (positions >= 0) & (positions < window)
+    rows[:, -1] = True
+    torch.testing.assert_close(got[rows], ref[rows])
+    assert torch.isfinite(got).all()
+
+
+def test_flash_attn_op_fake_matches_the_kernel(monkeypatch) -> None:
+    """The registered op's fake (shapes, dtype, strides) agrees with what the kernel returns."""
+    kernel_semantics.install(monkeypatch, "flash_attn")
+    q, kv, tables, positions, bs = flash_case()
+    pages = (kv.shape[2] // bs, bs, *kv.shape[3:])
+    lengths = (positions[:, -1] + 1).clamp(max=tables.shape[1] * bs).to(torch.int32)
+    args = (q, kv[0, 0].view(pages), kv[0, 1].view(pages), lengths, tables.clamp_min(0).to(torch.int32), 0.25)
+    torch.library.opcheck(torch.ops.fdecode.flash_attn_paged.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_auto_says_why_flash_attn_is_not_picked_at_the_default_block_size(flash_attn_installed) -> None:
+    """Every unmet requirement is named at once, the default block size with what to set instead."""
+    default = cfg().block_size  # DecodeConfig's own default
+    kernel, reason = choose_attention(cfg(device="cuda", dtype=torch.bfloat16), SHAPES)
+    assert kernel == "torch" and f"block_size={default}" in reason and "block_size=256" in reason
+    kernel, reason = choose_attention(cfg(device="cuda"), SHAPES)  # float32 and block_size 16: both said
+    assert kernel == "torch" and "float16 or bfloat16" in reason and "block_size=256" in reason

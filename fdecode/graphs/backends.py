@@ -185,18 +185,26 @@ HeadShapes = tuple[tuple[int, int, int], ...]
 
 
 def _flash_attn(cfg: DecodeConfig, shapes: HeadShapes) -> str | None:
+    # Every unmet requirement at once, so one read of `step.attention_reason` says what to change. The
+    # block size is the one a CUDA user meets first: at DecodeConfig's default (16), "auto" never picks it.
     if cfg.device_type != "cuda":
         return f"flash-attn runs on CUDA, the step runs on {cfg.device_type!r}"
+    unmet = []
     if importlib.util.find_spec("flash_attn") is None:
-        return "the flash-attn package is not installed (pip install flash-attn)"
+        unmet.append("the flash-attn package is not installed (pip install flash-attn)")
     if cfg.dtype not in (torch.float16, torch.bfloat16):
-        return f"flash-attn needs float16 or bfloat16, DecodeConfig.dtype is {cfg.dtype}"
+        unmet.append(f"flash-attn needs float16 or bfloat16, DecodeConfig.dtype is {cfg.dtype}")
     if cfg.block_size % 256:
-        return f"flash-attn's paged KV needs block_size % 256 == 0, got {cfg.block_size}"
+        default = DecodeConfig.__dataclass_fields__["block_size"].default
+        which = " (the default)" if cfg.block_size == default else ""
+        unmet.append(
+            f"flash-attn's paged KV needs block_size % 256 == 0, got block_size={cfg.block_size}{which}: "
+            "pass DecodeConfig(block_size=256) to run it"
+        )
     head_dims = tuple(d for _, _, d in shapes)
     if any(d % 8 or d > 256 for d in head_dims):
-        return f"flash-attn needs head sizes that are multiples of 8 and <= 256, got {head_dims}"
-    return None
+        unmet.append(f"flash-attn needs head sizes that are multiples of 8 and <= 256, got {head_dims}")
+    return "; ".join(unmet) or None
 
 
 def _npu_fused_infer_attention(cfg: DecodeConfig, shapes: HeadShapes) -> str | None:
@@ -229,7 +237,9 @@ DEVICE_ATTENTION = {"cuda": "flash_attn", "npu": "npu_fused_infer_attention"}
 
 def choose_attention(cfg: DecodeConfig, shapes: HeadShapes, *, fallback: bool = False) -> tuple[str, str | None]:
     """Paged-attention kernel for models with these head shapes: (kernel, why not the requested one /
-    not the device's kernel, or None). "auto" takes the device's kernel where eligible, else the reference."""
+    not the device's kernel, or None). "auto" takes the device's kernel where eligible, else the reference.
+    A reason names every requirement the kernel misses (e.g. on CUDA at DecodeConfig's default
+    block_size=16, flash-attn's block_size % 256), so `step.attention_reason` says what to change."""
     if cfg.attention == "auto":
         device_kernel = DEVICE_ATTENTION.get(cfg.device_type)
         if device_kernel is None:

@@ -23,6 +23,13 @@ Kernels (chosen by `fdecode.graphs.backends.choose_attention`, which states why 
   That is exactly fdecode's rows: each call's rows of a lane sit at
   consecutive positions ending at its last one (verify: base_pos .. base_pos + K;
   draft forward 0: repair at P - 1, current at P; later drafts: one row).
+  The lengths are clamped to the window (the table's columns * block_size): an
+  inactive lane keeps a stale `base_pos`, which after the window shrinks lies
+  past its table, and the kernel would read past the block table. The call
+  goes through the registered op `fdecode::flash_attn_paged` (a
+  `torch.library.custom_op` with a fake implementation), because
+  `flash_attn_with_kvcache` calls flash-attn's C++ extension directly, which
+  `torch.compile(fullgraph=True)` cannot trace.
 - "npu_fused_infer_attention" (Ascend NPU, torch_npu): `npu_fused_infer_attention_score`
   with the paged cache read in place through the block table (`block_table`,
   BnBsH layout `[num_blocks, bs, Hkv * D]`, BSND queries). Its per-lane lengths
@@ -100,25 +107,53 @@ def paged_attention_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx
     return out.transpose(1, 2)
 
 
-def _flash_attn(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
-    from flash_attn import flash_attn_with_kvcache
+@torch.library.custom_op("fdecode::flash_attn_paged", mutates_args=())
+def flash_attn_paged(
+    q: torch.Tensor,  # [B, Q, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]: the paged layout flash-attn reads
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,  # [B] int32: keys per lane, <= block_table columns * bs
+    block_table: torch.Tensor,  # [B, nb] int32, every entry a valid block
+    softmax_scale: float,
+) -> torch.Tensor:
+    """flash-attn's `flash_attn_with_kvcache` (causal, paged, no new keys) as a registered op, so a
+    captured graph holds it as one node. Returns [B, Q, Hq, D] in q's dtype, contiguous."""
+    from flash_attn import flash_attn_with_kvcache  # whatever is importable (tests install a CPU stand-in)
 
+    out = flash_attn_with_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        softmax_scale=softmax_scale,
+        causal=True,
+    )
+    return out.to(q.dtype).contiguous()
+
+
+@flash_attn_paged.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def _flash_attn(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
     _, _, num_slots, kv_heads, d = kv.shape
     bs = ctx.block_size
     pages = (num_slots // bs, bs, kv_heads, d)  # the paged layout flash-attn reads
+    window = ctx.block_tables.shape[1] * bs  # keys the table holds
     # Rows of a lane end at its last position; lengths count keys 0 .. that position. Lanes whose rows
-    # are all padding (negative positions) get one key (slot 0 of their table), like the reference.
-    lengths = (ctx.positions[:, -1] + 1).clamp(min=q.shape[1]).to(torch.int32)
-    out = flash_attn_with_kvcache(
-        q,
+    # are all padding (negative positions) get one key (slot 0 of their table), like the reference. A
+    # lane past the window (an inactive lane's stale base_pos) reads the whole window, never past it.
+    lengths = (ctx.positions[:, -1] + 1).clamp(min=q.shape[1], max=window).to(torch.int32)
+    return flash_attn_paged(
+        q.contiguous(),
         kv[layer, 0].view(pages),
         kv[layer, 1].view(pages),
-        cache_seqlens=lengths,
-        block_table=ctx.block_tables.clamp_min(0).to(torch.int32),
-        softmax_scale=1.0 / math.sqrt(d),
-        causal=True,
+        lengths,
+        ctx.block_tables.clamp_min(0).to(torch.int32),
+        1.0 / math.sqrt(d),
     )
-    return out.to(q.dtype)
 
 
 def _npu_fused_infer_attention(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
