@@ -45,16 +45,13 @@ def generate(
     per = check_sampling(count, step.config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     engine = Engine(step)
     ids = []
-    for i, prompt in enumerate(prompts):
-        try:
-            ids.append(
-                engine.add_request(
-                    prompt, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                    **{name: values[i] for name, values in per.items()},
-                )
+    for i, prompt in enumerate(prompts):  # a prompt's errors name it once ("prompt 3: ..."), whole-call ones not
+        ids.append(
+            engine._add_request(  # noqa: SLF001 - add_request with the batch index as the prompt's label
+                prompt, f"prompt {i}", max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                **{name: values[i] for name, values in per.items()},
             )
-        except (ValueError, TypeError) as err:
-            raise type(err)(f"prompt {i}: {err}") from None
+        )
     outputs = {rid: [] for rid in ids}
     show = progress if progress is not None else count * max_new_tokens >= PROGRESS_MIN_TOKENS
     with tqdm(total=count * max_new_tokens, disable=not show, unit="tok", desc="fdecode") as bar:

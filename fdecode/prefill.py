@@ -88,7 +88,8 @@ def check_sampling(
 
 
 def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list[int]:
-    """Validate one prompt and return it as a list of ints."""
+    """Validate one prompt and return it as a list of ints. Every message names the prompt once, as `label`
+    ("prompt 3" in a batch, "prompt" for a single request)."""
     if isinstance(prompt, torch.Tensor):
         if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
             raise TypeError(f"{label}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
@@ -117,23 +118,29 @@ def check_prompts(prompts: Sequence[Prompt], cfg: DecodeConfig, vocab_size: int)
     return [check_prompt(p, vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
 
 
-def check_budgets(lengths: list[int], max_new_tokens: int | None, cfg: DecodeConfig) -> list[int]:
-    """Per-lane token budget; prompt + budget must fit in `max_seq_len`."""
+def check_budgets(
+    lengths: list[int], max_new_tokens: int | None, cfg: DecodeConfig, labels: Sequence[str] | None = None
+) -> list[int]:
+    """Per-lane token budget; prompt + budget must fit in `max_seq_len`.
+
+    `max_new_tokens` is one value for the whole call, checked first and named without a prompt label;
+    `labels` name the prompts of `lengths` (default "prompt 0", "prompt 1", ...)."""
+    if max_new_tokens is not None and (
+        not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1
+    ):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    labels = [f"prompt {i}" for i in range(len(lengths))] if labels is None else labels
     budgets = []
-    for i, n in enumerate(lengths):
+    for label, n in zip(labels, lengths, strict=True):
         room = cfg.max_seq_len - n
         if room < 1:
-            raise ValueError(f"prompt {i} has {n} tokens; max_seq_len {cfg.max_seq_len} leaves no room to generate")
+            raise ValueError(f"{label} has {n} tokens; max_seq_len {cfg.max_seq_len} leaves no room to generate")
         if max_new_tokens is None:
             budgets.append(room)
-            continue
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        if n + max_new_tokens > cfg.max_seq_len:
-            raise ValueError(
-                f"prompt {i}: {n} prompt tokens + max_new_tokens {max_new_tokens} > max_seq_len {cfg.max_seq_len}"
-            )
-        budgets.append(max_new_tokens)
+        elif n + max_new_tokens > cfg.max_seq_len:
+            raise ValueError(f"{label}: {n} tokens + max_new_tokens {max_new_tokens} exceed max_seq_len {cfg.max_seq_len}")
+        else:
+            budgets.append(max_new_tokens)
     return budgets
 
 

@@ -159,3 +159,56 @@ def test_ineligible_backend_raises_or_falls_back(monkeypatch):
 def test_bad_sampling_parameters(step, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         step.prefill([[1, 2]], max_new_tokens=3, **kwargs)
+
+
+# One label per message: a prompt's errors name it once ("prompt 1: ..." in a batch, "prompt: ..." for
+# Engine.add_request's single prompt); whole-call arguments (max_new_tokens, eos_token_id) name none.
+BATCH_MESSAGES = [
+    ([[1, 2], [1, 99]], {}, ValueError, r"prompt 1: token id 99 is outside the vocabulary \[0, 96\)"),
+    ([[1, 2], []], {}, ValueError, r"prompt 1 is empty"),
+    ([[1, 2], [1.5]], {}, TypeError, r"prompt 1: token ids must be ints, got 1\.5"),
+    ([[1, 2], "ab"], {}, TypeError, r"prompt 1: expected a sequence of token ids, got str"),
+    ([[1, 2], [1] * 20], {"max_new_tokens": 13}, ValueError,
+     r"prompt 1: 20 tokens \+ max_new_tokens 13 exceed max_seq_len 32"),
+    ([[1, 2], [1] * 32], {}, ValueError, r"prompt 1 has 32 tokens; max_seq_len 32 leaves no room to generate"),
+    ([[1, 2], [1] * 32], {"max_new_tokens": 0}, ValueError, r"max_new_tokens must be a positive int, got 0"),
+    ([[1, 2]], {"max_new_tokens": 2.0}, ValueError, r"max_new_tokens must be a positive int, got 2\.0"),
+    ([[1, 2]], {"eos_token_id": 500}, ValueError, r"eos token id 500 is not an id in \[0, 96\)"),
+    ([[1, 2]], {"eos_token_id": [1, 2, 3, 4, 5]}, ValueError, r"5 eos ids but DecodeConfig.max_stop_ids is 4"),
+]
+
+
+@pytest.mark.parametrize(("prompts", "kwargs", "error", "message"), BATCH_MESSAGES)
+def test_batch_error_messages_carry_one_label(step, prompts, kwargs, error, message):
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(error, match=f"^{message}$"):
+        fdecode.generate(step, prompts, progress=False, **kwargs)
+    with pytest.raises(error, match=f"^{message}$"):
+        step.prefill(prompts, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "error", "message"),
+    [
+        ([1, 99], {}, ValueError, r"prompt: token id 99 is outside the vocabulary \[0, 96\)"),
+        ([], {}, ValueError, r"prompt is empty"),
+        ([1] * 20, {"max_new_tokens": 13}, ValueError, r"prompt: 20 tokens \+ max_new_tokens 13 exceed max_seq_len 32"),
+        ([1] * 32, {}, ValueError, r"prompt has 32 tokens; max_seq_len 32 leaves no room to generate"),
+        ([1] * 32, {"max_new_tokens": -1}, ValueError, r"max_new_tokens must be a positive int, got -1"),
+        ([1, 2], {"eos_token_id": 500}, ValueError, r"eos token id 500 is not an id in \[0, 96\)"),
+    ],
+)
+def test_add_request_error_messages_carry_one_label(step, prompt, kwargs, error, message):
+    engine = fdecode.Engine(step)
+    with pytest.raises(error, match=f"^{message}$"):
+        engine.add_request(prompt, **{"max_new_tokens": 4, **kwargs})
+
+
+def test_a_request_the_pool_can_never_hold_names_its_prompt_once():
+    target = fdecode_target(2)
+    small = fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "num_blocks": 4}))
+    capacity = r"needs 5 KV blocks \(10 tokens \+ max_new_tokens 10\) but the pool has 3: it could never be admitted"
+    with pytest.raises(ValueError, match=f"^prompt 1 {capacity}$"):
+        fdecode.generate(small, [[1, 2], [1] * 10], max_new_tokens=10, progress=False)
+    with pytest.raises(ValueError, match=f"^prompt {capacity}$"):
+        fdecode.Engine(small).add_request([1] * 10, max_new_tokens=10)

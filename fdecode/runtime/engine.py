@@ -115,16 +115,26 @@ class Engine:
         min_p: float = 0.0,
         seed: int | None = None,
     ) -> int:
-        """Queue a request; it is admitted when a lane and its KV blocks are free. Returns its id."""
+        """Queue a request; it is admitted when a lane and its KV blocks are free. Returns its id.
+
+        Errors about the prompt name it "prompt"; those about a whole-call argument
+        (max_new_tokens, eos_token_id) name only the argument."""
+        return self._add_request(
+            prompt, "prompt", max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+        )
+
+    def _add_request(self, prompt, label: str, *, max_new_tokens, eos_token_id, **sampling) -> int:
+        """`add_request`, its prompt's errors labelled `label` (`fdecode.generate` passes "prompt 3")."""
         cfg, vocab = self.config, self.step_fn.target.config.vocab_size
-        ids = check_prompt(prompt, vocab)
-        (budget,) = check_budgets([len(ids)], max_new_tokens, cfg)
+        ids = check_prompt(prompt, vocab, label)
+        (budget,) = check_budgets([len(ids)], max_new_tokens, cfg, [label])
         stops = check_stop_ids(eos_token_id, cfg, vocab)
-        sampling = check_sampling(1, cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        sampling = check_sampling(1, cfg, **sampling)
         need = -(-(len(ids) + budget) // cfg.block_size)
         if need > self.allocator.capacity:
             raise ValueError(
-                f"request needs {need} KV blocks (prompt {len(ids)} + budget {budget}) but the pool has "
+                f"{label} needs {need} KV blocks ({len(ids)} tokens + max_new_tokens {budget}) but the pool has "
                 f"{self.allocator.capacity}: it could never be admitted"
             )
         request = _Request(self._next_id, ids, budget, stops, sampling, need, known=len(ids))
