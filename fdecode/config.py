@@ -29,8 +29,13 @@ class DecodeConfig:
     block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None  # KV pool size incl. scratch block 0; None: every lane at max length
     backend: str = "auto"
-    dtype: torch.dtype = torch.float32  # KV cache and activation dtype
-    device: str = "cpu"
+    # KV cache and activation dtype. "auto": the target's own, i.e. its parameters' dtype (a checkpoint
+    # folder: its config.json dtype / torch_dtype, float32 where it names none), on every device; unlike
+    # vLLM's "auto", float32 weights are not cast down. Models of another dtype are converted in a copy.
+    dtype: torch.dtype | str = "auto"
+    # None: the target model's device (a checkpoint folder loads to "cpu"). `fdecode.compile` resolves
+    # both: `step.config.dtype` is a torch.dtype and `step.config.device` a str.
+    device: str | None = None
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
     # Allow random lanes. Steps whose lanes are all greedy run the greedy-only graph either way (the host
     # picks a `SamplingPlan` per step); False refuses temperature > 0 and never captures a sampling graph.
@@ -61,9 +66,10 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.torchair_mode not in TORCHAIR_MODES:
             raise ValueError(f"DecodeConfig.torchair_mode must be one of {TORCHAIR_MODES}, got {self.torchair_mode!r}")
-        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
-            raise TypeError(f"DecodeConfig.dtype must be a floating torch.dtype, got {self.dtype!r}")
-        object.__setattr__(self, "device", _normalise_device(self.device))
+        if self.dtype != "auto" and (not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point):
+            raise TypeError(f"DecodeConfig.dtype must be 'auto' or a floating torch.dtype, got {self.dtype!r}")
+        if self.device is not None:
+            object.__setattr__(self, "device", _normalise_device(self.device))
         if self.broadcast_accepted and self.tp_size == 1:
             raise ValueError("DecodeConfig.broadcast_accepted needs tensor parallelism (tp_size > 1)")
         needed = 1 + self.max_batch * self.blocks_per_lane
@@ -102,8 +108,9 @@ class DecodeConfig:
 
     @property
     def device_type(self) -> str:
-        """The device type ("cpu", "cuda", "npu", ...), known even where its torch extension is not installed."""
-        return self.device.split(":")[0]
+        """The device type ("cpu", "cuda", "npu", ...), known even where its torch extension is not installed
+        ("cpu" while `device` is None, before `fdecode.compile` resolves it)."""
+        return (self.device or "cpu").split(":")[0]
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name

@@ -91,7 +91,7 @@ def independent_draft(kind: str, target: LlamaModel) -> LlamaModel:
 
 def mtp_head(kind: str, target: LlamaModel) -> MTPHead:
     """MTP heads that agree with `target` fully ("self", 1-layer target), partly, or not at all."""
-    head = MTPHead.random(target.config, seed=7, std=0.1)
+    head = MTPHead.random(target.config, seed=7, std=0.1).bind(target)  # compile binds a copy, not this head
     if kind == "random":
         return head
     width = target.config.hidden_size

@@ -116,7 +116,7 @@ def test_torchair_acl_graph_eligibility(fake_npu):
     assert "draft kind" in eligible("torchair", acl, kind="eagle")
     assert "dtype torch.float64" in eligible("torchair", config(device="npu", dtype=torch.float64))
     assert "is on cpu" in eligible("torchair", acl, target=fdecode_target(2))
-    assert backends.choose_backend(config(device="npu", backend="auto"), weightless(), weightless(), "mtp") == (
+    assert backends.choose_backend(dataclasses.replace(acl, backend="auto"), weightless(), weightless(), "mtp") == (
         "torchair", None,
     )
 

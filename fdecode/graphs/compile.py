@@ -13,7 +13,7 @@ import torch
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
 from fdecode.models.parallel import check_group, parallelize_pair
-from fdecode.models.resolve import resolve_draft, resolve_target
+from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
 from fdecode.state import DecodeState, KVLease, StepOutput
@@ -249,6 +249,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
     target: a transformers causal LM, a local checkpoint folder, or an fdecode `LlamaModel`.
     draft:  the same kinds, an fdecode `MTPHead`, or `"mtp"` for the target's own MTP head.
+    The models are left as they are: `config.dtype="auto"` / `config.device=None` take the target's
+    own (`step.config` holds the resolved values); the step shares each parameter that already has
+    its dtype and device and converts a copy of any other (`fdecode.models.resolve.owned`).
     warmup: capture every context window's graph now (`Step.warmup`) instead of on first use.
     fallback: run the best eligible backend (and say why in `step.fallback_reason`) instead of
         raising when the requested backend cannot capture this configuration.
@@ -257,6 +260,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a fdecode.DecodeConfig, got {type(config).__name__}")
+    config = resolve_config(target, config)  # dtype "auto" / device None: the target's own
     unusable = device_reason(config)
     if unusable is not None:
         raise ValueError(f"device {config.device!r} cannot be used here: {unusable}")

@@ -1,7 +1,16 @@
-"""Turn what users pass to `fdecode.compile` into fdecode models on the step's device and dtype."""
+"""Turn what users pass to `fdecode.compile` into fdecode models on the step's device and dtype.
+
+The caller's models are never changed: the step gets module trees of its own (`owned`) whose
+parameters are the caller's very objects where they already have the step's device and dtype
+(no second copy of the weights) and converted copies where they do not.
+"""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -12,31 +21,99 @@ from fdecode.models.loading import from_hf
 from fdecode.models.mtp import MTPHead
 
 
-def _prepare(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
-    # Weights are read-only inputs of the graph: no autograd state, inference-mode layers.
-    return model.to(device=cfg.device, dtype=cfg.dtype).requires_grad_(False).eval()
-
-
 def _is_hf_model(obj: object) -> bool:
     return isinstance(obj, torch.nn.Module) and hasattr(obj, "config") and hasattr(obj.config, "model_type")
 
 
+def _checkpoint_dtype(folder: Path) -> torch.dtype:
+    """The dtype a checkpoint folder's config.json names (`dtype`, or the older `torch_dtype`); float32 where
+    it names none (vLLM's choice). A missing or unreadable config.json is left to `from_hf` to report."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return torch.float32
+    name = config.get("dtype") or config.get("torch_dtype")
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def _own_device_dtype(target: object) -> tuple[str, torch.dtype]:
+    """Where and in what dtype `target` (a model or a checkpoint folder) holds its weights."""
+    if isinstance(target, torch.nn.Module):
+        weight = next((p for p in target.parameters() if p.is_floating_point()), None)
+        if weight is not None:
+            return str(weight.device), weight.dtype
+    elif isinstance(target, (str, os.PathLike)):
+        return "cpu", _checkpoint_dtype(Path(target))
+    return "cpu", torch.float32
+
+
+def resolve_config(target: object, cfg: DecodeConfig) -> DecodeConfig:
+    """`cfg` with `dtype="auto"` and `device=None` replaced by the target's own dtype and device."""
+    if cfg.dtype != "auto" and cfg.device is not None:
+        return cfg
+    device, dtype = _own_device_dtype(target)
+    return dataclasses.replace(
+        cfg, device=device if cfg.device is None else cfg.device, dtype=dtype if cfg.dtype == "auto" else cfg.dtype
+    )
+
+
+def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
+    """A module tree of the step's own, equal to `model` on `cfg.device` in `cfg.dtype`; `model` is untouched.
+
+    Every module is a shallow copy (in eval mode); each parameter is the caller's very object when it
+    already has the step's device and dtype and needs no gradient, else a converted copy (tied
+    weights stay tied: one tensor, one replacement). Buffers (the float32 RoPE frequencies) keep
+    their dtype and only move device. An MTP head's borrowed embedding / LM head point at the copies."""
+    device, dtype = torch.device(cfg.device), cfg.dtype
+    tensors: dict[int, torch.Tensor] = {}
+    modules: dict[int, torch.nn.Module] = {}
+
+    def parameter(p: torch.nn.Parameter) -> torch.nn.Parameter:
+        if id(p) not in tensors:
+            moved = p.to(device=device, dtype=dtype if p.is_floating_point() else p.dtype)
+            keep = moved is p and not p.requires_grad
+            tensors[id(p)] = p if keep else torch.nn.Parameter(moved.detach(), requires_grad=False)
+        return tensors[id(p)]
+
+    def buffer(b: torch.Tensor) -> torch.Tensor:
+        if id(b) not in tensors:
+            tensors[id(b)] = b.to(device=device)
+        return tensors[id(b)]
+
+    def tree(m: torch.nn.Module) -> torch.nn.Module:
+        if id(m) not in modules:
+            new = copy.copy(m)  # shares m's attribute dicts: replace the ones holding tensors and submodules
+            modules[id(m)] = new
+            new.__dict__["_parameters"] = {k: None if p is None else parameter(p) for k, p in m._parameters.items()}
+            new.__dict__["_buffers"] = {k: None if b is None else buffer(b) for k, b in m._buffers.items()}
+            new.__dict__["_non_persistent_buffers_set"] = set(m._non_persistent_buffers_set)
+            new.__dict__["_modules"] = {k: None if c is None else tree(c) for k, c in m._modules.items()}
+            new.__dict__["training"] = False  # inference-mode layers
+        return modules[id(m)]
+
+    result = tree(model)
+    for new in modules.values():  # MTP heads keep (embed_tokens, lm_head) outside the module tree
+        shared = new.__dict__.get("_shared")
+        if isinstance(new, MTPHead) and shared is not None:
+            new.__dict__["_shared"] = tuple(modules.get(id(part), part) for part in shared)
+    return result
+
+
 def resolve_target(obj: object, cfg: DecodeConfig) -> LlamaModel:
+    """`obj` as an fdecode model the step owns (see `owned`); `cfg` is resolved (`resolve_config`)."""
     if isinstance(obj, MTPHead):
         raise TypeError("an MTPHead cannot be the target; pass it (or 'mtp') as the draft")
     if isinstance(obj, LlamaModel):
         model = obj
     elif isinstance(obj, (str, Path)) or _is_hf_model(obj):
-        model = from_hf(obj)
+        model = from_hf(obj, dtype=cfg.dtype, device=cfg.device)  # a fresh model, loaded where it runs
     else:
         raise TypeError(
             f"target must be a transformers causal LM, a checkpoint folder or a fdecode LlamaModel, "
             f"got {type(obj).__name__}"
         )
-    model = _prepare(model, cfg)
-    if model.mtp is not None:
-        _prepare(model.mtp, cfg)
-    return model
+    return owned(model, cfg)  # its MTP head (a submodule), if any, comes along
 
 
 def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[torch.nn.Module, str]:
@@ -48,8 +125,7 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
     if isinstance(obj, MTPHead):
         if obj.config.hidden_size != target.config.hidden_size or obj.config.vocab_size != target.config.vocab_size:
             raise ValueError("the MTP head was built for another target (hidden size or vocabulary differs)")
-        obj.bind(target)
-        return _prepare(obj, cfg), "mtp"
+        return owned(obj, cfg).bind(target), "mtp"  # the step's copy borrows the step's target
     draft = resolve_target(obj, cfg)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
