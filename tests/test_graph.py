@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import fdecode
 from conftest import fdecode_target, independent_draft, mtp_head
+from fdecode.state import DecodeState
 
 # Writes through a view of the KV leaf (or the functional index_copy) make the compiled
 # step copy the whole cache every call; the cache must only ever be written by index_put.
@@ -38,7 +41,8 @@ def test_inspect_reports_one_graph_without_syncs(compiled):
     # 2 target layers (validate) + 1 draft forward of 2 rows + K-1 of 1 row, one index_put per layer each.
     draft_layers = compiled.draft.kv_config.num_layers
     assert report.op_counts["aten::index_put"] == 2 + draft_layers * compiled.config.K
-    # Inspection clones: the caller's state is not consumed and the step still runs on it.
+    # Inspection traces fake tensors: the caller's state is not consumed and the step still runs on it.
+    assert report.recompiles == 0 and report.cudagraph_skips == []
     compiled(state)
 
 
@@ -86,3 +90,69 @@ def test_inspect_catches_a_host_sync():
     finally:
         step_module.prepare_next_draft = saved
     assert any("_local_scalar_dense" in s or "item" in s for s in report.host_syncs), report.host_syncs
+
+
+# ------------------------------------------------------------------ inspect: no copy of the KV, the real backend's facts
+
+
+@pytest.fixture(scope="module")
+def small_step():
+    """A greedy-only aot_eager step of the tiny models (cheap to capture)."""
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=1, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager", sampling=False
+    )
+    return fdecode.compile(target, independent_draft("random", target), cfg)
+
+
+def largest_cpu_allocation(fn) -> int:
+    """Bytes of the largest CPU allocation made while `fn()` runs (the profiler's memory events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+
+
+def test_inspect_does_not_copy_the_kv(small_step, monkeypatch):
+    """Inspection traces without a second KV pool: no clone of the state, no allocation of the KV's size,
+    and the caller's state is untouched (same KV contents, not consumed, still steps)."""
+    state = small_step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=6)
+    kv_before = (state.target_kv.clone(), state.draft_kv.clone())
+    kv_bytes = min(t.numel() * t.element_size() for t in kv_before)
+
+    def copies(self):
+        raise AssertionError("inspect copied the state (a second KV pool)")
+
+    monkeypatch.setattr(DecodeState, "clone", copies)
+    reports = []
+    largest = largest_cpu_allocation(lambda: reports.append(fdecode.inspect(small_step, state)))
+    monkeypatch.undo()
+    assert largest < kv_bytes, f"inspect allocated {largest} bytes, a KV leaf is {kv_bytes}"
+    (report,) = reports
+    assert report.graph_count == 1 and report.graph_break_count == 0 and report.host_syncs == []
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert report.op_counts["aten::index_put"] == 2 + 1 * small_step.config.K  # one per layer and forward
+    assert not state.consumed
+    assert torch.equal(state.target_kv, kv_before[0]) and torch.equal(state.draft_kv, kv_before[1])
+    small_step(state)
+
+
+def test_inspect_reports_what_the_real_backend_did(small_step):
+    """Recompiles of the step's own graph (Dynamo's cache of its code object), with their reasons;
+    CUDA-graph skips of its graphs; the process's counters. And a repr of real attribute names."""
+    state = small_step.prefill([[1, 2, 3]], max_new_tokens=20)
+    state, _ = small_step(state)
+    report = fdecode.inspect(small_step, state)
+    assert report.recompiles == 0 and report.recompile_reasons == [] and report.cudagraph_skips == []
+    assert {"unique_graphs", "graph_breaks", "cudagraph_skips", "cudagraph_rerecords"} <= report.counters.keys()
+    # Other strides of one leaf: the real graph's guards fail and Dynamo compiles it again.
+    strided = state.block_tables.t().contiguous().t()
+    state, _ = small_step(state.replace(block_tables=strided))
+    report = fdecode.inspect(small_step, state)
+    assert report.recompiles == 1 and len(report.recompile_reasons) == 1, report.recompile_reasons
+    assert "block_tables" in report.recompile_reasons[0]
+    text = repr(report)
+    names = re.findall(r"(\w+)=", text)
+    assert {"graph_count", "aten_ops", "custom_ops", "recompiles"} <= set(names)
+    for name in names:
+        assert f"{name}={getattr(report, name)!r}" in text  # every name shown is an attribute, shown as it is
+    assert report.aten_ops == sum(v for k, v in report.op_counts.items() if k.startswith("aten::"))

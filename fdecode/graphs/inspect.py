@@ -7,21 +7,31 @@ ops by qualified name, and the nodes that force a device -> host sync. Since
 torch 2.10 `fullgraph=True` accepts `.item()` and `nonzero` (scalar outputs are
 captured), so syncs are found by scanning the graph, not by trusting capture.
 
-Inspection runs on a clone of the state: the caller's state is not consumed.
+Inspection copies nothing: it traces (and runs) the step on fake tensors of the
+state's shapes, strides, dtypes and devices (`FakeTensorMode`), so no second KV
+pool is allocated, no kernel runs, and the caller's state is neither written nor
+consumed. What the step's real backend did (recompiles, CUDA-graph skips) is read
+from Dynamo's records of the step's own graphs, and the process's counters
+(`torch._dynamo.utils.counters`) are reported alongside.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, get_compilation_metrics
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fdecode.graphs.compile import fresh_code
-from fdecode.state import DecodeState
+from fdecode.state import DecodeState, StepOutput
 from fdecode.step import decode_step
 
 # ATen ops whose kernels read a device value on the host (scalar reads, data-dependent output shapes).
@@ -48,14 +58,52 @@ SYNC_METHODS = frozenset({"item", "tolist", "nonzero", "cpu", "numpy", "__bool__
 
 @dataclass(frozen=True)
 class GraphReport:
-    backend: str  # what the step runs with; the captured graph itself is backend-independent
-    context: int  # attention window (tokens) of the inspected graph: one of `step.buckets`
+    """What `inspect` found. The captured graph (graph_count .. host_syncs, graphs) is backend-independent;
+    recompiles .. counters say what the step's real backend did.
+
+    backend: what the step runs with.
+    context: attention window (tokens) of the inspected graph, one of `step.buckets`.
+    graph_count, graph_break_count, break_reasons: Dynamo graphs of the traced step, breaks between them.
+    op_counts: qualified op name ("aten::index_put", "fdecode::prepare_next_draft") -> nodes.
+    host_syncs: nodes that force a device -> host sync.
+    recompiles: how many times Dynamo compiled the step's real graphs for this window again after the
+        first compile (guard failures), summed over the window's graphs (one per sampling plan where
+        the step has several); 0 for eager or graphs not yet run. Read from Dynamo's cache of the
+        step's own code objects, so other steps and functions never count.
+    recompile_reasons: the guard failure behind each recompile (where Dynamo's recent compilation
+        records still hold it).
+    cudagraph_skips: why CUDA graph replay was skipped for the step's graphs ("skipping cudagraphs
+        due to ..."), one entry per skipped graph; empty where every graph replays (or none is CUDA-graphed).
+    counters: process-wide counts from `torch._dynamo.utils.counters` and the CUDA-graph trees, all
+        compiled code in this process up to this inspection (its own tracing excluded): "unique_graphs"
+        (Dynamo graphs compiled), "graph_breaks", "cudagraph_skips" (also those of CPU graphs, whose
+        reason Inductor does not record), "cudagraph_rerecords" (unexpected CUDA graph re-recordings).
+    graphs: the ATen graphs (not in the repr).
+    aten_ops, custom_ops (properties): ATen nodes in all, nodes per non-ATen op.
+    """
+
+    backend: str
+    context: int
     graph_count: int
     graph_break_count: int
     break_reasons: list[str]
-    op_counts: dict[str, int]  # qualified op name ("aten::index_copy", "fdecode::prepare_next_draft") -> count
-    host_syncs: list[str]  # nodes that force a device -> host sync
-    graphs: list[torch.fx.GraphModule] = field(repr=False)  # the ATen graphs
+    op_counts: dict[str, int]
+    host_syncs: list[str]
+    recompiles: int
+    recompile_reasons: list[str]
+    cudagraph_skips: list[str]
+    counters: dict[str, int]
+    graphs: list[torch.fx.GraphModule] = field(repr=False)
+
+    @property
+    def aten_ops(self) -> int:
+        """ATen nodes in the captured graphs."""
+        return sum(v for k, v in self.op_counts.items() if k.startswith("aten::"))
+
+    @property
+    def custom_ops(self) -> dict[str, int]:
+        """Nodes per op that is not ATen ("fdecode::prepare_next_draft", ...), sorted by name."""
+        return {k: v for k, v in sorted(self.op_counts.items()) if not k.startswith("aten::")}
 
     @property
     def overload_counts(self) -> dict[str, int]:
@@ -69,12 +117,9 @@ class GraphReport:
         return dict(counts)
 
     def __repr__(self) -> str:
-        top = ", ".join(f"{k}: {v}" for k, v in sorted(self.op_counts.items()) if not k.startswith("aten::"))
-        return (
-            f"GraphReport(backend={self.backend!r}, context={self.context}, graph_count={self.graph_count}, "
-            f"graph_break_count={self.graph_break_count}, host_syncs={self.host_syncs}, "
-            f"aten_ops={sum(v for k, v in self.op_counts.items() if k.startswith('aten::'))}, custom_ops={{{top}}})"
-        )
+        shown = ("backend", "context", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
+                 "recompiles", "cudagraph_skips")
+        return f"GraphReport({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
 
 def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
@@ -88,8 +133,24 @@ def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
     return target if hasattr(target, "_schema") else None
 
 
+def pure_step(step, blocks: int) -> Callable[[DecodeState], tuple[DecodeState, StepOutput]]:
+    """The pure function `inspect` traces: `step`'s decode step over a window of `blocks` blocks."""
+    target, draft, cfg = step.target, step.draft, step.config
+
+    def traced(state: DecodeState) -> tuple[DecodeState, StepOutput]:
+        return decode_step(target, draft, cfg, state, context_blocks=blocks)
+
+    return traced
+
+
+def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
+    """`state` with every leaf a fake tensor of the leaf's shape, strides, dtype and device: no memory."""
+    return DecodeState(**{f.name: mode.from_tensor(getattr(state, f.name)) for f in dataclasses.fields(state)})
+
+
 def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphReport:
-    """Trace `step` on a clone of `state` and report what it captures.
+    """Trace `step` on fake tensors of `state`'s leaves and report what it captures and what the step's
+    real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.
 
     context: which attention window's graph (tokens, one of `step.buckets`); None: the one `step`
     would run for `state`.
@@ -101,6 +162,7 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
         blocks = context // cfg.block_size
     else:
         raise ValueError(f"context {context} is not one of this step's windows {step.buckets}")
+    process = process_counters()  # before this inspection's own tracing adds to them
     dynamo_graphs: list[torch.fx.GraphModule] = []
     aten_graphs: list[torch.fx.GraphModule] = []
 
@@ -114,15 +176,15 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
         dynamo_graphs.append(gm)
         return lower(gm, example_inputs)
 
-    def traced(state):
-        return decode_step(step.target, step.draft, cfg, state, context_blocks=blocks)
-
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
-    fresh = fresh_code(traced, "fdecode_inspect")
+    fresh = fresh_code(pure_step(step, blocks), "fdecode_inspect")
+    # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
+    # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     breaks_before = Counter(counters["graph_break"])
     with torch.no_grad():
-        torch.compile(fresh, backend=capture, fullgraph=False, dynamic=False)(state.clone())
+        torch.compile(fresh, backend=capture, fullgraph=False, dynamic=False)(fake_state(state, mode))
     new_breaks = Counter(counters["graph_break"]) - breaks_before
 
     op_counts: Counter[str] = Counter()
@@ -140,6 +202,7 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
         for node in gm.graph.nodes:
             if node.op == "call_method" and node.target in SYNC_METHODS:
                 syncs.append(f"Tensor.{node.target} ({node.name})")
+    recompiles, recompile_reasons, cudagraph_skips = real_backend_facts(step, blocks)
     return GraphReport(
         backend=step.backend,
         context=blocks * cfg.block_size,
@@ -148,5 +211,65 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
         break_reasons=sorted(new_breaks),
         op_counts=dict(op_counts),
         host_syncs=syncs,
+        recompiles=recompiles,
+        recompile_reasons=recompile_reasons,
+        cudagraph_skips=cudagraph_skips,
+        counters=process,
         graphs=aten_graphs,
     )
+
+
+def step_graphs(step, blocks: int) -> list[Callable]:
+    """The callables the step runs for a window of `blocks` blocks (one per sampling plan it has run)."""
+    graphs = getattr(step, "_graphs", {})
+    return [graph for key, graph in graphs.items() if (key[0] if isinstance(key, tuple) else key) == blocks]
+
+
+def real_backend_facts(step, blocks: int) -> tuple[int, list[str], list[str]]:
+    """(recompiles, their reasons, CUDA-graph skip reasons) of the step's compiled graphs for the window.
+
+    Each graph compiles its own code object (`fresh_code`), so Dynamo's cache entries on that code are
+    this graph's compiles and nobody else's; their compile ids select Dynamo's compilation records."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    recompiles, ids = 0, set()
+    for graph in step_graphs(step, blocks):
+        code = getattr(getattr(graph, "_torchdynamo_orig_callable", None), "__code__", None)
+        if code is None:  # eager: nothing is compiled
+            continue
+        entries = _debug_get_cache_entry_list(code)
+        recompiles += max(len(entries) - 1, 0)
+        ids.update(str(entry.compile_id) for entry in entries)
+    reasons, skips = [], []
+    for record in get_compilation_metrics():
+        if record.compile_id not in ids:
+            continue
+        if record.recompile_reason:
+            reasons.append(record.recompile_reason)
+        if record.cudagraph_skip_reason:
+            skips.append(record.cudagraph_skip_reason)
+    return recompiles, reasons, skips
+
+
+def process_counters() -> dict[str, int]:
+    """Process-wide counts of what compiled code did (see `GraphReport.counters`)."""
+    return {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+        "cudagraph_rerecords": cudagraph_rerecords(),
+    }
+
+
+def cudagraph_rerecords() -> int:
+    """Unexpected re-recordings counted by the CUDA-graph tree managers of this thread (0 where CUDA graph
+    trees never ran). Reads Inductor's private state, without creating a manager or touching CUDA."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return 0
+    try:
+        containers = trees.get_obj(trees.local, "tree_manager_containers")
+        managers = [c.tree_manager for c in containers.values() if c.tree_manager is not None]
+        return sum(n for m in managers for per_node in m.num_rerecord.values() for n in per_node.values())
+    except (AttributeError, KeyError, TypeError):  # another torch's internals: nothing to say
+        return 0
