@@ -23,18 +23,21 @@ from fdecode.graphs import torchair as npu
 from fdecode.models import LlamaModel, MTPHead, ModelConfig
 from fdecode.ops import kv
 
-COLUMNS = (("model", True), ("mtp", True), ("model", False), ("mtp", False))
+# (draft kind, sampling plan): the candidate plan and the full-vocabulary plan with every filter hold
+# every op any sampling plan has (the other full plans drop the top-k / top-p searches).
+COLUMNS = (("model", "top_k<=128"), ("model", "full+top_k+top_p"), ("mtp", "full+top_k+top_p"), ("model", "greedy"),
+           ("mtp", "greedy"))
 
 
-def overloads(draft_kind: str, sampling: bool) -> dict[str, int]:
+def overloads(draft_kind: str, plan: str) -> dict[str, int]:
     cfg = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=16)
     target = LlamaModel.random(cfg, seed=0)
     draft = LlamaModel.random(cfg.replace(num_layers=1), seed=1) if draft_kind == "model" else MTPHead.random(cfg, seed=2)
     config = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager",
-                                  sampling=sampling)
+                                  sampling=plan != "greedy")
     step = fdecode.compile(target, draft, config)
-    return fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8)).overload_counts
+    return fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8), plan=plan).overload_counts
 
 
 def ge_column(name: str) -> str:
@@ -55,10 +58,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.device_kv_write:
         kv.KV_WRITE["cpu"] = kv.kv_write_for(args.device_kv_write)
-    columns = [overloads(kind, sampling) for kind, sampling in COLUMNS]
+    columns = [overloads(kind, plan) for kind, plan in COLUMNS]
     names = sorted(set().union(*columns))
-    print("| ATen overload | draft LM, sampling | MTP, sampling | draft LM, greedy-only | MTP, greedy-only | GE converter |")
-    print("|---|---:|---:|---:|---:|---|")
+    heads = " | ".join(f"{'draft LM' if kind == 'model' else 'MTP'}, {plan}" for kind, plan in COLUMNS)
+    print(f"| ATen overload | {heads} | GE converter |")
+    print("|---|" + "---:|" * len(COLUMNS) + "---|")
     for name in names:
         cells = " | ".join(str(col.get(name, "")) for col in columns)
         print(f"| `{name}` | {cells} | {ge_column(name)} |")

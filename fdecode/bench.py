@@ -232,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS),
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, "real-vocab"],
         help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
-        "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance)",
+        "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
+        "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
+        "draft 128x1, against the greedy-only graph (fdecode/bench_sampling.py)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -248,8 +250,22 @@ def main(argv: list[str] | None = None) -> int:
         args.target, args.draft, args.vocab = "64x2", "64x1", 256
     torch.manual_seed(0)
     (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
-    results = []
+    results, sampling_rows = [], []
     for name in args.workloads:
+        if name == "real-vocab":
+            from fdecode.bench_sampling import VOCAB, run_sampling_workload
+
+            size = (64, 2) if args.quick else (256, 4)
+            vocab = 4096 if args.quick else VOCAB
+            target, draft = llama(vocab, *size, seed=1), llama(vocab, size[0] // 2, 1, seed=2)
+            for batch in args.batch:
+                for k in args.k:
+                    print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
+                    sampling_rows += run_sampling_workload(
+                        target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
+                        dtype=getattr(torch, args.dtype), backend=args.backend,
+                    )
+            continue
         target, draft, prompts = _workload(name, args.vocab, (th, tl), (dh, dl))
         hf = None if args.no_hf or draft == "mtp" else _hf_pair(target, draft)
         for batch in args.batch:
@@ -259,10 +275,15 @@ def main(argv: list[str] | None = None) -> int:
                     name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts,
                     device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
                 )
-    print(markdown(results))
+    if results:
+        print(markdown(results))
+    if sampling_rows:
+        from fdecode.bench_sampling import markdown as sampling_markdown
+
+        print(sampling_markdown(sampling_rows))
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
     with open(args.json, "w") as f:
-        json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
+        json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows}, f, indent=1)
     return 0
 
 

@@ -42,7 +42,9 @@ def generate(
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
     count = len(prompts)
-    per = check_sampling(count, step.config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    per = check_sampling(
+        count, step.config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, seeds=step.seeds
+    )
     engine = Engine(step)
     ids = []
     for i, prompt in enumerate(prompts):  # a prompt's errors name it once ("prompt 3: ..."), whole-call ones not

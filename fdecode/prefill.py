@@ -28,6 +28,7 @@ from fdecode.config import DecodeConfig
 from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, sample
+from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.step import advance, agreed, transition_randoms
@@ -58,14 +59,17 @@ def check_sampling(
     top_p: PerPrompt = None,
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
+    seeds: SeedSource | None = None,
 ) -> dict[str, list]:
-    """Per-lane sampling parameters, validated. Defaults: greedy, filters off, a fresh random seed."""
+    """Per-lane sampling parameters, validated. Defaults: greedy, filters off, a seed drawn from `seeds`
+    (the step's `SeedSource`, agreed across tensor-parallel ranks; None: fresh entropy, one process only)."""
+    draw = seeds.draw if seeds is not None else lambda: secrets.randbits(63)
     params = {
         "temperature": _per_prompt("temperature", temperature, count, 0.0),
         "top_k": _per_prompt("top_k", top_k, count, 0),
         "top_p": _per_prompt("top_p", top_p, count, 1.0),
         "min_p": _per_prompt("min_p", min_p, count, 0.0),
-        "seed": [secrets.randbits(63) if s is None else s for s in _per_prompt("seed", seed, count, None)],
+        "seed": [draw() if s is None else s for s in _per_prompt("seed", seed, count, None)],
     }
     for i in range(count):
         t, k, p, m, s = (params[n][i] for n in ("temperature", "top_k", "top_p", "min_p", "seed"))
@@ -332,6 +336,7 @@ def prefill(
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
     kv: tuple[torch.Tensor, torch.Tensor],
+    seeds: SeedSource | None = None,
 ) -> DecodeState:
     """Build the first state for `prompts` (lanes past len(prompts) stay inactive), over KV pools `kv`
     (target, draft)."""
@@ -340,7 +345,9 @@ def prefill(
     lengths = [len(p) for p in prompts]
     budgets = check_budgets(lengths, max_new_tokens, cfg)
     stops = check_stop_ids(eos_token_id, cfg, vocab)
-    sampling = check_sampling(len(prompts), cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    sampling = check_sampling(
+        len(prompts), cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, seeds=seeds
+    )
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))

@@ -263,9 +263,12 @@ def captured_ops(sampling: bool) -> set[str]:
     cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="cudagraphs",
                                sampling=sampling)
     step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
-    report = fdecode.inspect(step, step.prefill([[1, 2, 3]], max_new_tokens=4))
-    assert report.backend == "inductor"  # inspect reports what runs (here the fallback); the graph is the same
-    return set(report.overload_counts)
+    state = step.prefill([[1, 2, 3]], max_new_tokens=4)
+    # Between them, the candidate plan and the full plan with every filter contain every op of every plan.
+    plans = ("top_k<=128", "full+top_k+top_p") if sampling else ("greedy",)
+    reports = [fdecode.inspect(step, state, plan=plan) for plan in plans]
+    assert {r.backend for r in reports} == {"inductor"}  # inspect reports what runs (the fallback); same graph
+    return set().union(*(r.overload_counts for r in reports))
 
 
 @pytest.mark.slow

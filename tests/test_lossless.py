@@ -99,9 +99,10 @@ def test_greedy_only_step_is_lossless_and_leaner():
     full = fdecode.compile(target, draft, fdecode.DecodeConfig(**base))
     check_against_hf(lean, 2)
     state = lean.prefill(PROMPTS, max_new_tokens=NEW)
-    lean_report, full_report = fdecode.inspect(lean, state), fdecode.inspect(full, state)
+    lean_report, full_report = fdecode.inspect(lean, state), fdecode.inspect(full, state, plan="full+top_k+top_p")
+    assert fdecode.inspect(full, state).plan == "greedy"  # greedy lanes run the greedy graph by default
     assert lean_report.graph_count == 1 and lean_report.host_syncs == []
-    assert "aten::log" in full_report.op_counts and "aten::log" not in lean_report.op_counts  # no sampling
+    assert "aten::cumsum" in full_report.op_counts and "aten::cumsum" not in lean_report.op_counts  # no sampling
     assert sum(lean_report.op_counts.values()) < sum(full_report.op_counts.values()) / 2
     with pytest.raises(ValueError, match="sampling=True"):
         lean.prefill(PROMPTS, max_new_tokens=4, temperature=0.5)

@@ -90,6 +90,14 @@ def test_random_mode_ranks_agree_every_step(ranks):
 
 
 @pytest.mark.slow
+def test_ranks_agree_without_a_seed(ranks):
+    """Default seeds are agreed across ranks (drawn from one broadcast entropy), not drawn per process;
+    two calls still get different seeds."""
+    first, second = ranks[0]["unseeded"]
+    assert ranks[1]["unseeded"] == [first, second]
+    assert first != second
+
+
 def test_ranks_diverge_without_broadcast_when_sampling_differs(ranks):
     """The control for the next test: the perturbation (other seeds on rank 1) really changes tokens."""
     assert not torch.equal(ranks[0]["control"], ranks[1]["control"])

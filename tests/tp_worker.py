@@ -144,6 +144,11 @@ def run_rank(rank: int, port: int, out: str) -> None:
     lap("random")
     result["control"] = accepted_per_step(step, CONTROL_STEPS, perturbed)
     lap("control")
+    # No seed given: each rank must still draw the same default seeds (the step's SeedSource).
+    result["unseeded"] = [
+        fdecode.generate(step, PROMPTS, max_new_tokens=24, temperature=1.0, progress=False) for _ in range(2)
+    ]
+    lap("unseeded")
     broadcast = tp_step(partial_draft(target), broadcast_accepted=True)
     result["broadcast"] = accepted_per_step(broadcast, STEPS, perturbed)
     lap("broadcast")

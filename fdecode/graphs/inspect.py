@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fdecode.graphs.compile import fresh_code
 from fdecode.state import DecodeState, StepOutput
+from fdecode.ops.plan import SamplingPlan
 from fdecode.step import decode_step
 
 # ATen ops whose kernels read a device value on the host (scalar reads, data-dependent output shapes).
@@ -63,6 +64,7 @@ class GraphReport:
 
     backend: what the step runs with.
     context: attention window (tokens) of the inspected graph, one of `step.buckets`.
+    plan: name of the inspected graph's sampling plan (`fdecode.ops.plan`), one of `step.plans`.
     graph_count, graph_break_count, break_reasons: Dynamo graphs of the traced step, breaks between them.
     op_counts: qualified op name ("aten::index_put", "fdecode::prepare_next_draft") -> nodes.
     host_syncs: nodes that force a device -> host sync.
@@ -84,6 +86,7 @@ class GraphReport:
 
     backend: str
     context: int
+    plan: str
     graph_count: int
     graph_break_count: int
     break_reasons: list[str]
@@ -117,7 +120,7 @@ class GraphReport:
         return dict(counts)
 
     def __repr__(self) -> str:
-        shown = ("backend", "context", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
+        shown = ("backend", "context", "plan", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
                  "recompiles", "cudagraph_skips")
         return f"GraphReport({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
@@ -133,12 +136,13 @@ def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
     return target if hasattr(target, "_schema") else None
 
 
-def pure_step(step, blocks: int) -> Callable[[DecodeState], tuple[DecodeState, StepOutput]]:
-    """The pure function `inspect` traces: `step`'s decode step over a window of `blocks` blocks."""
+def pure_step(step, blocks: int, plan: SamplingPlan | None = None) -> Callable[[DecodeState], tuple[DecodeState, StepOutput]]:
+    """The pure function `inspect` traces: `step`'s decode step over a window of `blocks` blocks, with
+    sampling `plan` (None: the plan exact for any lanes, `fdecode.step.general_plan`)."""
     target, draft, cfg = step.target, step.draft, step.config
 
     def traced(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, cfg, state, context_blocks=blocks)
+        return decode_step(target, draft, cfg, state, context_blocks=blocks, plan=plan)
 
     return traced
 
@@ -148,14 +152,25 @@ def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
     return DecodeState(**{f.name: mode.from_tensor(getattr(state, f.name)) for f in dataclasses.fields(state)})
 
 
-def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphReport:
+def inspect(
+    step, state: DecodeState, *, context: int | None = None, plan: SamplingPlan | str | None = None
+) -> GraphReport:
     """Trace `step` on fake tensors of `state`'s leaves and report what it captures and what the step's
     real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.
 
     context: which attention window's graph (tokens, one of `step.buckets`); None: the one `step`
     would run for `state`.
+    plan: which sampling plan's graph (a `SamplingPlan` or its name, one of `step.plans`); None: the
+    one `step` would run for `state` (`step.plan_for`).
     """
     cfg = step.config
+    if plan is None:
+        plan = step.plan_for(state)
+    elif isinstance(plan, str):
+        names = {p.name: p for p in step.plans}
+        if plan not in names:
+            raise ValueError(f"plan {plan!r} is not one of this step's plans {sorted(names)}")
+        plan = names[plan]
     if context is None:
         blocks = cfg.bucket_for(state.max_position)
     elif context in step.buckets:
@@ -178,7 +193,7 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
 
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
-    fresh = fresh_code(pure_step(step, blocks), "fdecode_inspect")
+    fresh = fresh_code(pure_step(step, blocks, plan), "fdecode_inspect")
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
     # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
@@ -206,6 +221,7 @@ def inspect(step, state: DecodeState, *, context: int | None = None) -> GraphRep
     return GraphReport(
         backend=step.backend,
         context=blocks * cfg.block_size,
+        plan=plan.name,
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
         break_reasons=sorted(new_breaks),

@@ -130,7 +130,7 @@ class Engine:
         ids = check_prompt(prompt, vocab, label)
         (budget,) = check_budgets([len(ids)], max_new_tokens, cfg, [label])
         stops = check_stop_ids(eos_token_id, cfg, vocab)
-        sampling = check_sampling(1, cfg, **sampling)
+        sampling = check_sampling(1, cfg, **sampling, seeds=self.step_fn.seeds)
         need = -(-(len(ids) + budget) // cfg.block_size)
         if need > self.allocator.capacity:
             raise ValueError(

@@ -1,0 +1,118 @@
+"""Sampling at a real vocabulary size, through the public API, and the host-chosen sampling plans.
+
+Random lanes whose filters keep exactly one token (top_k = 1, or min_p = 1 without
+ties) must emit the greedy tokens, whatever noise the generator produces: any
+token the filters removed showing up is a bug. At V = 65,536 the old sampler
+(exponential race over V uniforms that could round to 1.0) broke this within a
+few dozen steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import fdecode
+from fdecode.models import LlamaModel, ModelConfig
+from fdecode.ops.plan import GREEDY, SamplingPlan
+from test_sampling import ALPHA, chi2_pvalue
+
+BIG_V = 65_536
+
+
+def big_vocab_pair() -> tuple[LlamaModel, LlamaModel]:
+    cfg = ModelConfig(
+        vocab_size=BIG_V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16
+    )
+    target = LlamaModel.random(cfg, seed=1, std=0.3)
+    return target, LlamaModel.random(cfg.replace(num_layers=1), seed=2, std=0.3)
+
+
+@pytest.mark.slow
+def test_one_token_filters_equal_greedy_over_thousands_of_samples():
+    target, draft = big_vocab_pair()
+    lanes, new = 8, 160
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=lanes, max_seq_len=200, block_size=16, backend="eager")
+    step = fdecode.compile(target, draft, cfg)
+    prompts = [[(97 * lane + 13 * i) % BIG_V for i in range(6)] for lane in range(lanes)]
+    greedy = fdecode.generate(step, prompts, max_new_tokens=new)
+    seeds = list(range(100, 100 + lanes))
+    plans = []
+    run = step._run
+    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    for params, plan in ((dict(top_k=1), "top_k<=128"), (dict(min_p=1.0), "full")):
+        plans.clear()
+        sampled = fdecode.generate(step, prompts, max_new_tokens=new, temperature=1.0, seed=seeds, **params)
+        assert sum(map(len, sampled)) == lanes * new  # 1280 sampled tokens per filter
+        assert sampled == greedy, params
+        assert set(plans) == {plan}
+
+
+def test_plan_follows_the_lanes_parameters():
+    target, draft = big_vocab_pair()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=3, max_seq_len=64, backend="eager")
+    step = fdecode.compile(target, draft, cfg)
+
+    def plan(**params) -> SamplingPlan:
+        return step.plan_for(step.prefill([[1, 2], [3, 4], [5]], max_new_tokens=4, **params))
+
+    assert plan() is GREEDY
+    assert plan(temperature=[0.0, 0.7, 0.0], top_k=[0, 20, 0]).name == "top_k<=128"
+    assert plan(temperature=1.0, top_p=0.95).name == "full+top_p"
+    assert plan(temperature=[1.0, 1.0, 0.0], top_k=[20, 0, 0], top_p=[1.0, 0.9, 1.0]).name == "full+top_k+top_p"
+    assert plan(temperature=1.0, top_k=500).name == "full+top_k"
+    assert plan(temperature=1.0, min_p=0.1).name == "full"
+    unknown = step.prefill([[1, 2]], max_new_tokens=4).record_sampling(None)
+    assert step.plan_for(unknown).name == "full+top_k+top_p"  # nothing known: exact for any parameters
+    greedy_only = fdecode.compile(target, draft, dataclasses.replace(cfg, sampling=False))
+    assert greedy_only.plans == (GREEDY,)
+
+
+def test_admitting_a_random_request_switches_graphs_without_compiling_after_warmup():
+    """A greedy batch runs the greedy graph; admitting a random request switches to the sampling graph
+    (no new graph after warm-up); when it finishes, the batch is greedy again."""
+    from conftest import fdecode_target, independent_draft
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="aot_eager",
+                               context_buckets=(64,))
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    step.warmup()
+    graphs = dict(step._graphs)
+    plans = []
+    run = step._run
+    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    engine = fdecode.Engine(step)
+    engine.add_request([1, 2, 3], max_new_tokens=30)
+    for _ in range(3):
+        engine.step()
+    engine.add_request([4, 5], max_new_tokens=6, temperature=0.8, top_k=5, seed=1)
+    engine.run()
+    assert step._graphs == graphs  # every graph was captured by warmup
+    first_random = plans.index("top_k<=128")
+    assert set(plans[:first_random]) == {"greedy"}
+    assert plans[-1] == "greedy" and "greedy" in plans[first_random:]
+
+
+@pytest.mark.slow
+def test_consecutive_emitted_tokens_are_independent():
+    """A target whose next-token distribution is uniform whatever the context (its final norm is
+    zero, so every logit is 0), verified against an unrelated random draft: the emitted tokens must be
+    i.i.d. uniform, so consecutive pairs within a lane (across steps and within one) fill the V x V
+    table uniformly. Pearson chi-square of that table at ALPHA."""
+    v, lanes, new = 5, 64, 60
+    cfg = ModelConfig(vocab_size=v, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=8)
+    target = LlamaModel.random(cfg, seed=3, std=0.5)
+    with torch.no_grad():
+        target.norm.weight.zero_()
+    draft = LlamaModel.random(cfg, seed=4, std=0.8)
+    step = fdecode.compile(target, draft, fdecode.DecodeConfig(
+        num_draft_tokens=3, max_batch=lanes, max_seq_len=new + 4, block_size=4, backend="eager"))
+    out = fdecode.generate(step, [[1, 2]] * lanes, max_new_tokens=new, temperature=1.0, seed=list(range(lanes)))
+    seqs = torch.tensor(out)
+    pairs = (seqs[:, :-1] * v + seqs[:, 1:]).flatten()
+    assert chi2_pvalue(torch.bincount(pairs, minlength=v * v), torch.full((v * v,), 1 / v**2)) > ALPHA
+    assert chi2_pvalue(torch.bincount(seqs.flatten(), minlength=v), torch.full((v,), 1 / v)) > ALPHA
