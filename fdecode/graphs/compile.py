@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -16,7 +15,7 @@ from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
-from fdecode.state import DecodeState, KVLease, StepOutput
+from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.step import decode_step, general_plan
 
 
@@ -25,29 +24,6 @@ def fresh_code(fn: Callable, name: str) -> Callable:
     up to `cache_size_limit`) per code object; giving every Step its own means two steps with
     different configs never evict each other or count as each other's recompiles."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-class KVPool:
-    """A target + draft KV pair a step hands to `prefill` / `empty_state`, reused once no state holds it.
-
-    Every state over the pool's KV carries one `KVLease` (a prefill's state, the states a step
-    returns, `replace`d states); when none is alive, the next prefill takes the pool again. Reused
-    addresses are what graph replay needs: a CUDA/ACL graph records the KV addresses it was captured
-    with, and fresh pools per generation would make it record again."""
-
-    def __init__(self, target_kv: torch.Tensor, draft_kv: torch.Tensor) -> None:
-        self.target_kv, self.draft_kv = target_kv, draft_kv
-        self._lease: weakref.ref | None = None
-
-    @property
-    def free(self) -> bool:
-        return self._lease is None or self._lease() is None
-
-    def lease(self, state: DecodeState) -> DecodeState:
-        """`state` (built over this pool's KV) with a new lease on the pool."""
-        lease = KVLease()
-        self._lease = weakref.ref(lease)
-        return state.lease_kv(lease)
 
 
 class Step:
@@ -81,7 +57,7 @@ class Step:
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self._graphs: dict[tuple[int, SamplingPlan], Callable] = {}
-        self._pools: list[KVPool] = []
+        self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = self._pure(config.blocks_per_lane, general_plan(config))
 
@@ -139,8 +115,7 @@ class Step:
             seconds = self.plan_compile_seconds[window, plan.name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
         new_state.record_sampling(state.lane_sampling)
-        state.mark_consumed()
-        new_state.share_kv_lease(state)  # the KV leaves moved on to the new state
+        self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
@@ -160,20 +135,13 @@ class Step:
                 state, _ = self._run(state, blocks, plan)
         return dict(self.compile_seconds)
 
-    def _pool(self) -> KVPool:
-        """A KV pool no live state holds, allocated when every one is held. Of the free pools, the oldest
-        is kept (the addresses the graphs were most likely captured with) and the others are dropped, so
-        the step holds one cache more than the chains alive at once, not its peak count."""
-        free = [pool for pool in self._pools if pool.free]
-        if free:
-            self._pools = [pool for pool in self._pools if pool is free[0] or pool not in free]
-            return free[0]
-        pool = KVPool(*new_kv(self.target, self.draft, self.config))
+    def _new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fresh target + draft KV pool (`self._kv` hands pools out and takes them back)."""
+        target_kv, draft_kv = new_kv(self.target, self.draft, self.config)
         if self.backend in STATIC_KV:  # graph replay (CUDA, ACL graphs) neither copies nor re-records for them
-            torch._dynamo.mark_static_address(pool.target_kv)
-            torch._dynamo.mark_static_address(pool.draft_kv)
-        self._pools.append(pool)
-        return pool
+            torch._dynamo.mark_static_address(target_kv)
+            torch._dynamo.mark_static_address(draft_kv)
+        return target_kv, draft_kv
 
     def prefill(
         self,
@@ -186,33 +154,41 @@ class Step:
         top_p: PerPrompt = None,
         min_p: PerPrompt = None,
         seed: PerPrompt = None,
+        concurrent: bool = False,
     ) -> DecodeState:
         """Prime a fresh state: one lane per prompt; the first new token is in `state.step_output`.
 
         Sampling parameters are scalars or one per prompt: temperature (0 = greedy, the default),
         top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
+
+        KV pools (`fdecode.state.ownership`): one prefill chain at a time. A prefill reuses the pool of
+        the previous prefill's chain, whose states are refused from then on (stepping one raises), so
+        `for ...: state = step.prefill(...)` runs every generation in one pool. concurrent=True starts
+        a chain that runs alongside the others instead: in a pool of its own while any of its states
+        is alive, which no later prefill takes over.
         """
-        pool = self._pool()
-        return pool.lease(prefill(
-            self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-            kv=(pool.target_kv, pool.draft_kv),
-        ))
+        def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
+            return prefill(
+                self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens,
+                eos_token_id=eos_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                seed=seed, kv=(target_kv, draft_kv),
+            )
+
+        return self._kv.start(build, take_over=not concurrent)
 
     def empty_state(self) -> DecodeState:
-        """A state with every lane inactive, in a free KV pool: what an `Engine` starts from."""
-        pool = self._pool()
-        return pool.lease(empty_state(self.target, self.draft, self.config, (pool.target_kv, pool.draft_kv)))
+        """A state with every lane inactive, in a free KV pool: what an `Engine` starts from. Its chain
+        keeps the pool while any of its states is alive (no prefill takes it over)."""
+        return self._kv.start(
+            lambda target_kv, draft_kv: empty_state(self.target, self.draft, self.config, (target_kv, draft_kv)),
+            take_over=False,
+        )
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
         if not isinstance(state, DecodeState):
             raise TypeError(f"expected a DecodeState, got {type(state).__name__}")
-        if state.consumed:
-            raise ValueError(
-                "this DecodeState was already passed to a step, which updated its KV in place (donation "
-                "contract): step the state that call returned, or keep a copy with state.clone() beforehand"
-            )
+        self._kv.check(state)  # consumed, re-primed, or over a pool without a ticket of it: raises
         cfg = self.config
         if tuple(state.tokens.shape) != (cfg.max_batch, cfg.W):
             raise ValueError(

@@ -1,5 +1,6 @@
 """What a decode step carries: the immutable state pytree and its output."""
 
-from fdecode.state.decode_state import DecodeState, KVLease, StepOutput
+from fdecode.state.decode_state import DecodeState, HostInfo, StepOutput
+from fdecode.state.ownership import KVPools, KVTicket
 
-__all__ = ["DecodeState", "KVLease", "StepOutput"]
+__all__ = ["DecodeState", "HostInfo", "KVPools", "KVTicket", "StepOutput"]

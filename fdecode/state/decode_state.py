@@ -12,19 +12,33 @@ Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
 
 Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV
 leaves are written in place and aliased into the new state, so a step costs
-O(work), never O(cache capacity). Do not use a state after passing it to a step.
+O(work), never O(cache capacity). A state passed to a step (or one sharing its KV:
+a `replace` or pytree copy of it) is refused from then on; so is a state whose KV
+pool a later `prefill` took over. The rules, and how a step tells which pool a
+state is over (by storage), are in `fdecode.state.ownership`.
+
+Host bookkeeping (`HostInfo`: `max_position`, `lane_sampling`, the KV ticket) is
+not a leaf: it travels as the pytree context, so `tree_map` keeps it (dropping
+what describes a leaf the map changed), as do `replace`, `clone` and `copy`.
+
+Both dataclasses compare by identity (`eq=False`), and their reprs show shapes,
+dtypes, devices and host data only: printing a state never syncs the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils import _pytree as pytree
 
+from fdecode.state.ownership import KVTicket, storage_of
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class StepOutput:
     """What one transition (prefill or step) committed, packed so the host does one device->host copy."""
 
@@ -60,13 +74,35 @@ class StepOutput:
         return f"StepOutput(lanes={b}, window={w}, device={self.packed.device})"
 
 
-class KVLease:
-    """Marks the states that share one KV pool: alive while any of them is (see `DecodeState.kv_lease`)."""
-
-    __slots__ = ("__weakref__",)
-
-
 @dataclass(frozen=True)
+class HostInfo:
+    """A state's host-side bookkeeping: never a pytree leaf, never seen by a graph, no device value.
+
+    Carried by `DecodeState.replace`, `clone`, pytree rebuilds (it is the pytree node's context, so
+    `tree_map` keeps it) and `copy`; a state made by `dataclasses.replace` or `DecodeState(...)` has
+    none, which is safe (unknown bounds pick the whole window and the general sampling plan, and a
+    state over a step's KV pool without a ticket is refused, see `fdecode.state.ownership`).
+    """
+
+    max_position: int | None = None  # upper bound on every active lane's base_pos, None: unknown
+    lane_sampling: tuple[tuple[float, int, float] | None, ...] | None = None  # None: unknown
+    ticket: KVTicket | None = None  # which transition of which KV chain made the state, None: unknown
+
+    def carried(self, changed: set[str], same_kv: bool) -> HostInfo:
+        """This bookkeeping for a state built from its state with the leaves `changed` (by name)
+        replaced: each entry is kept unless a leaf it describes changed; a copy of the KV (other
+        storage) is a chain of its own."""
+        return HostInfo(
+            max_position=None if {"base_pos", "active"} & changed else self.max_position,
+            lane_sampling=None if {"active", "temperature", "top_k", "top_p"} & changed else self.lane_sampling,
+            ticket=self.ticket if same_kv or self.ticket is None else self.ticket.detached(),
+        )
+
+
+_UNKNOWN = HostInfo()
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class DecodeState:
     """Everything a decode step reads and writes; fixed-shape tensors only."""
 
@@ -92,32 +128,31 @@ class DecodeState:
         return StepOutput(self.output)
 
     def replace(self, **changes: torch.Tensor) -> DecodeState:
+        """A new state with `changes`; the host bookkeeping (`host`) follows, entries whose leaves
+        changed dropped to unknown, and the KV chain (ticket) kept while the KV leaves are kept."""
         new = dataclasses.replace(self, **changes)
-        if "base_pos" not in changes and "active" not in changes:
-            new.bound_positions(self.max_position)
-        if not {"active", "temperature", "top_k", "top_p"} & changes.keys():
-            new.record_sampling(self.lane_sampling)
-        if new.target_kv is self.target_kv or new.draft_kv is self.draft_kv:  # still over (part of) the pool
-            new.share_kv_lease(self)
-        return new
+        same_kv = _same_kv(new, self)
+        return new._set_host(self.host.carried(set(changes), same_kv))
 
     @property
-    def kv_lease(self) -> KVLease | None:
-        """Host-side token shared by every state over the same KV leaves (None: not leased from a pool).
+    def host(self) -> HostInfo:
+        """This state's host-side bookkeeping (`HostInfo`); all unknown for a state built directly."""
+        return self.__dict__.get("_host", _UNKNOWN)
 
-        Not a field: a step's KV pool is free again once no state carrying its lease is alive
-        (`fdecode.graphs.compile.KVPool`). `replace`, and a step for the state it returns, pass it on.
-        """
-        return getattr(self, "_kv_lease", None)
-
-    def share_kv_lease(self, other: DecodeState) -> DecodeState:
-        """Carry `other`'s lease (this state aliases its KV leaves); returns self."""
-        object.__setattr__(self, "_kv_lease", other.kv_lease)
+    def _set_host(self, host: HostInfo) -> DecodeState:
+        object.__setattr__(self, "_host", host)  # not a field: not a pytree leaf, never seen by a graph
         return self
 
-    def lease_kv(self, lease: KVLease) -> DecodeState:
-        object.__setattr__(self, "_kv_lease", lease)
-        return self
+    @property
+    def kv_ticket(self) -> KVTicket | None:
+        """Host-side token of the KV chain this state belongs to (`fdecode.state.ownership`): shared by
+        the states over the same KV content, spent when one of them is stepped or its pool re-primed.
+        None: unknown (a state a step was never given)."""
+        return self.host.ticket
+
+    def with_ticket(self, ticket: KVTicket | None) -> DecodeState:
+        """Record `ticket` as this state's `kv_ticket` (host bookkeeping only); returns self."""
+        return self._set_host(dataclasses.replace(self.host, ticket=ticket))
 
     @property
     def max_position(self) -> int | None:
@@ -127,45 +162,44 @@ class DecodeState:
         knows the prompts, each step adds at most W, an `Engine` tightens it from what it has read)
         and the step uses it to pick the attention window (`DecodeConfig.bucket_for`) without a sync.
         """
-        return getattr(self, "_max_position", None)
+        return self.host.max_position
 
     def bound_positions(self, bound: int | None) -> DecodeState:
         """Record `bound` as this state's `max_position` (host bookkeeping only); returns self."""
-        object.__setattr__(self, "_max_position", bound)
-        return self
+        return self._set_host(dataclasses.replace(self.host, max_position=bound))
 
     @property
     def lane_sampling(self) -> tuple[tuple[float, int, float] | None, ...] | None:
         """Host-side (temperature, top_k, top_p) of each lane that may be active (None: a free lane),
         or None when unknown. Like `max_position`, host bookkeeping the step reads to pick its
         `SamplingPlan` without a sync (unknown: the plan exact for any parameters)."""
-        return getattr(self, "_lane_sampling", None)
+        return self.host.lane_sampling
 
     def record_sampling(self, lanes: tuple[tuple[float, int, float] | None, ...] | None) -> DecodeState:
         """Record `lanes` as this state's `lane_sampling` (host bookkeeping only); returns self."""
-        object.__setattr__(self, "_lane_sampling", None if lanes is None else tuple(lanes))
-        return self
+        return self._set_host(dataclasses.replace(self.host, lane_sampling=None if lanes is None else tuple(lanes)))
 
     @property
     def consumed(self) -> bool:
-        """True once a step has taken this state (its KV leaves now belong to the returned state)."""
-        return getattr(self, "_consumed", False)
-
-    def mark_consumed(self) -> None:
-        # Host-side bookkeeping only: not a field, so not a pytree leaf and never seen by the graph.
-        object.__setattr__(self, "_consumed", True)
+        """True once this state may no longer be stepped: a step took it (or a state sharing its KV),
+        or a later prefill re-primed its KV pool (`fdecode.state.ownership`)."""
+        ticket = self.kv_ticket
+        return ticket is not None and ticket.spent is not None
 
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
-        new = DecodeState(*(t.clone() for t in _fields(self))).bound_positions(self.max_position)
-        return new.record_sampling(self.lane_sampling)
+        host = self.host
+        ticket = None if host.ticket is None else host.ticket.detached()  # KV of its own, equally stale
+        return DecodeState(*(t.clone() for t in _fields(self)))._set_host(dataclasses.replace(host, ticket=ticket))
 
     def __repr__(self) -> str:
+        # Shapes, dtype, device and host bookkeeping only: reading a tensor value would sync the device.
         b, w = self.tokens.shape
         return (
-            f"DecodeState(lanes={b}, window={w}, active={int(self.active.sum())}, "
+            f"DecodeState(lanes={b}, window={w}, max_position={self.max_position}, "
             f"device={self.tokens.device}, kv_dtype={self.target_kv.dtype}, "
-            f"target_kv={tuple(self.target_kv.shape)}, draft_kv={tuple(self.draft_kv.shape)})"
+            f"target_kv={tuple(self.target_kv.shape)}, draft_kv={tuple(self.draft_kv.shape)}"
+            f"{', consumed' if self.consumed else ''})"
         )
 
 
@@ -173,10 +207,65 @@ def _fields(obj: object) -> list[torch.Tensor]:
     return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
 
 
-for _cls in (DecodeState, StepOutput):
-    pytree.register_pytree_node(
-        _cls,
-        lambda obj: (_fields(obj), None),
-        lambda leaves, _ctx, cls=_cls: cls(*leaves),
-        serialized_type_name=f"fdecode.{_cls.__name__}",
-    )
+def _kv_storages(state: DecodeState) -> tuple[int | None, int | None]:
+    return storage_of(state.target_kv), storage_of(state.draft_kv)
+
+
+def _same_kv(a: DecodeState, b: DecodeState) -> bool:
+    """Both states' KV leaves are the same objects, or views of the same storages."""
+    if a.target_kv is b.target_kv and a.draft_kv is b.draft_kv:
+        return True
+    kv = _kv_storages(a)
+    return None not in kv and kv == _kv_storages(b)
+
+
+def _ref(leaf: object) -> Callable[[], object]:
+    try:
+        return weakref.ref(leaf)
+    except TypeError:  # a leaf that is not a tensor (a pytree map may put anything there)
+        return lambda: leaf
+
+
+_NAMES = tuple(f.name for f in dataclasses.fields(DecodeState))
+
+
+class _HostContext:
+    """A DecodeState's pytree context: its host bookkeeping and (weakly) the leaves it was flattened
+    from, so an unflatten can tell which leaves a map changed. Not structure: every context compares
+    equal, so states with different bookkeeping still have the same TreeSpec."""
+
+    __slots__ = ("host", "leaves", "kv")
+
+    def __init__(self, state: DecodeState) -> None:
+        self.host = state.host
+        self.leaves = tuple(_ref(t) for t in _fields(state))
+        self.kv = _kv_storages(state)
+
+    def rebuilt(self, leaves: list[torch.Tensor]) -> DecodeState:
+        new = DecodeState(*leaves)
+        changed = {name for name, ref, leaf in zip(_NAMES, self.leaves, leaves) if ref() is not leaf}
+        same_kv = not {"target_kv", "draft_kv"} & changed or (None not in self.kv and _kv_storages(new) == self.kv)
+        return new._set_host(self.host.carried(changed, same_kv))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _HostContext)
+
+    def __hash__(self) -> int:
+        return hash(_HostContext)
+
+    def __repr__(self) -> str:
+        return "<DecodeState host bookkeeping>"
+
+
+pytree.register_pytree_node(
+    DecodeState,
+    lambda state: (_fields(state), _HostContext(state)),
+    lambda leaves, ctx: ctx.rebuilt(list(leaves)) if isinstance(ctx, _HostContext) else DecodeState(*leaves),
+    serialized_type_name="fdecode.DecodeState",
+)
+pytree.register_pytree_node(
+    StepOutput,
+    lambda obj: (_fields(obj), None),
+    lambda leaves, _ctx: StepOutput(*leaves),
+    serialized_type_name="fdecode.StepOutput",
+)
