@@ -4,7 +4,7 @@ Systems (greedy, independent draft):
   target-only   compiled target, one token per step (TargetOnly)
   before        the host-round-trip speculative loop (BeforeLoop, compiled forwards)
   fdecode-eager the fdecode step, uncompiled
-  fdecode       the fdecode step, compiled (inductor; greedy-only graph)
+  fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs)
   hf-generate   transformers `generate`, batch 1 only
   hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
 
@@ -154,7 +154,8 @@ def run_workload(
         ]
     prompts = prompts[:batch]
     max_seq_len = max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
-    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, sampling=False, device=device, dtype=dtype)
+    # The default DecodeConfig users get (sampling allowed): greedy lanes run its greedy plan's graph.
+    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, device=device, dtype=dtype)
     eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
     compiled = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend=backend))
     _, needed = fdecode_loop(compiled, prompts, new_tokens)  # compiles, and counts the steps a run takes

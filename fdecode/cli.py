@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import fdecode
+from fdecode.ops.plan import GREEDY
 from fdecode.assets import TINY, TINY_DRAFT
 from fdecode.baseline import BeforeLoop
 from fdecode.models import from_hf
@@ -57,12 +58,12 @@ def demo(args: argparse.Namespace) -> int:
     eos = tokenizer.eos_token_id
     cfg = fdecode.DecodeConfig(
         num_draft_tokens=args.k, max_batch=1, max_seq_len=len(prompt) + args.max_new_tokens + 2 * args.k + 2,
-        backend=args.backend, sampling=False,  # the demo decodes greedily: the leaner greedy-only graph
+        backend=args.backend,  # the default config: its greedy lanes run the greedy plan's graph
     )
     step = fdecode.compile(target, draft, cfg)
     print(f"model: {folder} (draft: {draft_name})\nstep:  {step}", file=sys.stderr)
     print("compiling ...", file=sys.stderr, flush=True)
-    compile_s = sum(step.warmup().values())
+    compile_s = sum(step.warmup(plans=(GREEDY,)).values())  # the demo decodes greedily: the only plan it runs
 
     print(args.prompt, end="", flush=True)
     engine = fdecode.Engine(step)

@@ -15,6 +15,7 @@ from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
+from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.step import decode_step, general_plan
 
@@ -54,6 +55,8 @@ class Step:
         self.backend = backend
         self.fallback_reason = fallback_reason
         self.attention_reason = attention_reason
+        # Default seeds of requests that give none, the same on every tensor-parallel rank.
+        self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self._graphs: dict[tuple[int, SamplingPlan], Callable] = {}
@@ -171,7 +174,7 @@ class Step:
             return prefill(
                 self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens,
                 eos_token_id=eos_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                seed=seed, kv=(target_kv, draft_kv),
+                seed=seed, kv=(target_kv, draft_kv), seeds=self.seeds,
             )
 
         return self._kv.start(build, take_over=not concurrent)
