@@ -1,4 +1,4 @@
-"""Draft-KV consistency and scratch isolation (DESIGN.md invariants), with mixed acceptance; KV pools
+"""Draft-KV consistency and scratch isolation (docs/design.md invariants), with mixed acceptance; KV pools
 (ownership rules: `fdecode.state.ownership`, more in `test_ownership.py`)."""
 
 from __future__ import annotations

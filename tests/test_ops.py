@@ -12,7 +12,7 @@ BS = 4
 
 
 def design_example():
-    """DESIGN.md's worked example: block size 4, K = 3, three lanes with L = 4, 2, 1."""
+    """docs/design.md's worked example: block size 4, K = 3, three lanes with L = 4, 2, 1."""
     accepted = torch.tensor([[10, 11, 12, 13], [20, 21, -1, -1], [30, -1, -1, -1]])
     hidden = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 4, 2)  # row (b, j) holds 8b + 2j, 8b + 2j + 1
     placeholder = torch.tensor([-1.0, -1.0])

@@ -1,7 +1,7 @@
 """Llama-family decoder LM (Llama, Qwen2, Qwen3) over a caller-owned paged KV cache.
 
 The module owns weights only. The KV cache is an argument written in place
-(a state leaf under the donation contract, see DESIGN.md), so one forward is a
+(a state leaf under the donation contract, see docs/design.md), so one forward is a
 pure function of (weights, tokens, positions, slots, kv, block_tables) plus
 that write, with fixed shapes, ready for `torch.compile(fullgraph=True)`.
 Submodule names mirror HF's `model.*` / `lm_head` so checkpoints map 1:1.
