@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.ops.filters import filtered
+from fdecode.ops.filters import dense, filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, sample
 from fdecode.seeds import SeedSource
@@ -286,8 +286,7 @@ def prime(
     if plan.random:
         noise, _, draft_u = transition_randoms(primed, cfg.K)
         probs, ids = filtered(plan, last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-        pick = sample(probs[:, 0], noise)
-        drawn = pick if ids is None else ids[:, 0].gather(1, pick[:, None])[:, 0]
+        drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], vocab), noise)  # in token order
         first = torch.where(lane["temperature"] > 0, drawn, last_logits.argmax(dim=-1))
     else:
         first, draft_u = last_logits.argmax(dim=-1), None

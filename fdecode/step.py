@@ -109,10 +109,10 @@ def propose(
     if not plan.random:
         return logits.argmax(dim=-1), state.draft_probs[:, j]
     probs, ids = filtered(plan, logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)
-    pick = sample(probs[:, 0], u)  # [B]
-    token = pick if ids is None else ids[:, 0].gather(1, pick[:, None])[:, 0]
+    # Drawn from the dense row, in token order, whichever plan filtered it: a lane's tokens do not
+    # depend on the plan its batch runs (up to float rounding of the filtered probabilities).
     q = dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1])
-    return torch.where(state.temperature > 0, token, logits.argmax(dim=-1)), q
+    return torch.where(state.temperature > 0, sample(q, u), logits.argmax(dim=-1)), q
 
 
 def advance(

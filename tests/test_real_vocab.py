@@ -116,3 +116,23 @@ def test_consecutive_emitted_tokens_are_independent():
     pairs = (seqs[:, :-1] * v + seqs[:, 1:]).flatten()
     assert chi2_pvalue(torch.bincount(pairs, minlength=v * v), torch.full((v * v,), 1 / v**2)) > ALPHA
     assert chi2_pvalue(torch.bincount(seqs.flatten(), minlength=v), torch.full((v,), 1 / v)) > ALPHA
+
+
+def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
+    """Alone, a top_k=10 lane runs the candidate plan; beside a lane without top-k, the batch runs the
+    full-vocabulary plan. Both draw in token order from the same filtered distribution: same tokens."""
+    from conftest import fdecode_target, independent_draft
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    plans = []
+    run = step._run
+    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    alone = fdecode.generate(step, [[5, 17, 33]], max_new_tokens=16, temperature=0.9, top_k=10, seed=42)[0]
+    assert set(plans) == {"top_k<=128"}
+    plans.clear()
+    mixed = fdecode.generate(step, [[5, 17, 33], [7, 3]], max_new_tokens=16, temperature=[0.9, 1.0], top_k=[10, 0],
+                             seed=[42, 1])
+    assert plans[0] == "full+top_k"  # (once the other lane finishes, the batch runs the candidate plan again)
+    assert mixed[0] == alone

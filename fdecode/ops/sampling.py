@@ -112,7 +112,9 @@ def speculative_accept(
     max(0, p_a - q_a) (normalised by `sample`); if all K drafts pass, it commits a
     *bonus* token drawn from p_K, the last window row. Only that one row is drawn from.
     With `target_ids`, p is given on candidates (entries outside them have p = 0, so
-    the residual lives on them too). Returns accepted [B, W] (-1 padded) and length [B] = a + 1.
+    the residual lives on them too); the draw is still made over the vocabulary in
+    token order, so it picks the token a dense p would have picked with the same
+    uniforms. Returns accepted [B, W] (-1 padded) and length [B] = a + 1.
     """
     batch, window = tokens.shape
     k = window - 1
@@ -134,8 +136,10 @@ def speculative_accept(
     residual = (p_a - row(q_rows, drafts_accepted.clamp(max=k - 1))).clamp_min(0.0)
     # p == q on the row leaves no residual, but then the draft is never rejected there.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
-    pick = sample(torch.where((drafts_accepted < k)[:, None], residual, p_a), noise_u)  # [B]
-    fallback = pick if target_ids is None else row(target_ids, drafts_accepted).gather(1, pick[:, None])[:, 0]
+    recovery = torch.where((drafts_accepted < k)[:, None], residual, p_a)  # [B, N]
+    if target_ids is not None:  # drawn over the vocabulary, in token order, as a dense row would be
+        recovery = torch.zeros_like(draft_probs[:, 0]).scatter_add(-1, row(target_ids, drafts_accepted), recovery)
+    fallback = sample(recovery, noise_u)  # [B]
 
     index = torch.arange(window, device=tokens.device)[None, :]
     shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # d1 .. dK then a dummy
