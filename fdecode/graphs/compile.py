@@ -33,15 +33,18 @@ class Step:
     Attributes: `target`, `draft` (fdecode models), `config`, `draft_kind`
     ("mtp" or "model"), `backend` (what runs), `fallback_reason` (why that is
     not the requested backend, else None), `config.attention` (the paged-attention
-    kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention windows in
-    tokens, one graph each), `compile_seconds` (first call of each bucket,
-    compile included), `fn` (the uncompiled pure function, whole-lane window).
+    kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention
+    windows in tokens), `plans` (sampling plans), `compile_seconds` (per window: first calls of its
+    graphs, compile included, summed over plans), `plan_compile_seconds` ((window, plan name) ->
+    seconds), `seeds` (default seeds), `fn` (the uncompiled pure function, whole-lane window,
+    exact for any lanes).
 
-    Context buckets: a step attends over the smallest window that holds every
-    position it can touch, chosen on the host from `state.max_position` (an
-    upper bound the host tracks without reading the device). Each window is a
-    graph of its own, compiled on first use (or all at once by `warmup()`);
-    switching windows picks another graph and never recompiles one.
+    Context buckets and sampling plans: a step attends over the smallest window that holds every
+    position it can touch, chosen on the host from `state.max_position` (an upper bound the host
+    tracks without reading the device), and runs the cheapest sampling plan exact for its lanes
+    (`plan_for`, from the host's record of their parameters, `state.lane_sampling`). Each (window,
+    plan) is a graph of its own, compiled on first use (or all at once by `warmup()`); switching
+    picks another graph and never recompiles one.
     """
 
     def __init__(
