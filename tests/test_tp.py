@@ -13,39 +13,19 @@ the tests compare what they saw:
 
 from __future__ import annotations
 
-import socket
-import time
-
 import pytest
 import torch
 
 import fdecode
 from fdecode.models.parallel import check_shardable
-from tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, target_model
+from tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
 
 WORKER_TIMEOUT_S = 400  # a collective one rank never joins would otherwise hang the suite
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tp")
-    ctx = torch.multiprocessing.start_processes(
-        run_rank, args=(free_port(), str(out)), nprocs=2, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    while not ctx.join(timeout=5):  # raises with the worker's traceback if a rank fails
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"the TP ranks did not finish within {WORKER_TIMEOUT_S} s (a rank stuck in a collective?)")
-    # weights_only=False: the files hold lists and dicts this test's own workers wrote.
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return spawn_ranks(run_rank, 2, tmp_path_factory.mktemp("tp"), WORKER_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fdecode
-from tp_worker import PERTURBED_SEEDS, PROMPTS, SAMPLING, accepted_per_step, decode_config, partial_draft, target_model
+from tp_worker import (
+    PERTURBED_SEEDS, PROMPTS, SAMPLING, accepted_per_step, decode_config, partial_draft, spawn_ranks, target_model,
+)
 
 WORLD = 4
 GROUPS = ([0, 1], [2, 3])
@@ -52,25 +52,9 @@ def run_rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tp_subgroup")
-    ctx = torch.multiprocessing.start_processes(
-        run_rank, args=(free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=2):  # raises with the worker's traceback if a rank fails
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"the ranks did not finish within {TIMEOUT_S} s (a rank stuck in a collective?)")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(run_rank, WORLD, tmp_path_factory.mktemp("tp_subgroup"), TIMEOUT_S)
 
 
 def test_broadcast_accepted_on_groups_not_starting_at_rank0(ranks):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 
 import torch
@@ -95,6 +96,30 @@ def reference() -> dict[str, object]:
         "greedy_mtp": greedy(fdecode.compile(target, mtp_draft(target), decode_config())),
         "logits": {name: variant_logits(cfg) for name, cfg in VARIANTS.items()},
     }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(run, nprocs: int, out, timeout_s: float) -> list[dict]:
+    """Run `run(rank, port, out)` in `nprocs` spawned processes; returns what each saved to `out/rank<r>.pt`.
+    A rank stuck in a collective is killed after `timeout_s` and the test fails (rather than hanging)."""
+    import pytest
+
+    ctx = torch.multiprocessing.start_processes(
+        run, args=(free_port(), str(out)), nprocs=nprocs, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=2):  # raises with the worker's traceback if a rank fails
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            pytest.fail(f"the ranks did not finish within {timeout_s} s (a rank stuck in a collective?)")
+    # weights_only=False: the files hold lists and dicts the test's own workers wrote.
+    return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(nprocs)]
 
 
 def _error(fn) -> str:
