@@ -24,8 +24,15 @@ within the C candidates); top-p mass is summed in fixed point (2**-40 per unit, 
 a token below 2**-40 weighs nothing toward reaching top_p) and top_p * mass is
 rounded in float32.
 
-Measured per step at V = 151,936, B = 1, K = 3 (7 filtered rows), on the project's
-2-core CPU with inductor: see BENCHMARKS.md ("Sampling at a real vocabulary").
+Cost per step, measured at V = 151,936, K = 3 (7 filtered rows per lane), target 256x4,
+draft 128x1, inductor on the project's 2-core CPU (`fdecode bench --workloads real-vocab`,
+step time over the greedy-only graph's, side by side; BENCHMARKS.md has the run, made
+under load):
+
+    plan (lanes)                              B = 1   B = 8
+    greedy (default config, greedy lanes)     0.94x   0.99x
+    top_k<=128 (T=0.7, top_p=0.8, top_k=20)   0.98x   1.02x
+    full+top_p (T=1, top_p=0.95)              1.06x   1.95x
 """
 
 from __future__ import annotations
