@@ -20,6 +20,7 @@ import time
 import torch
 
 import fdecode
+from fdecode.bench import _synchronize
 
 VOCAB = 151_936
 SYSTEMS = {
@@ -28,11 +29,6 @@ SYSTEMS = {
     "default, T=0.7 top_p=0.8 top_k=20": (True, dict(temperature=0.7, top_p=0.8, top_k=20)),
     "default, T=1 top_p=0.95": (True, dict(temperature=1.0, top_p=0.95)),
 }
-
-
-def _sync() -> None:
-    if torch.accelerator.is_available():
-        torch.accelerator.synchronize()
 
 
 def run_sampling_workload(
@@ -53,12 +49,12 @@ def run_sampling_workload(
         plan = step.plan_for(state).name
         window = step.config.bucket_for(state.max_position) * step.config.block_size
         outs = []
-        _sync()
+        _synchronize()
         start = time.perf_counter()
         for _ in range(steps):
             state, out = step(state)
             outs.append(out.num_tokens)
-        _sync()
+        _synchronize()
         seconds = time.perf_counter() - start
         committed = float(torch.stack(outs).float().mean())
         return seconds / steps, committed, plan, window

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.ops.filters import dense, filtered
+from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
-from fdecode.ops.sampling import apply_stops, sample
+from fdecode.ops.sampling import apply_stops, dense, sample
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState
 from fdecode.ops.plan import GREEDY, plan_for
@@ -282,7 +282,7 @@ def prime(
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
     params = list(zip(sampling["temperature"], sampling["top_k"], sampling["top_p"]))
-    plan = plan_for(*zip(*params), candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
+    plan = plan_for(params, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
     if plan.random:
         noise, _, draft_u = transition_randoms(primed, cfg.K)
         probs, ids = filtered(plan, last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])

@@ -21,12 +21,12 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.parallel import rank0_tokens
-from fdecode.ops.filters import dense, filtered
+from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
-from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, greedy_accept, sample, speculative_accept
+from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
 
 

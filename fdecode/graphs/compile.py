@@ -86,8 +86,7 @@ class Step:
         lanes = state.lane_sampling
         if lanes is None:
             return general_plan(cfg)
-        live = [lane for lane in lanes if lane is not None]
-        return plan_for(*zip(*live), candidates=cfg.top_k_candidates) if live else GREEDY
+        return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates)
 
     def _pure(self, blocks: int, plan: SamplingPlan) -> Callable:
         target, draft, config = self.target, self.draft, self.config

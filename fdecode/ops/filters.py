@@ -71,9 +71,10 @@ def radix_select(bits: torch.Tensor, weight: torch.Tensor, need: torch.Tensor) -
     return prefix
 
 
-def _softmax(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits / T as float32 ([B, R, N], [B]); greedy lanes (T = 0) divide by 1 to keep the math finite."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    return torch.softmax(logits.float() / t[:, None, None], dim=-1)
+    return logits.float() / t[:, None, None]
 
 
 def full_filter(
@@ -88,10 +89,11 @@ def full_filter(
 ) -> torch.Tensor:
     """The distribution a lane samples from: [B, R, V] float32, each row sums to 1."""
     b, r, v = logits.shape
-    probs = _softmax(logits, temperature)
+    probs = torch.softmax(_scaled(logits, temperature), dim=-1)
     # max(dim) rather than amax: torchair's GE mode converts the former (ArgMaxWithValue), not the latter.
     keep = probs >= min_p[:, None, None] * probs.max(dim=-1, keepdim=True).values
-    bits = probs.contiguous().view(torch.int32).to(torch.int64).view(b * r, v)
+    if use_top_k or use_top_p:
+        bits = probs.contiguous().view(torch.int32).to(torch.int64).view(b * r, v)
     in_k = None
     if use_top_k:
         k = top_k[:, None].expand(b, r).reshape(-1)
@@ -129,9 +131,7 @@ def candidate_filter(
     values, ids = torch.topk(logits, count, dim=-1)  # sorted, descending
     k = top_k.clamp(1, count)[:, None, None].expand(b, r, 1)
     in_k = values >= values.gather(-1, k - 1)  # ties at the k-th value are kept
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    z = values.float() / t[:, None, None]
-    probs = torch.softmax(torch.where(in_k, z, float("-inf")), dim=-1)
+    probs = torch.softmax(torch.where(in_k, _scaled(values, temperature), float("-inf")), dim=-1)
     last = first_true(probs.cumsum(dim=-1) >= top_p[:, None, None]).clamp(max=count - 1)  # [B, R]
     in_p = (probs >= probs.gather(-1, last[..., None])) | (top_p >= 1.0)[:, None, None]
     in_min = probs >= min_p[:, None, None] * probs[..., :1]
@@ -146,10 +146,3 @@ def filtered(
     if plan.candidates:
         return candidate_filter(logits, temperature, top_k, top_p, min_p, plan.candidates)
     return full_filter(logits, temperature, top_k, top_p, min_p, use_top_k=plan.top_k, use_top_p=plan.top_p), None
-
-
-def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
-    """[..., V] probabilities from candidates (ids are distinct, so scatter_add places each once)."""
-    if ids is None:
-        return probs
-    return torch.zeros(*probs.shape[:-1], vocab, dtype=probs.dtype, device=probs.device).scatter_add(-1, ids, probs)

@@ -42,11 +42,9 @@ class SamplingPlan:
 GREEDY = SamplingPlan()
 
 
-def plan_for(
-    temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float], *, candidates: int
-) -> SamplingPlan:
-    """The plan for lanes with these (host-side) parameters, one entry per lane that may be active."""
-    random = [(k, p) for t, k, p in zip(temperature, top_k, top_p) if t > 0]
+def plan_for(lanes: Sequence[tuple[float, int, float]], *, candidates: int) -> SamplingPlan:
+    """The plan for lanes with these host-side (temperature, top_k, top_p), one per lane that may be active."""
+    random = [(k, p) for t, k, p in lanes if t > 0]
     if not random:
         return GREEDY
     if candidates and all(1 <= k <= candidates for k, _ in random):

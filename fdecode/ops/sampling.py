@@ -64,6 +64,14 @@ def apply_stops(
 CHUNK = 1024  # tokens per first-level bucket of `sample`
 
 
+def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """[..., V] probabilities from candidates probs / ids [..., C] (ids are distinct, so scatter_add places
+    each once); None ids: `probs` is dense already."""
+    if ids is None:
+        return probs
+    return torch.zeros(*probs.shape[:-1], vocab, dtype=probs.dtype, device=probs.device).scatter_add(-1, ids, probs)
+
+
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The first index whose cumulative mass exceeds u * total, never a zero entry.  [..., N], [...] -> [...]
 
@@ -137,9 +145,9 @@ def speculative_accept(
     # p == q on the row leaves no residual, but then the draft is never rejected there.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
     recovery = torch.where((drafts_accepted < k)[:, None], residual, p_a)  # [B, N]
-    if target_ids is not None:  # drawn over the vocabulary, in token order, as a dense row would be
-        recovery = torch.zeros_like(draft_probs[:, 0]).scatter_add(-1, row(target_ids, drafts_accepted), recovery)
-    fallback = sample(recovery, noise_u)  # [B]
+    ids = None if target_ids is None else row(target_ids, drafts_accepted)
+    # Drawn over the vocabulary, in token order, as a dense row would be.
+    fallback = sample(dense(recovery, ids, draft_probs.shape[-1]), noise_u)  # [B]
 
     index = torch.arange(window, device=tokens.device)[None, :]
     shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # d1 .. dK then a dummy
