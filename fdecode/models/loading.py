@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -142,6 +144,22 @@ def _few(keys: set[str]) -> str:
     return ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else "")
 
 
+class Family(NamedTuple):
+    """How a model family loads: its config mapping, checkpoint key mapping and module classes."""
+
+    config_from_hf: Callable[[dict[str, object]], ModelConfig]
+    rename: Callable[[str, int], str | None]  # (checkpoint key, num_layers) -> fdecode name, None = ignored
+    model: Callable[[ModelConfig], nn.Module]
+    mtp: Callable[[ModelConfig], nn.Module]
+
+
+def family_of(model_type: object) -> Family:
+    """The family that loads `model_type`: Llama / Qwen2 / Qwen3 here, Qwen3.5 in `fdecode.models.qwen3_5`."""
+    from fdecode.models.qwen3_5 import QWEN3_5, QWEN3_5_TYPES  # local: that module builds on this one
+
+    return QWEN3_5 if model_type in QWEN3_5_TYPES else LLAMA
+
+
 def _build(
     cfg: ModelConfig,
     weights: dict[str, torch.Tensor],
@@ -149,10 +167,12 @@ def _build(
     dtype: torch.dtype | None,
     device: torch.device | str | None,
     copy: bool,
+    family: Family | None = None,
 ) -> LlamaModel:
+    family = LLAMA if family is None else family
     renamed = {}
     for key, tensor in weights.items():
-        name = _rename(key, cfg.num_layers)
+        name = family.rename(key, cfg.num_layers)
         if name is not None:
             renamed[name] = tensor
     if cfg.tie_word_embeddings:
@@ -160,9 +180,9 @@ def _build(
     has_mtp = any(k.startswith("mtp.") for k in renamed)
     # Meta-device construction: no memory for weights that are about to be replaced.
     with torch.device("meta"):
-        model = LlamaModel(cfg)
+        model = family.model(cfg)
         if has_mtp:
-            model.mtp = MTPHead(cfg)
+            model.mtp = family.mtp(cfg)
     expected = set(model.state_dict()) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
     missing, unexpected = expected - set(renamed), set(renamed) - expected
     if missing or unexpected:
@@ -179,6 +199,9 @@ def _build(
     model.requires_grad_(False)
     # Moves the CPU-built RoPE buffers next to the weights.
     return model.to(device=model.embed_tokens.weight.device)
+
+
+LLAMA = Family(config_from_hf, _rename, LlamaModel, MTPHead)
 
 
 def _read_folder_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -207,13 +230,16 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder} has no config.json")
         # The config is checked before any weight is read.
-        cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
-        weights, copy = _read_folder_weights(folder), False
+        hf = json.loads((folder / "config.json").read_text())
+        family = family_of(hf.get("model_type"))
+        cfg, weights, copy = family.config_from_hf(hf), _read_folder_weights(folder), False
     elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
-        cfg, weights, copy = config_from_hf(obj.config.to_dict()), obj.state_dict(), True
+        hf = obj.config.to_dict()
+        family = family_of(hf.get("model_type"))
+        cfg, weights, copy = family.config_from_hf(hf), obj.state_dict(), True
     else:
         raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
-    return _build(cfg, weights, dtype=dtype, device=device, copy=copy)
+    return _build(cfg, weights, dtype=dtype, device=device, copy=copy, family=family)
 
 
 def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:

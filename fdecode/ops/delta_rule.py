@@ -1,0 +1,83 @@
+"""Gated DeltaNet recurrence (Yang et al. 2024, "Gated Delta Networks"), row by row, as pure functions.
+
+Per value head, with S a [dk, dv] matrix kept in float32, a row t with key k_t (L2-normalised),
+query q_t (L2-normalised, times dk**-0.5), value v_t, decay g_t <= 0 and write strength beta_t:
+
+    S     <- S * exp(g_t)
+    delta  = beta_t * (v_t - S^T k_t)
+    S     <- S + k_t delta^T
+    o_t    = S^T q_t
+
+Before it, the q|k|v channels go through a depthwise causal conv1d (kernel k, SiLU) whose state is
+the last k - 1 inputs of each channel (the *conv window*).
+
+Rows run in order; a row with `valid` False leaves both states exactly as they were (its output is
+computed but meaningless). That is how a 2-row draft forward skips its repair row, and how prompts
+of different lengths share a padded prefill. With `snapshots=True` the functions return the state
+after every row ([B, Q, ...]), which is what verify-with-rollback selects from once the accepted
+length is known (`fdecode.state.recurrent`); otherwise only the state after the last row.
+
+This is the reference (and, on every backend, the implementation): Q is at most K + 1 in a step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _keep(valid: torch.Tensor | None, j: int, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    if valid is None:
+        return new
+    mask = valid[:, j].reshape(-1, *([1] * (new.dim() - 1)))
+    return torch.where(mask, new, old)
+
+
+def causal_conv_rows(
+    x: torch.Tensor,  # [B, Q, C] inputs, model dtype
+    window: torch.Tensor,  # [B, C, k-1] the last k-1 inputs before row 0
+    weight: torch.Tensor,  # [C, k] depthwise kernel, oldest tap first
+    valid: torch.Tensor | None = None,  # [B, Q] bool, None: every row
+    *,
+    snapshots: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(causal depthwise conv) of each row [B, Q, C] and the window after each row [B, Q, C, k-1]
+    (snapshots) or after the last row [B, C, k-1]."""
+    outs, windows = [], []
+    window = window.to(x.dtype)
+    for j in range(x.shape[1]):
+        full = torch.cat([window, x[:, j, :, None]], dim=-1)  # [B, C, k]
+        outs.append(F.silu((full.to(weight.dtype) * weight).sum(-1)).to(x.dtype))
+        window = _keep(valid, j, full[..., 1:], window)
+        windows.append(window)
+    return torch.stack(outs, dim=1), torch.stack(windows, dim=1) if snapshots else window
+
+
+def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim (the FLA / transformers convention)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rows(
+    q: torch.Tensor,  # [B, Q, Hv, dk] float32, normalised and scaled
+    k: torch.Tensor,  # [B, Q, Hv, dk] float32, normalised
+    v: torch.Tensor,  # [B, Q, Hv, dv] float32
+    g: torch.Tensor,  # [B, Q, Hv] float32, log decay (<= 0)
+    beta: torch.Tensor,  # [B, Q, Hv] float32 in (0, 1)
+    state: torch.Tensor,  # [B, Hv, dk, dv] float32 before row 0
+    valid: torch.Tensor | None = None,  # [B, Q] bool, None: every row
+    *,
+    snapshots: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs o [B, Q, Hv, dv] float32 and the state after each row [B, Q, Hv, dk, dv] (snapshots)
+    or after the last row [B, Hv, dk, dv]."""
+    outs, states = [], []
+    for j in range(q.shape[1]):
+        s = state * g[:, j].exp()[..., None, None]  # [B, Hv, dk, dv]
+        k_j = k[:, j, :, :, None]  # [B, Hv, dk, 1]
+        delta = (v[:, j] - (s * k_j).sum(dim=-2)) * beta[:, j, :, None]  # [B, Hv, dv]
+        s = s + k_j * delta[:, :, None, :]
+        outs.append((s * q[:, j, :, :, None]).sum(dim=-2))  # [B, Hv, dv]
+        state = _keep(valid, j, s, state)
+        states.append(state)
+    return torch.stack(outs, dim=1), torch.stack(states, dim=1) if snapshots else state
