@@ -30,6 +30,7 @@ from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, dense, sample
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState
+from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.step import advance, agreed, transition_randoms
 
@@ -199,6 +200,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
         target_kv=kv[0],
         draft_kv=kv[1],
+        **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -244,12 +246,17 @@ def prime(
     real = positions < lengths[:, None]
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
-    logits, hidden = target(
-        tokens, positions, slots, state.target_kv, table, block_size=bs, attention=cfg.attention
-    )  # [n, T, V], [n, T, H]
+    fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
+    logits, hidden, target_states = forward_rows(
+        target, tokens, positions, slots, state.target_kv, table, block_size=bs, attention=cfg.attention,
+        recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone
+    )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
     # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
     shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    draft(tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted, attention=cfg.attention)
+    _, _, draft_states = forward_rows(
+        draft, tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted,
+        attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
+    )
 
     rows = torch.arange(n, device=device)
     last = lengths - 1
@@ -271,6 +278,7 @@ def prime(
         block_tables=table,
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
+        **after_prompts(fresh, target_states, draft_states),
         active=active,
         remaining=remaining,
         stop_ids=stops.to(device),

@@ -6,8 +6,8 @@ layer = its rank among them) or `GatedDeltaNet` over the recurrent state (linear
 
 The module owns weights only. The paged KV is an argument written in place, as for `LlamaModel`;
 the recurrent state comes in as `recurrent = (conv, rec)`, the state of every linear layer before
-the first row (`[L_lin, B, conv_dim, k-1]`, `[L_lin, B, Hv, dk, dv]` float32), and the states after
-the rows go out, so the caller (`fdecode.state.recurrent`) decides which one is committed. Without
+the first row (`[B, L_lin, conv_dim, k-1]`, `[B, L_lin, Hv, dk, dv]` float32, lane first), and the
+states after the rows go out (`[B, L_lin, Q, ...]` with `snapshots`, else `[B, L_lin, ...]`), so the caller (`fdecode.state.recurrent`) decides which one is committed. Without
 `recurrent` the forward starts from zeros and returns (logits, hidden) like every fdecode model
 (a whole sequence from scratch: `fdecode.models.dense`). Names mirror transformers' `model.*`.
 """
@@ -113,7 +113,7 @@ class HybridModel(nn.Module):
     def new_recurrent(
         self, batch: int, copies: int, *, dtype: torch.dtype, device: torch.device | str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero (conv, rec) leaves, `copies` per lane: `[L_lin, B, copies, ...]` (conv in `dtype`, rec float32)."""
+        """Zero (conv, rec) leaves, `copies` per lane: `[B, L_lin, copies, ...]` (conv in `dtype`, rec float32)."""
         cfg = self.config
         return (
             torch.zeros(cfg.conv_shape(batch, copies), dtype=dtype, device=device),
@@ -133,7 +133,7 @@ class HybridModel(nn.Module):
         attention: str = "torch",
         recurrent: tuple[torch.Tensor, torch.Tensor] | None = None,  # (conv, rec) before row 0, see the docstring
         valid: torch.Tensor | None = None,  # [B, Q] bool: rows that advance the recurrent state, None: all
-        snapshots: bool = False,  # return the states after every row ([L_lin, B, Q, ...]) instead of the last
+        snapshots: bool = False,  # return the states after every row ([B, L_lin, Q, ...]) instead of the last
     ):
         """(logits [B, Q, V] float32, final-norm hidden [B, Q, H]), plus, when `recurrent` is given,
         the (conv, rec) states after the rows."""
@@ -141,7 +141,7 @@ class HybridModel(nn.Module):
         given = recurrent is not None
         if not given:
             conv, rec = self.new_recurrent(batch, 1, dtype=self.embed_tokens.weight.dtype, device=tokens.device)
-            recurrent = (conv[:, :, 0], rec[:, :, 0])
+            recurrent = (conv[:, :, 0], rec[:, :, 0])  # [B, L_lin, ...]
         ctx = paged_context(block_tables, positions, block_size, kernel=attention)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
@@ -149,13 +149,15 @@ class HybridModel(nn.Module):
             if isinstance(layer, AttentionBlock):
                 x = layer(x, positions, slots, kv, index, ctx, self.rotary)
             else:
-                x, conv, rec = layer(x, recurrent[0][index], recurrent[1][index], valid, snapshots=snapshots)
+                x, conv, rec = layer(x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots)
                 convs.append(conv)
                 recs.append(rec)
         hidden = self.norm(x)
         logits = self.lm_head(hidden).float()
         if not given:
             return logits, hidden
-        if not convs:  # no linear-attention layer: the (empty) states pass through
-            return logits, hidden, recurrent
-        return logits, hidden, (torch.stack(convs), torch.stack(recs))
+        if not convs:  # no linear-attention layer: the (empty) states pass through, one per row if asked
+            rows = tokens.shape[1]
+            return logits, hidden, tuple(t.unsqueeze(2).expand(-1, -1, rows, *t.shape[2:]) if snapshots else t
+                                         for t in recurrent)
+        return logits, hidden, (torch.stack(convs, dim=1), torch.stack(recs, dim=1))

@@ -74,9 +74,9 @@ class HybridConfig(ModelConfig):
 
     def conv_shape(self, batch: int, copies: int) -> tuple[int, ...]:
         """Conv windows of `batch` lanes, `copies` per lane, of every linear-attention layer."""
-        return (len(self.linear_layers), batch, copies, self.conv_dim, self.linear_conv_kernel - 1)
+        return (batch, len(self.linear_layers), copies, self.conv_dim, self.linear_conv_kernel - 1)
 
     def rec_shape(self, batch: int, copies: int) -> tuple[int, ...]:
         """Delta-rule states of `batch` lanes, `copies` per lane, of every linear-attention layer."""
         hv, dk, dv = self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim
-        return (len(self.linear_layers), batch, copies, hv, dk, dv)
+        return (batch, len(self.linear_layers), copies, hv, dk, dv)

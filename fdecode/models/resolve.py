@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
 from fdecode.models.mtp import MTPHead
@@ -104,7 +105,7 @@ def resolve_target(obj: object, cfg: DecodeConfig) -> LlamaModel:
     """`obj` as an fdecode model the step owns (see `owned`); `cfg` is resolved (`resolve_config`)."""
     if isinstance(obj, MTPHead):
         raise TypeError("an MTPHead cannot be the target; pass it (or 'mtp') as the draft")
-    if isinstance(obj, LlamaModel):
+    if isinstance(obj, (LlamaModel, HybridModel)):
         model = obj
     elif isinstance(obj, (str, Path)) or _is_hf_model(obj):
         model = from_hf(obj, dtype=cfg.dtype, device=cfg.device)  # a fresh model, loaded where it runs

@@ -111,6 +111,11 @@ class DecodeState:
     block_tables: torch.Tensor  # [B, max_blocks] int64: KV block of each lane, -1 = unallocated
     target_kv: torch.Tensor  # [L_t, 2, num_slots, Hkv_t, D_t] target paged KV (block 0 = scratch)
     draft_kv: torch.Tensor  # [L_d, 2, num_slots, Hkv_d, D_d] draft paged KV (block 0 = scratch)
+    # Recurrent state of linear-attention layers (hybrid models; 0 layers otherwise), `fdecode.state.recurrent`:
+    target_conv: torch.Tensor  # [B, Lr_t, 1, conv_dim, k-1] conv windows after the positions < base_pos
+    target_rec: torch.Tensor  # [B, Lr_t, 1, Hv, dk, dv] float32 delta-rule states after the positions < base_pos
+    draft_conv: torch.Tensor  # [B, Lr_d, K, conv_dim, k-1] draft conv windows after the last advance's K rows
+    draft_rec: torch.Tensor  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows
     active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
     remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
     stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none

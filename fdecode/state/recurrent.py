@@ -1,0 +1,113 @@
+"""The recurrent state of hybrid models (Gated DeltaNet layers) in `DecodeState`, with rollback.
+
+Leaves, lane first, per model (`target_*`, `draft_*`; L = its linear-attention layers, R = copies):
+
+    conv: [B, L, R, conv_dim, k-1]  cfg.dtype  conv windows (the last k-1 q|k|v inputs)
+    rec:  [B, L, R, Hv, dk, dv]     float32    delta-rule states
+
+A model without linear-attention layers (Llama, an MTP head) has L = 0: empty leaves, no work.
+
+- Target (R = 1): the state after every committed position < base_pos (t is not yet in it, as for
+  the KV). The verify forward over the window [t, d1 .. dK] returns the state after each row j
+  (W snapshots); once the accepted length L is known, the committed state becomes snapshot L - 1,
+  selected on the device (`commit_verify`). L = 0 (an inactive lane) keeps the old state bit for bit.
+- Draft LM (R = K): the states the last advance left after its rows at positions P, P+1 .. P+K-1
+  (the current row, then drafts d'1 .. d'(K-1)). The next advance, L accepted, needs the state
+  after position P' - 1 = P + L - 1, which is copy L - 1 for L <= K; for L = W (every draft
+  accepted, d'K never went through the draft) it starts from copy K - 1 and lets its repair row
+  (d'K at P' - 1) advance the state, a row that is skipped (`valid` False) when L < W. The rows
+  of the advance refill the K copies (`commit_ring`); lanes that committed nothing keep theirs.
+
+Priming runs the prompt over a zero state with the rows past each prompt skipped: the target's
+state after the prompt goes to copy 0, the draft's to every copy (the first advance reads copy 0).
+Each update of a leaf in the step is one in-place copy, so the leaf is donated like the KV.
+"""
+
+from __future__ import annotations
+
+import torch
+
+State = tuple[torch.Tensor, torch.Tensor]  # (conv, rec), lane first
+
+
+def is_hybrid(model: torch.nn.Module) -> bool:
+    """Whether `model` carries a recurrent state (its forward takes `recurrent=`)."""
+    return hasattr(model, "new_recurrent")
+
+
+def empty_leaves(model: torch.nn.Module, batch: int, copies: int, *, dtype: torch.dtype, device) -> State:
+    """Zero (conv, rec) leaves for `batch` lanes and `copies` copies; L = 0 for a model without them."""
+    if is_hybrid(model):
+        return model.new_recurrent(batch, copies, dtype=dtype, device=device)
+    empty = (batch, 0, copies, 0, 0)
+    return torch.zeros(empty, dtype=dtype, device=device), torch.zeros((*empty, 0), dtype=torch.float32, device=device)
+
+
+def forward_rows(model: torch.nn.Module, *args, recurrent: State | None = None, valid: torch.Tensor | None = None,
+                 snapshots: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor, State | None]:
+    """`model(*args, **kwargs)` as (logits, hidden, states after the rows); states are None (and
+    `recurrent` unused) for a model without a recurrent state, whose call is left exactly as it was."""
+    if not is_hybrid(model):
+        logits, hidden = model(*args, **kwargs)
+        return logits, hidden, None
+    return model(*args, recurrent=recurrent, valid=valid, snapshots=snapshots, **kwargs)
+
+
+def pick(states: State, index: torch.Tensor) -> State:
+    """Copy / row `index[b]` of lane b: [B, L, R, ...] -> [B, L, ...]."""
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        at = index.view(-1, 1, 1, *([1] * (t.dim() - 3))).expand(t.shape[0], t.shape[1], 1, *t.shape[3:])
+        return t.gather(2, at).squeeze(2)
+
+    return one(states[0]), one(states[1])
+
+
+def _write(leaf: torch.Tensor, new: torch.Tensor, keep: torch.Tensor) -> None:
+    mask = keep.view(-1, *([1] * (leaf.dim() - 1)))
+    leaf.copy_(torch.where(mask, leaf, new.to(leaf.dtype)))
+
+
+def commit_verify(leaves: State, snapshots: State, length: torch.Tensor) -> None:
+    """Target leaves (R = 1) <- the snapshot after each lane's accepted prefix (`length` [B], 0 keeps)."""
+    chosen = pick(snapshots, (length - 1).clamp_min(0))
+    for leaf, new in zip(leaves, chosen):
+        _write(leaf, new[:, :, None], length == 0)
+
+
+def draft_start(leaves: State, length: torch.Tensor, copies: int) -> State:
+    """The state a draft advance starts from: copy min(L, K) - 1 (see the module docstring)."""
+    return pick(leaves, (length.clamp(1, copies) - 1))
+
+
+def commit_ring(leaves: State, ring: list[State], live: torch.Tensor) -> None:
+    """Draft leaves (R = K) <- the states after the advance's rows at P .. P+K-1, for `live` lanes."""
+    for i, leaf in enumerate(leaves):
+        _write(leaf, torch.stack([state[i] for state in ring], dim=2), ~live)
+
+
+LEAVES = ("target_conv", "target_rec", "draft_conv", "draft_rec")
+
+
+def zero_leaves(target: torch.nn.Module, draft: torch.nn.Module, batch: int, *, copies: int, dtype: torch.dtype,
+                device) -> dict[str, torch.Tensor]:
+    """The four `DecodeState` leaves of `batch` lanes at zero: target R = 1, draft R = `copies` (K)."""
+    target_conv, target_rec = empty_leaves(target, batch, 1, dtype=dtype, device=device)
+    draft_conv, draft_rec = empty_leaves(draft, batch, copies, dtype=dtype, device=device)
+    return dict(zip(LEAVES, (target_conv, target_rec, draft_conv, draft_rec)))
+
+
+def first_copy(leaves: dict[str, torch.Tensor], model: str) -> State:
+    """Copy 0 of `model`'s ("target" / "draft") leaves: the state a forward over new rows starts from."""
+    return leaves[f"{model}_conv"][:, :, 0], leaves[f"{model}_rec"][:, :, 0]
+
+
+def after_prompts(leaves: dict[str, torch.Tensor], target_states: State | None, draft_states: State | None) -> dict[str, torch.Tensor]:
+    """`leaves` holding the states after the prompts: the target's in its copy, the draft's in every copy."""
+    out = dict(leaves)
+    for model, states in (("target", target_states), ("draft", draft_states)):
+        if states is not None:
+            for kind, state in zip(("conv", "rec"), states):
+                leaf = leaves[f"{model}_{kind}"]
+                out[f"{model}_{kind}"] = state[:, :, None].expand_as(leaf).to(leaf.dtype).contiguous()
+    return out
