@@ -21,14 +21,13 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.parallel import rank0_tokens
-from fdecode.ops.filters import filtered
+from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
-from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
 
 
 def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,11 +66,9 @@ def decode_step(
     slots = torch.where(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
     )
-    committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
-    logits, hidden, snapshots = forward_rows(
-        target, state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size,
-        attention=cfg.attention, recurrent=committed, snapshots=True,
-    )  # [B, W, V], [B, W, H], recurrent states after each row (None: no linear-attention layers)
+    logits, hidden = target(
+        state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size, attention=cfg.attention
+    )  # [B, W, V], [B, W, H]
     if plan.random:
         noise, accept_u, draft_u = transition_randoms(state, cfg.K)
         accepted, length = verify(state, logits, noise, accept_u, plan)
@@ -84,8 +81,6 @@ def decode_step(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
     accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
-    if snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix, in place
-        commit_verify((state.target_conv, state.target_rec), snapshots, (accepted >= 0).sum(dim=1))
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
         overflow=overflow, context_blocks=context_blocks, plan=plan,
@@ -105,19 +100,29 @@ def verify(
 
 
 def propose(
-    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int, plan: SamplingPlan
+    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int, plan: SamplingPlan, candidates: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft j's token [B] (argmax for greedy lanes, a sample for random ones) and its distribution [B, V].
+    """Draft j's token [B] (argmax for greedy lanes, a sample for random ones) and its distribution q [B, V].
 
     logits: [B, V] draft logits; u: [B, 2] uniforms for the draw, None in a greedy-only step
-    (whose draft distributions are never read, so the state's are passed through)."""
+    (whose draft distributions are never read, so the state's are passed through).
+    A random lane's draft proposes from the top `candidates` (`DecodeConfig.top_k_candidates`) of its
+    logits, with the lane's filters applied within them, in every plan: one `torch.topk`, never a
+    full-vocabulary threshold search. Any q keeps the committed tokens exact (acceptance compares p
+    with the q the draft was drawn from, and the residual max(0, p - q) covers what q left out);
+    truncating q only changes how often drafts are accepted. With candidates = 0, the plan's filter."""
     if not plan.random:
         return logits.argmax(dim=-1), state.draft_probs[:, j]
-    probs, ids = filtered(plan, logits[:, None], state.temperature, state.top_k, state.top_p, state.min_p)
-    # Drawn from the dense row, in token order, whichever plan filtered it: a lane's tokens do not
-    # depend on the plan its batch runs (up to float rounding of the filtered probabilities).
-    q = dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1])
-    return torch.where(state.temperature > 0, sample(q, u), logits.argmax(dim=-1)), q
+    params = (state.temperature, state.top_k, state.top_p, state.min_p)
+    if candidates:
+        probs, ids = candidate_filter(logits[:, None], *params, candidates)  # [B, 1, C] each
+        token = ids[:, 0].gather(-1, sample(probs[:, 0], u)[:, None])[:, 0]
+        q = dense(probs[:, 0], ids[:, 0], logits.shape[-1])
+    else:
+        probs, ids = filtered(plan, logits[:, None], *params)
+        q = dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1])
+        token = sample(q, u)
+    return torch.where(state.temperature > 0, token, logits.argmax(dim=-1)), q
 
 
 def advance(
@@ -144,13 +149,7 @@ def advance(
         accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs
     )
     live = (accepted >= 0).any(dim=1)  # [B] lanes that committed something write draft KV
-    length = (accepted >= 0).sum(dim=1)  # [B] L
-    hybrid = is_hybrid(draft)
-    start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
-    # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
-    valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
-    logits, draft_hidden, draft_state = forward_rows(
-        draft,
+    logits, draft_hidden = draft(
         tokens.view(batch, 2),
         rows_pos.view(batch, 2),
         rows_slots.view(batch, 2),
@@ -159,33 +158,27 @@ def advance(
         block_size=bs,
         hidden_in=rows_hidden.view(batch, 2, width),
         attention=cfg.attention,
-        recurrent=start,
-        valid=valid,
     )  # the `current` row (column 1) proposes d'1 at P + 1
-    ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     last = tokens.view(batch, 2)[:, 1]
     # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
     # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
     pos = state.base_pos + (accepted >= 0).sum(dim=1)
-    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0, plan)
+    candidates = cfg.top_k_candidates
+    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
     for j in range(1, window - 1):
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
-        logits, h, draft_state = forward_rows(
-            draft, proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h,
-            attention=cfg.attention, recurrent=draft_state,
+        logits, h = draft(
+            proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h, attention=cfg.attention
         )
-        ring.append(draft_state)
-        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan)
+        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan, candidates)
         proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)
         draft_probs.append(probs)
 
-    if hybrid:
-        commit_ring((state.draft_conv, state.draft_rec), ring, live)
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
     output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
     return DecodeState(
@@ -195,10 +188,6 @@ def advance(
         block_tables=state.block_tables,
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
-        target_conv=state.target_conv,
-        target_rec=state.target_rec,
-        draft_conv=state.draft_conv,
-        draft_rec=state.draft_rec,
         active=~finished,
         remaining=remaining,
         stop_ids=state.stop_ids,

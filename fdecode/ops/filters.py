@@ -120,16 +120,19 @@ def filtered_probs(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
 def candidate_filter(
     logits: torch.Tensor,  # [B, R, V]
     temperature: torch.Tensor,  # [B] float32
-    top_k: torch.Tensor,  # [B] int64 in 1 .. count for random lanes (others are clamped; unused)
+    top_k: torch.Tensor,  # [B] int64; 0 (off) or above count keeps all count candidates
     top_p: torch.Tensor,  # [B] float32
     min_p: torch.Tensor,  # [B] float32
     count: int,  # C, the candidates kept by torch.topk
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The filtered distribution on the top `count` tokens: probs [B, R, C] (rows sum to 1) and ids [B, R, C]."""
+    """The filtered distribution on the top `count` tokens: probs [B, R, C] (rows sum to 1) and ids [B, R, C].
+
+    Exact (the spec's distribution) for lanes with 1 <= top_k <= count; for other lanes, the spec's filters
+    applied to the top `count` tokens only (what drafts propose from, `fdecode.step.propose`)."""
     b, r, _ = logits.shape
     count = min(count, logits.shape[-1])
     values, ids = torch.topk(logits, count, dim=-1)  # sorted, descending
-    k = top_k.clamp(1, count)[:, None, None].expand(b, r, 1)
+    k = torch.where((top_k >= 1) & (top_k <= count), top_k, count)[:, None, None].expand(b, r, 1)
     in_k = values >= values.gather(-1, k - 1)  # ties at the k-th value are kept
     probs = torch.softmax(torch.where(in_k, _scaled(values, temperature), float("-inf")), dim=-1)
     last = first_true(probs.cumsum(dim=-1) >= top_p[:, None, None]).clamp(max=count - 1)  # [B, R]
