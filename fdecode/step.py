@@ -28,6 +28,7 @@ from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
+from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
 
 
 def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,9 +67,11 @@ def decode_step(
     slots = torch.where(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
     )
-    logits, hidden = target(
-        state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size, attention=cfg.attention
-    )  # [B, W, V], [B, W, H]
+    committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
+    logits, hidden, snapshots = forward_rows(
+        target, state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size,
+        attention=cfg.attention, recurrent=committed, snapshots=True,
+    )  # [B, W, V], [B, W, H], recurrent states after each row (None: no linear-attention layers)
     if plan.random:
         noise, accept_u, draft_u = transition_randoms(state, cfg.K)
         accepted, length = verify(state, logits, noise, accept_u, plan)
@@ -81,6 +84,8 @@ def decode_step(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
     accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
+    if snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix, in place
+        commit_verify((state.target_conv, state.target_rec), snapshots, (accepted >= 0).sum(dim=1))
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
         overflow=overflow, context_blocks=context_blocks, plan=plan,
@@ -149,7 +154,13 @@ def advance(
         accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs
     )
     live = (accepted >= 0).any(dim=1)  # [B] lanes that committed something write draft KV
-    logits, draft_hidden = draft(
+    length = (accepted >= 0).sum(dim=1)  # [B] L
+    hybrid = is_hybrid(draft)
+    start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
+    # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
+    valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
+    logits, draft_hidden, draft_state = forward_rows(
+        draft,
         tokens.view(batch, 2),
         rows_pos.view(batch, 2),
         rows_slots.view(batch, 2),
@@ -158,7 +169,10 @@ def advance(
         block_size=bs,
         hidden_in=rows_hidden.view(batch, 2, width),
         attention=cfg.attention,
+        recurrent=start,
+        valid=valid,
     )  # the `current` row (column 1) proposes d'1 at P + 1
+    ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     last = tokens.view(batch, 2)[:, 1]
     # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
     # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
@@ -171,14 +185,18 @@ def advance(
     for j in range(1, window - 1):
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
-        logits, h = draft(
-            proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h, attention=cfg.attention
+        logits, h, draft_state = forward_rows(
+            draft, proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h,
+            attention=cfg.attention, recurrent=draft_state,
         )
+        ring.append(draft_state)
         proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan, candidates)
         proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)
         draft_probs.append(probs)
 
+    if hybrid:
+        commit_ring((state.draft_conv, state.draft_rec), ring, live)
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
     output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
     return DecodeState(
@@ -188,6 +206,10 @@ def advance(
         block_tables=state.block_tables,
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
+        target_conv=state.target_conv,
+        target_rec=state.target_rec,
+        draft_conv=state.draft_conv,
+        draft_rec=state.draft_rec,
         active=~finished,
         remaining=remaining,
         stop_ids=state.stop_ids,
