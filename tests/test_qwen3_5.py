@@ -150,7 +150,8 @@ PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4))]
 
 
 def compiled(target, draft, k: int, backend: str = "eager", **changes):
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend=backend, **changes)
+    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
+                                  "backend": backend, **changes})
     return fdecode.compile(target, draft, cfg)
 
 
@@ -225,3 +226,136 @@ def test_finished_and_free_lanes_keep_their_states_bit_identical() -> None:
             frozen[0] = [getattr(state, n)[0].clone() for n in leaves]
         steps_after += 0 in frozen
     assert 0 in frozen and steps_after >= 2  # lane 0 finished while lane 1 kept stepping
+
+
+def test_inspect_one_graph_no_breaks_no_syncs() -> None:
+    target = hybrid_target()
+    step = compiled(target, near_copy(target), 2, backend="aot_eager")
+    state = step.prefill(list(PROMPTS[:2]), max_new_tokens=NEW, temperature=[0.0, 0.8], top_k=[0, 5])
+    report = fdecode.inspect(step, state)
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert report.host_syncs == []
+    step(state)
+
+
+# ---- the MTP head from a checkpoint folder, the Engine, sampling, errors ----------------------------
+
+import json  # noqa: E402
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from fdecode.models.hybrid_config import HybridConfig  # noqa: E402
+from fdecode.models.hybrid_mtp import HybridMTPHead  # noqa: E402
+from fdecode.models.qwen3_5 import config_from_hf  # noqa: E402
+
+# fdecode's MTP names -> the Qwen3.5 checkpoint's.
+CHECKPOINT_MTP = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.",
+                  "layer.": "layers.0.", "norm.": "norm."}
+
+
+def save_with_mtp(folder, *, fc_columns: int | None = None) -> None:
+    """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head (Qwen3.5 names)
+    and `mtp_num_hidden_layers` in config.json. fc_columns: give `mtp.fc` another input width (a bad head)."""
+    hf = hf_hybrid("full-lin-lin-full")
+    hf.save_pretrained(folder)
+    head = HybridMTPHead.random(from_hf(hf).config, seed=3, std=0.3)
+    weights = load_file(str(folder / "model.safetensors"))
+    for name, tensor in head.state_dict().items():
+        prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
+        weights["mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix):]] = tensor.contiguous()
+    if fc_columns is not None:
+        weights["mtp.fc.weight"] = torch.zeros(weights["mtp.fc.weight"].shape[0], fc_columns)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_mtp_head_from_a_checkpoint_folder_is_lossless(tmp_path, k: int) -> None:
+    save_with_mtp(tmp_path)
+    step = compiled(str(tmp_path), "mtp", k)
+    assert isinstance(step.draft, HybridMTPHead) and step.draft_kind == "mtp"
+    assert step.draft.kv_config.kv_shape(8)[0] == 1  # one gated-attention layer, its own paged KV
+    outs, lengths, _ = run(step, PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_mtp_layers_of_an_unexpected_shape_are_refused(tmp_path) -> None:
+    save_with_mtp(tmp_path, fc_columns=7)
+    with pytest.raises(ValueError, match="mtp.eh_proj.weight"):
+        from_hf(tmp_path)
+
+
+def test_unsupported_layer_types_and_configs_are_refused() -> None:
+    hf = hf_config().to_dict()
+    with pytest.raises(ValueError, match=r"unsupported layer type\(s\) \['sliding_attention'\]"):
+        config_from_hf({**hf, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
+    with pytest.raises(ValueError, match="2 MTP layers"):
+        config_from_hf({**hf, "mtp_num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="layer_types names 3 layers"):
+        config_from_hf({**hf, "layer_types": ["linear_attention"] * 3})
+    # The multimodal checkpoint's text part, and the layer pattern from full_attention_interval.
+    multimodal = {"model_type": "qwen3_5", "text_config": {**hf, "layer_types": None, "full_attention_interval": 2}}
+    assert config_from_hf(multimodal).layer_types == (LINEAR, FULL, LINEAR, FULL)
+
+
+def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:
+    """Two lanes, five requests arriving over time: lanes are re-primed mid-flight, next to a live lane."""
+    target = hybrid_target()
+    engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2))
+    arrivals = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 3: [PROMPTS[2]], 4: [PROMPTS[0][:3]]}
+    budgets = iter([5, 9, 6, 12, 7])
+    want, got, tick = {}, {}, 0
+    while tick <= max(arrivals) or engine.has_work():
+        for prompt in arrivals.get(tick, []):
+            budget = next(budgets)
+            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(prompt)[:budget]
+        for event in engine.step():
+            got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
+        tick += 1
+        assert tick < 200
+    assert got == want
+
+
+SAMPLING_V = 5
+TINY_HYBRID = HybridConfig(
+    vocab_size=SAMPLING_V, hidden_size=16, intermediate_size=32, num_layers=3, num_heads=2, num_kv_heads=1,
+    head_dim=8, model_type="qwen3_5_text", layer_types=(LINEAR, FULL, LINEAR), linear_num_key_heads=1,
+    linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4, partial_rotary_factor=0.5,
+)
+
+
+@pytest.mark.slow
+def test_random_sampling_follows_the_filtered_target() -> None:
+    """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lanes-runs,
+    K = 2 with a draft that agrees only partly: a chi-square test against the exact distribution."""
+    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+
+    target = HybridModel.random(TINY_HYBRID, seed=11, std=0.6)
+    draft = near_copy(target, noise=0.6)
+    lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
+    step = compiled(target, draft, 2, max_batch=lanes, max_seq_len=8)
+
+    def dist(seq):
+        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
+        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+
+    p1 = dist(prompt)
+    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(SAMPLING_V)]).flatten()
+    samples = torch.cat([
+        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
+                                      **params))
+        for b in range(8)
+    ])
+    counts = torch.bincount(samples[:, 0] * SAMPLING_V + samples[:, 1], minlength=SAMPLING_V**2)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+
+
+@pytest.mark.slow
+def test_inductor_partially_agreeing_draft_is_lossless() -> None:
+    target = hybrid_target()
+    outs, lengths, _ = run(compiled(target, near_copy(target), 2, backend="inductor"), PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert len(set(lengths)) > 1
