@@ -29,6 +29,7 @@ from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, dense, sample
 from fdecode.seeds import SeedSource
+from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.ops.plan import GREEDY, plan_for
@@ -228,6 +229,7 @@ def prime(
     budgets: list[int],
     stop_ids: list[list[int]],
     sampling: dict[str, list],
+    uploads: Uploads | None = None,  # the caller's persistent staging buffer (`Engine`); None: one for this call
 ) -> DecodeState:
     """Write new requests into `lanes` of `state` (the host -> device transition); other lanes are untouched.
 
@@ -235,43 +237,47 @@ def prime(
     """
     n, bs, device = len(lanes), cfg.block_size, torch.device(cfg.device)
     vocab = target.config.vocab_size
-    lengths = torch.tensor([len(p) for p in prompts], device=device)  # [n]
-    longest = max(len(p) for p in prompts)  # from host data: no device read
+    longest = max(len(p) for p in prompts)  # host quantities come from host data: no device read
     tokens = torch.zeros(n, longest, dtype=torch.int64)
     for row, p in enumerate(prompts):
         tokens[row, : len(p)] = torch.tensor(p)
-    tokens = tokens.to(device)
-    table = block_tables.to(device)
+    stops = torch.full((n, cfg.max_stop_ids), -1, dtype=torch.int64)
+    for row, ids in enumerate(stop_ids):
+        stops[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    lane = {  # the per-lane sampling leaves, one value per new lane
+        name: torch.tensor(sampling[name], dtype=dtype)
+        for name, dtype in (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
+                            ("min_p", torch.float32), ("seed", torch.int64))
+    }
+    # Every host value goes up in one packed non-blocking copy: a pageable copy would wait for the device.
+    tokens, lengths, table, stops, index, remaining, *values = (Uploads(device) if uploads is None else uploads)(
+        tokens, torch.tensor([len(p) for p in prompts]), block_tables, stops, torch.tensor(lanes),
+        torch.tensor(budgets, dtype=torch.int64), *lane.values(),
+    )
+    lane = dict(zip(lane, values))
+    # Attention reads the smallest context window holding the prompts and the first draft forwards
+    # (a context bucket), not the whole lane; KV writes go through the whole table.
+    context_blocks = cfg.bucket_for(longest - 1)
+    context = table[:, :context_blocks]
     positions = torch.arange(longest, device=device).expand(n, longest)
     real = positions < lengths[:, None]
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
     fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
     logits, hidden, target_states = forward_rows(
-        target, tokens, positions, slots, state.target_kv, table, block_size=bs, attention=cfg.attention,
+        target, tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention,
         recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone
     )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
     # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
     shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
     _, _, draft_states = forward_rows(
-        draft, tokens, positions, slots, state.draft_kv, table, block_size=bs, hidden_in=shifted,
+        draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
         attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
     )
 
     rows = torch.arange(n, device=device)
     last = lengths - 1
-    stops = torch.full((n, cfg.max_stop_ids), -1, dtype=torch.int64)
-    for row, ids in enumerate(stop_ids):
-        stops[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-    lane = {
-        "temperature": torch.tensor(sampling["temperature"], dtype=torch.float32, device=device),
-        "top_k": torch.tensor(sampling["top_k"], dtype=torch.int64, device=device),
-        "top_p": torch.tensor(sampling["top_p"], dtype=torch.float32, device=device),
-        "min_p": torch.tensor(sampling["min_p"], dtype=torch.float32, device=device),
-        "seed": torch.tensor(sampling["seed"], dtype=torch.int64, device=device),
-    }
     active = torch.ones(n, dtype=torch.bool, device=device)
-    remaining = torch.tensor(budgets, dtype=torch.int64, device=device)
     primed = DecodeState(
         tokens=torch.zeros(n, cfg.W, dtype=torch.int64, device=device),
         base_pos=last,  # advance() puts the first token at last + 1
@@ -281,7 +287,7 @@ def prime(
         **after_prompts(fresh, target_states, draft_states),
         active=active,
         remaining=remaining,
-        stop_ids=stops.to(device),
+        stop_ids=stops,
         **lane,
         counter=torch.zeros(n, dtype=torch.int64, device=device),
         draft_probs=torch.zeros(n, cfg.K, vocab, dtype=torch.float32, device=device),
@@ -305,7 +311,8 @@ def prime(
     window_hidden[:, 0] = hidden[rows, last]
     accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
     new = advance(
-        draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished, plan=plan
+        draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished, plan=plan,
+        context_blocks=context_blocks,
     )
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
@@ -314,12 +321,12 @@ def prime(
         known = list(known)
         for lane_index, p in zip(lanes, params):
             known[lane_index] = p
-    return write_lanes(state, lanes, new).bound_positions(bound).record_sampling(known)
+    return write_lanes(state, index, new).bound_positions(bound).record_sampling(known)
 
 
-def write_lanes(state: DecodeState, lanes: list[int], rows: DecodeState) -> DecodeState:
-    """`state` with the per-lane leaves of `lanes` replaced by those of `rows` (KV leaves are shared)."""
-    index = torch.tensor(lanes, device=state.tokens.device)
+def write_lanes(state: DecodeState, index: torch.Tensor, rows: DecodeState) -> DecodeState:
+    """`state` with the per-lane leaves of lanes `index` ([n] int64 on the device) replaced by those of
+    `rows` (KV leaves are shared)."""
     changes = {
         name: getattr(state, name).index_copy(0, index, getattr(rows, name))
         for name in DecodeState.__dataclass_fields__

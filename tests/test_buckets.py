@@ -163,3 +163,42 @@ def test_windows_follow_the_block_size_and_cap_at_the_lane() -> None:
     assert cfg.bucket_blocks == (1, 3, 4)  # 10 -> 1 block, 33 -> 3 blocks, 999 -> capped at ceil(50/16)
     assert [cfg.bucket_for(p) for p in (0, 11, 12, 43, 1000)] == [1, 1, 3, 3, 4]
     assert math.ceil(50 / 16) == cfg.blocks_per_lane
+
+
+def test_prefill_attends_over_the_prompts_window_not_the_lane(monkeypatch) -> None:
+    """Priming reads the smallest window holding the prompts and its first draft forwards (here 16 of
+    the lane's 100 tokens) and gives what attending over the whole lane gives: the same tokens, the
+    same KV. An Engine's admission of a short prompt next to a long one reads the short one's window."""
+    import fdecode.models.llama as llama
+
+    widths = []
+    original = llama.paged_context
+
+    def spy(block_tables, *args, **kwargs):
+        widths.append(block_tables.shape[1] * 4)
+        return original(block_tables, *args, **kwargs)
+
+    monkeypatch.setattr(llama, "paged_context", spy)
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    prompts = [list(PROMPTS[0]), list(PROMPTS[1])]  # 7 and 2 tokens: keys up to 6 + 2K, one 16-token window
+    states = {}
+    for buckets in (BUCKETS, (100,)):  # (100,): a single window, the whole lane (what prefill did before)
+        step = fdecode.compile(target, draft, config(2, context_buckets=buckets))
+        widths.clear()
+        states[buckets] = step.prefill(prompts, max_new_tokens=40, temperature=[0.0, 1.0], seed=[0, 5])
+        assert set(widths) == {16 if buckets == BUCKETS else 100}, widths
+    bucketed, whole = states[BUCKETS], states[(100,)]
+    for name in ("tokens", "base_pos", "output", "block_tables", "counter", "active"):
+        assert torch.equal(getattr(bucketed, name), getattr(whole, name)), name
+    torch.testing.assert_close(bucketed.target_kv, whole.target_kv, rtol=0, atol=1e-6)
+    torch.testing.assert_close(bucketed.draft_kv, whole.draft_kv, rtol=0, atol=1e-6)
+    torch.testing.assert_close(bucketed.draft_probs, whole.draft_probs, rtol=0, atol=1e-6)
+
+    engine = fdecode.Engine(fdecode.compile(target, draft, config(2)))
+    engine.add_request(list(range(1, 40)), max_new_tokens=8)  # 39 tokens: the 48-token window
+    engine.step()
+    widths.clear()
+    engine.add_request([3, 4], max_new_tokens=8)
+    engine.step()  # the step (48) and the admission of [3, 4] (16)
+    assert 16 in widths and 100 not in widths, widths

@@ -204,3 +204,41 @@ def test_cancel_and_unknown_ids():
         engine.cancel(first)
     with pytest.raises(KeyError, match="unknown request id"):
         engine.cancel(12345)
+
+
+def device_tensors(step, state) -> list[torch.Tensor]:
+    """What lives on the device before any request: the state's leaves and the models' weights."""
+    from torch.utils._pytree import tree_leaves
+
+    models = (step.target, step.draft)
+    return [*tree_leaves(state), *(t for m in models for t in (*m.parameters(), *m.buffers()))]
+
+
+def test_admission_and_cancellation_never_wait_for_the_device():
+    """Every engine.step() (launch, read, admissions of greedy and random requests, block-table growth)
+    and cancel() of running and waiting requests, under a mode that raises on any host read of a device
+    tensor and on any blocking host <-> device copy (`tests/device_reads.py`); the tokens are those
+    of the same schedule run without the mode."""
+    from device_reads import DeviceReads
+
+    def schedule(engine):
+        events = []
+        ids = [engine.add_request([1, 2, 3], max_new_tokens=20)]
+        for i in range(10):
+            ids.append(engine.add_request([i + 1, 4], max_new_tokens=3 + i % 4, temperature=0.7 * (i % 2), seed=i))
+            if i == 4:
+                engine.cancel(ids[0])  # running
+            if i == 6:
+                engine.cancel(ids[-1])  # still waiting
+            events += engine.step()
+        events += engine.stream()
+        return events, {ids[0], ids[7]}
+
+    want, _ = schedule(fdecode.Engine(make_step(max_batch=2)))
+    engine = fdecode.Engine(make_step(max_batch=2))
+    mode = DeviceReads().mark(*device_tensors(engine.step_fn, engine.state))
+    with mode:
+        got, cancelled = schedule(engine)
+    assert got == want and mode.calls > 1000
+    assert {e.request_id for e in got if e.finished} == set(range(11)) - cancelled
+    assert engine.allocator.num_free == engine.allocator.capacity

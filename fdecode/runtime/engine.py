@@ -38,13 +38,7 @@ import torch
 
 from fdecode.prefill import block_table, check_budgets, check_prompt, check_sampling, check_stop_ids, prime
 from fdecode.runtime.allocator import BlockAllocator
-
-
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """A small host -> device copy that does not wait: staged in pinned memory on CUDA, copied non-blocking
-    (a pageable copy would synchronize the host with the device, mid-loop)."""
-    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
+from fdecode.staging import Fence, Uploads, host_buffer
 
 
 @dataclass(frozen=True)
@@ -93,11 +87,13 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._next_id = 0
         device = torch.device(cfg.device)
-        pinned = device.type == "cuda"
-        # Persistent host buffers, allocated once: the step's packed output and priming's first tokens.
-        self._out_host = torch.zeros(cfg.max_batch, cfg.W + 2, dtype=torch.int64, pin_memory=pinned)
-        self._prime_host = torch.zeros_like(self._out_host, pin_memory=pinned)
-        self._ready = torch.cuda.Event() if pinned else None
+        # Persistent host buffers, allocated once (pinned on an accelerator, `fdecode.staging`): the step's
+        # packed output and priming's first tokens, read after one wait on `_ready`; every upload (priming,
+        # block-table growth) goes through `_uploads`, so nothing the host does between reads waits.
+        self._out_host = host_buffer((cfg.max_batch, cfg.W + 2), torch.int64, device)
+        self._prime_host = host_buffer((cfg.max_batch, cfg.W + 2), torch.int64, device)
+        self._ready = Fence(device)
+        self._uploads = Uploads(device)
         self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched
         self._primed_lanes: list[int] = []
 
@@ -151,8 +147,9 @@ class Engine:
         if request.lane is None:
             self._waiting.remove(request)
         else:
-            index = torch.tensor([request.lane], device=self.state.active.device)
-            self.state = self.state.replace(active=self.state.active.index_fill(0, index, False))
+            active = self.state.active
+            lanes = torch.arange(active.shape[0], device=active.device)
+            self.state = self.state.replace(active=active & (lanes != request.lane))  # no upload, no read
             self._retire(request)
         del self._requests[request_id]
 
@@ -183,7 +180,7 @@ class Engine:
             self._out_lanes = list(self._lanes)
         self._admit()
         self._extend()
-        if self._ready is not None and (launched is not None or self._primed_lanes):
+        if launched is not None or self._primed_lanes:
             self._ready.record()
         for event in events:
             for callback in self.callbacks:
@@ -208,8 +205,7 @@ class Engine:
         """Read the pending step output and primed first tokens (one event wait) into events."""
         if self._out_lanes is None and not self._primed_lanes:
             return []
-        if self._ready is not None:
-            self._ready.synchronize()
+        self._ready.wait()
         self.host_waits += 1
         events: list[Event] = []
         if self._out_lanes is not None:
@@ -285,9 +281,8 @@ class Engine:
             blocks += got
             request.blocks += got
         if blocks:
-            device = self.state.block_tables.device
-            index = (_to_device(lanes, device), _to_device(columns, device))
-            table = self.state.block_tables.index_put(index, _to_device(blocks, device))
+            lanes, columns, blocks = self._uploads(torch.tensor([lanes, columns, blocks], dtype=torch.int64))[0]
+            table = self.state.block_tables.index_put((lanes, columns), blocks)
             self.state = self.state.replace(block_tables=table)
 
     def _admit(self) -> None:
@@ -317,7 +312,7 @@ class Engine:
         self.state = prime(
             self.step_fn.target, self.step_fn.draft, cfg, self.state, lanes, [r.prompt for r in admitted],
             block_tables=table, budgets=[r.budget for r in admitted], stop_ids=[r.stop_ids for r in admitted],
-            sampling=sampling,
+            sampling=sampling, uploads=self._uploads,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes
