@@ -2,10 +2,13 @@
 
 `BeforeLoop` is the usual speculative-decoding loop that fdecode replaces. It uses the
 same models, the same compiled forwards and the same semantics (repair row, redirect,
-scratch slot), but after every validation it copies the target argmax and the window
-to the host (`.cpu()`), rebuilds the next draft input there in Python (last/prev
-tokens, hidden-row indices, positions, KV lengths, slots) and copies it back before it
-can launch the draft. The device idles for that whole round trip.
+scratch slot), but after every validation it reads the target argmax and the window back
+to the host, rebuilds the next inputs there in Python (last/prev tokens, hidden-row
+indices, positions, slots of the draft forwards and of the next validation) and uploads
+them before it can launch the draft. The device idles for that whole round trip. It is
+the fair version of that loop on an accelerator: per iteration one packed device -> host
+read into a pinned buffer (the one wait) and one packed pinned upload with
+`non_blocking=True` (`fdecode.staging`), not a synchronous pageable copy per input.
 
 `TargetOnly` is plain greedy autoregressive decoding with the target, compiled, one
 token per step, device-resident (the host only launches).
@@ -22,6 +25,7 @@ from torch.profiler import record_function
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.ops.paging import slot_of
+from fdecode.staging import Fence, Uploads, host_buffer
 
 
 class BeforeLoop:
@@ -48,12 +52,22 @@ class BeforeLoop:
         batch, window, k, bs = cfg.max_batch, cfg.W, cfg.K, cfg.block_size
         state = self.step.prefill(prompts, max_new_tokens=max_new_tokens)  # same priming as fdecode
         device = state.tokens.device
-        first = state.output.cpu().tolist()
-        outputs = [first[b][: first[b][-2]] for b in range(len(prompts))]
-        tables = state.block_tables.cpu().tolist()
-        base = state.base_pos.cpu().tolist()
-        remaining = state.remaining.cpu().tolist()
-        active = state.active.cpu().tolist()
+        uploads, read, fence = Uploads(device), host_buffer((batch, 2 * window), torch.int64, device), Fence(device)
+
+        def read_back(values: torch.Tensor, into: torch.Tensor) -> list:
+            """`values` on the host: one packed non-blocking copy into pinned `into`, one wait."""
+            into.copy_(values, non_blocking=True)
+            fence.record()
+            fence.wait()
+            return into.tolist()
+
+        # What the prefill left, in one read: first tokens (output), block tables, base_pos, remaining, active.
+        lanes = torch.stack([state.base_pos, state.remaining, state.active.long()], dim=1)
+        start = torch.cat([state.output, state.block_tables, lanes], dim=1)
+        start = read_back(start, host_buffer(tuple(start.shape), torch.int64, device))
+        outputs = [start[b][: start[b][window]] for b in range(len(prompts))]  # [t.., count, finished]
+        tables = [row[window + 2 : -3] for row in start]
+        base, remaining, active = ([row[i] for row in start] for i in (-3, -2, -1))
         tokens = state.tokens
 
         def slot(b: int, p: int) -> int:
@@ -62,22 +76,22 @@ class BeforeLoop:
                 return 0
             return tables[b][blk] * bs + p % bs
 
-        def to_device(rows) -> torch.Tensor:
-            return torch.tensor(rows, dtype=torch.int64).to(device)
+        def validate_inputs() -> list[torch.Tensor]:  # positions, slots [B, W] of the next validation
+            positions = [[base[b] + j for j in range(window)] for b in range(batch)]
+            slots = [[slot(b, p) if active[b] else 0 for p in row] for b, row in enumerate(positions)]
+            return [torch.tensor(positions), torch.tensor(slots)]
 
+        positions, slots = uploads(*validate_inputs())
         iterations = 0
         while any(active):
             # The host knows every position exactly, so it attends over the same window the step would.
             context = state.block_tables[:, : cfg.bucket_for(max(p for p, a in zip(base, active) if a))]
-            positions = [[base[b] + j for j in range(window)] for b in range(batch)]
-            slots = [[slot(b, p) if active[b] else 0 for p in row] for b, row in enumerate(positions)]
             with record_function("before/validate"):
-                logits, hidden = self._validate(
-                    tokens, to_device(positions), to_device(slots), state.target_kv, context
-                )
+                logits, hidden = self._validate(tokens, positions, slots, state.target_kv, context)
             with record_function("before/host round trip"):
-                # Greedy tokens and the window come back to the host before anything else can run.
-                host = torch.cat([logits.argmax(dim=-1), tokens], dim=1).cpu().tolist()
+                # Greedy tokens and the window come back to the host (one packed read, the one wait)
+                # before anything else can run.
+                host = read_back(torch.cat([logits.argmax(dim=-1), tokens], dim=1), read)
                 rows_tok, rows_pos, rows_slot, rows_hidden, lasts, live = [], [], [], [], [], []
                 for b in range(batch):
                     greedy, window_tokens = host[b][:window], host[b][window:]
@@ -103,24 +117,29 @@ class BeforeLoop:
                     live.append(n > 0)
                     base[b] = pos
                     active[b] = active[b] and remaining[b] > 0
-                flat_hidden = torch.cat([hidden.reshape(batch * window, -1), hidden.new_zeros(1, hidden.shape[-1])])
-                h_rows = flat_hidden[to_device(rows_hidden)]  # [B, 2, H]
-            with record_function("before/draft"):
-                draft_logits, h = self._draft(
-                    to_device(rows_tok), to_device(rows_pos), to_device(rows_slot), state.draft_kv, context, h_rows
+                # Draft forwards j >= 1 and the next validation: positions and slots [K - 1, B, 1].
+                later_pos = [[[base[b] + j] for b in range(batch)] for j in range(1, k)]
+                later_slot = [[[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)] for j in range(1, k)]
+                # Everything the device needs next, in one packed non-blocking upload.
+                rows = [torch.tensor(r) for r in (rows_tok, rows_pos, rows_slot, rows_hidden, lasts)]
+                later = [torch.tensor(r, dtype=torch.int64).view(k - 1, batch, 1) for r in (later_pos, later_slot)]
+                (rows_tok, rows_pos, rows_slot, rows_hidden, lasts, later_pos, later_slot, positions, slots) = uploads(
+                    *rows, *later, *validate_inputs()
                 )
+                flat_hidden = torch.cat([hidden.reshape(batch * window, -1), hidden.new_zeros(1, hidden.shape[-1])])
+                h_rows = flat_hidden[rows_hidden]  # [B, 2, H]
+            with record_function("before/draft"):
+                draft_logits, h = self._draft(rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows)
                 proposal = draft_logits[:, 1].argmax(dim=-1)
                 h = h[:, 1:2]
                 drafts = [proposal]
                 for j in range(1, k):
-                    p = [[base[b] + j] for b in range(batch)]
-                    s = [[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)]
                     draft_logits, h = self._draft(
-                        proposal[:, None], to_device(p), to_device(s), state.draft_kv, context, h
+                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
                     drafts.append(proposal)
-                tokens = torch.stack([to_device(lasts), *drafts], dim=1)
+                tokens = torch.stack([lasts, *drafts], dim=1)
             iterations += 1
         return outputs, iterations
 

@@ -40,6 +40,8 @@ class DeviceReads(TorchFunctionMode):
         super().__init__()
         self._device = WeakIdKeyDictionary()
         self.calls = 0  # torch calls seen: a test can check the mode saw the code it guards
+        self.reads = 0  # non-blocking device -> host copies (the asynchronous read path)
+        self.uploads = 0  # non-blocking host -> device copies
 
     def mark(self, *tensors: torch.Tensor) -> DeviceReads:
         for t in tensors:
@@ -69,10 +71,13 @@ class DeviceReads(TorchFunctionMode):
             if self.on_device(dst) != self.on_device(src) and not non_blocking:
                 way = "device -> host" if self.on_device(src) else "host -> device"
                 raise HostSync(f"a blocking {way} copy_ (non_blocking=False)")
+            self.reads += self.on_device(src) and not self.on_device(dst)
+            self.uploads += self.on_device(dst) and not self.on_device(src)
             return func(*args, **kwargs)  # the destination keeps its side
         if name == "to" and not device_in and _names_a_device(args[1:], kwargs):
             if not non_blocking:
                 raise HostSync("a blocking host -> device .to() (non_blocking=False)")
+            self.uploads += 1
             return self._marked(func(*args, **kwargs))
         if device_in and name != "to":
             host = [t for t in tensors if not self.on_device(t) and t.dim() > 0]
