@@ -359,3 +359,31 @@ def test_inductor_partially_agreeing_draft_is_lossless() -> None:
     outs, lengths, _ = run(compiled(target, near_copy(target), 2, backend="inductor"), PROMPTS)
     assert outs == [hf_greedy(p) for p in PROMPTS]
     assert len(set(lengths)) > 1
+
+
+def test_backends_and_tensor_parallelism_refuse_hybrids_with_a_reason() -> None:
+    from fdecode.graphs.backends import ELIGIBILITY
+    from fdecode.models.parallel import TPGroup, parallelize_pair
+
+    from fdecode.graphs.backends import recurrent_reason
+
+    target, llama = hybrid_target(), from_hf(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)))
+    assert "recurrent-state leaves" in recurrent_reason(target, HybridMTPHead(target.config))
+    assert "recurrent-state leaves" in recurrent_reason(llama, target)
+    assert recurrent_reason(llama, llama) is None
+    for backend, device in (("cudagraphs", "cuda"), ("torchair", "npu")):  # on their device, before anything else
+        cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device=device, dtype=torch.float16)
+        assert "recurrent-state leaves" in ELIGIBILITY[backend](cfg, target, target, "model")
+        assert "recurrent-state leaves" not in (ELIGIBILITY[backend](cfg, llama, llama, "model") or "")
+    with pytest.raises(ValueError, match="tensor parallelism is not implemented for hybrid"):
+        parallelize_pair(target, target, "model", TPGroup(group=None, rank=0, size=2))
+
+
+def test_a_state_of_another_layout_is_refused() -> None:
+    target = hybrid_target()
+    step = compiled(target, target, 2)
+    other = compiled(target, hybrid_target("lin-lin-lin-full"), 2)
+    state = other.prefill([PROMPTS[0]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"state\.draft_conv is .* this step's draft holds"):
+        step(state.clone())

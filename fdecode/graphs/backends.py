@@ -29,6 +29,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs import torchair as npu
+from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
 PREFERENCE = ("cudagraphs", "torchair", "inductor", "eager")
@@ -83,9 +84,22 @@ def _inductor(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     return parameters_reason((target, draft), cfg.device_type)
 
 
+def recurrent_reason(target, draft) -> str | None:
+    """Why graph replay cannot hold a hybrid model's recurrent state (`fdecode.state.recurrent`), or None."""
+    if any(is_hybrid(m) for m in (target, draft)):
+        return (
+            "the recurrent-state leaves of a hybrid model (Gated DeltaNet layers) are not yet held at static "
+            "addresses (priming rebuilds them), so graph replay would copy or re-record them every step"
+        )
+    return None
+
+
 def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     if cfg.device_type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
+    reason = recurrent_reason(target, draft)
+    if reason is not None:
+        return reason
     # CUDA availability and triton are checked by _inductor, which CUDA graphs build on. A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
     # device"); `parameters_reason` (through _inductor) refuses weights left on another device.
     return _inductor(cfg, target, draft, draft_kind)
@@ -94,7 +108,7 @@ def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None
 def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     if cfg.device_type != "npu":
         return f"torchair captures on an Ascend NPU, the step runs on {cfg.device_type!r}"
-    reason = npu.availability_reason()
+    reason = recurrent_reason(target, draft) or npu.availability_reason()
     if reason is not None:
         return reason
     if cfg.dtype not in npu.DTYPES:

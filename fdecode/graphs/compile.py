@@ -17,6 +17,7 @@ from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
+from fdecode.state.recurrent import check_leaves
 from fdecode.step import decode_step, general_plan
 
 
@@ -206,6 +207,7 @@ class Step:
             raise ValueError(f"state is on {state.tokens.device}, the step runs on {cfg.device}")
         if state.target_kv.dtype != cfg.dtype:
             raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
+        check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
 
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.config import ModelConfig
+from fdecode.models.hybrid_config import HybridConfig
 from fdecode.models.layers import DecoderLayer
 from fdecode.models.llama import LlamaModel
 from fdecode.models.mtp import MTPHead
@@ -247,6 +248,11 @@ def parallelize_pair(
     target: LlamaModel, draft: nn.Module, kind: str, tp: TPGroup
 ) -> tuple[ParallelLlamaModel, nn.Module]:
     """Shard a resolved (target, draft) pair for `fdecode.compile`: every check before any weight moves."""
+    if any(isinstance(m.config, HybridConfig) for m in (target, draft)):
+        raise ValueError(
+            "tensor parallelism is not implemented for hybrid (Gated DeltaNet) models: their DeltaNet heads, conv "
+            "channels, recurrent-state leaves and gated attention are not sharded yet; run them with tp_size=1"
+        )
     check_shardable(target.config, tp.size, what="target")
     if kind == "model":
         check_shardable(draft.config, tp.size, what="draft")

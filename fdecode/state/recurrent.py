@@ -111,3 +111,23 @@ def after_prompts(leaves: dict[str, torch.Tensor], target_states: State | None, 
                 leaf = leaves[f"{model}_{kind}"]
                 out[f"{model}_{kind}"] = state[:, :, None].expand_as(leaf).to(leaf.dtype).contiguous()
     return out
+
+
+def leaf_shapes(model: torch.nn.Module, batch: int, copies: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (conv, rec) leaf shapes `empty_leaves` gives `model`, without allocating them."""
+    if is_hybrid(model):
+        return model.config.conv_shape(batch, copies), model.config.rec_shape(batch, copies)
+    return (batch, 0, copies, 0, 0), (batch, 0, copies, 0, 0, 0)
+
+
+def check_leaves(state, target: torch.nn.Module, draft: torch.nn.Module, *, batch: int, k: int) -> None:
+    """Raise a ValueError naming the leaf when `state`'s recurrent leaves are not the layout this step's
+    models hold (a state of another step, or leaves rebuilt by hand); host-side shapes only."""
+    for model, name, copies in ((target, "target", 1), (draft, "draft", k)):
+        for kind, want in zip(("conv", "rec"), leaf_shapes(model, batch, copies)):
+            have = tuple(getattr(state, f"{name}_{kind}").shape)
+            if have != want:
+                raise ValueError(
+                    f"state.{name}_{kind} is {have}, this step's {name} holds {want} "
+                    f"([B, linear-attention layers, copies, ...]): was the state made by a step with other models?"
+                )
