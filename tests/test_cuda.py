@@ -97,7 +97,8 @@ def test_a_second_generation_replays_without_recording(recordings):
 
 
 def test_100_steps_without_a_device_to_host_sync(recordings):
-    """The step alone, then the engine's loop (its reads are one step behind, through a pinned buffer)."""
+    """The step alone, then the engine's loop (its reads are one step behind, through a pinned buffer);
+    admissions and cancellations inside the region: the next test."""
     step = cuda_step("cudagraphs", max_seq_len=640)
     state = step.prefill(PROMPTS, max_new_tokens=500, temperature=[0.0, 0.8, 1.0], seed=[1, 2, 3])
     _, out = steps_without_host_syncs(step, state, 100, torch.cuda)
@@ -117,6 +118,46 @@ def test_100_steps_without_a_device_to_host_sync(recordings):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine.host_waits >= 100 and got >= 100 * len(PROMPTS)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_admissions_and_cancellations_without_a_device_to_host_sync(recordings):
+    """Continuous batching inside the sync-check region: requests keep arriving and are admitted (priming
+    through the engine's pinned staging buffer), grow their block tables, finish and retire, and running
+    and waiting ones are cancelled, all under set_sync_debug_mode("error"). The warm-up admits, steps and
+    cancels first, so graph capture and lazy initialisation happen outside the region; every request
+    samples with the same parameters, so the steps stay on one plan and one window."""
+    step = cuda_step("cudagraphs", max_seq_len=640)
+    engine = fdecode.Engine(step)
+    arrived = 0
+
+    def top_up():
+        nonlocal arrived
+        while engine.num_waiting < 2:
+            engine.add_request([arrived % 90 + 1, 7, 3], max_new_tokens=6 + arrived % 7, temperature=0.8, seed=arrived)
+            arrived += 1
+
+    def cancel(running: bool) -> None:
+        ids = [rid for rid, r in engine._requests.items() if (r.lane is not None) == running]
+        engine.cancel(ids[-1])
+
+    for i in range(12):  # warm-up
+        top_up()
+        if i in (6, 7):
+            cancel(running=i == 6)
+        engine.step()
+    torch.cuda.synchronize()
+    admitted, finished = arrived, 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(100):
+            top_up()
+            if i % 10 in (3, 7):
+                cancel(running=i % 10 == 3)
+            finished += sum(e.finished for e in engine.step())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert arrived - admitted >= 40 and finished >= 30  # requests came, were primed and retired in the region
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
