@@ -101,6 +101,28 @@ def test_emitted_sequences_follow_the_filtered_target(draft_kind, k, params):
     assert expected[torch.bincount(cells, minlength=V**3) > 0].min() > 0  # nothing the filters exclude
 
 
+TRUNCATED_CASES = [  # (draft, K, sampling parameters); the draft proposes from its top 2 of 5 tokens
+    ("self", 2, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),  # full plan
+    ("random", 3, dict(temperature=0.9, top_k=4, top_p=0.9, min_p=0.0)),  # full+top_k+top_p plan
+]
+
+
+@pytest.mark.parametrize(("draft_kind", "k", "params"), TRUNCATED_CASES)
+def test_drafts_truncated_to_their_candidates_keep_the_target_distribution(draft_kind, k, params):
+    """Drafts propose from their top `top_k_candidates` tokens only (`fdecode.step.propose`), here fewer
+    than the target keeps: the committed tokens still follow the target's filtered distribution."""
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager",
+                               top_k_candidates=2)
+    step = fdecode.compile(target, tiny_draft(draft_kind, target), cfg)
+    samples = sampled_sequences(step, params, batches=40)
+    cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
+    expected = exact_distribution(target, params)
+    counts = torch.bincount(cells, minlength=V**3)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0
+
+
 def test_draft_equal_to_target_accepts_everything():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
