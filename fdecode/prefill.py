@@ -14,6 +14,10 @@ For each prompt p[0 .. n-1] the host
 
 Everything that can be wrong with the input raises here, before any tensor is
 touched. Prefill runs eagerly (prompt lengths vary); the step graph never sees it.
+It never waits for the device: host quantities come from host data, every host
+value goes up in one packed non-blocking upload (`fdecode.staging.Uploads`), and
+attention reads the context bucket of the longest prompt (`DecodeConfig.bucket_for`),
+not the whole lane.
 """
 
 from __future__ import annotations
