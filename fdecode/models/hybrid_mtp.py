@@ -12,7 +12,6 @@ Checkpoint keys (`mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.layers.0.*`, `mtp.norm`) ar
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from fdecode.models.hybrid import AttentionBlock, init_hybrid_
@@ -20,10 +19,11 @@ from fdecode.models.hybrid_config import FULL, HybridConfig
 from fdecode.models.mtp import MTPHead
 from fdecode.models.norms import OffsetRMSNorm
 from fdecode.models.partial_rope import PartialRotaryEmbedding
-from fdecode.ops.attention import paged_context
 
 
 class HybridMTPHead(MTPHead):
+    chains_normed = True  # vLLM's Qwen3-Next / Qwen3.5 MTP: the normed output is the next hidden
+
     def __init__(self, cfg: HybridConfig) -> None:
         nn.Module.__init__(self)  # MTPHead's parts are Llama blocks; these are the hybrid family's
         self.config = cfg
@@ -37,31 +37,5 @@ class HybridMTPHead(MTPHead):
         self._shared = None
         self.requires_grad_(False)
 
-    @classmethod
-    def random(cls, cfg: HybridConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> HybridMTPHead:
-        head = cls(cfg).to(dtype)
-        init_hybrid_(head, seed=seed, std=std)
-        return head
-
-    def forward(
-        self,
-        tokens: torch.Tensor,  # [B, Q] int64
-        positions: torch.Tensor,  # [B, Q] int64
-        slots: torch.Tensor,  # [B, Q] int64
-        kv: torch.Tensor,  # [1, 2, num_slots, Hkv, D], written in place
-        block_tables: torch.Tensor,  # [B, max_blocks] int64
-        *,
-        block_size: int,
-        hidden_in: torch.Tensor | None = None,  # [B, Q, H]
-        attention: str = "torch",
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits [B, Q, V] float32 and the normed output [B, Q, H] (what the next draft forward takes)."""
-        if self._shared is None:
-            raise RuntimeError("MTPHead.bind(target) must be called before forward")
-        if hidden_in is None:
-            raise ValueError("MTPHead needs hidden_in [B, Q, H]")
-        embed_tokens, lm_head = self._shared
-        x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
-        out = self.norm(self.layer(self.eh_proj(x), positions, slots, kv, 0, ctx, self.rotary))  # [B, Q, H]
-        return lm_head(out).float(), out
+    def init_random_(self, *, seed: int, std: float) -> None:
+        init_hybrid_(self, seed=seed, std=std)

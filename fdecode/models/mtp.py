@@ -47,11 +47,17 @@ class MTPHead(nn.Module):
         self._shared = (target.embed_tokens, target.lm_head)
         return self
 
+    # The hidden a draft forward hands the next one: the layer output (False) or its final norm (True).
+    chains_normed = False
+
     @classmethod
     def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> MTPHead:
         head = cls(cfg).to(dtype)
-        init_random_(head, seed=seed, std=std)
+        head.init_random_(seed=seed, std=std)
         return head
+
+    def init_random_(self, *, seed: int, std: float) -> None:
+        init_random_(self, seed=seed, std=std)
 
     def forward(
         self,
@@ -65,7 +71,8 @@ class MTPHead(nn.Module):
         hidden_in: torch.Tensor | None = None,  # [B, Q, H], hidden of the previous position
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits [B, Q, V] float32 and the layer output [B, Q, H] before the final norm."""
+        """Returns logits [B, Q, V] float32 and the hidden [B, Q, H] the next draft forward takes: the
+        layer output before the final norm, or after it where `chains_normed`."""
         if self._shared is None:
             raise RuntimeError("MTPHead.bind(target) must be called before forward")
         if hidden_in is None:
@@ -74,4 +81,5 @@ class MTPHead(nn.Module):
         x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
         ctx = paged_context(block_tables, positions, block_size, kernel=attention)
         h = self.layer(self.eh_proj(x), positions, slots, kv, 0, ctx, self.rotary)  # [B, Q, H]
-        return lm_head(self.norm(h)).float(), h
+        out = self.norm(h)
+        return lm_head(out).float(), out if self.chains_normed else h
