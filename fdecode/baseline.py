@@ -26,6 +26,7 @@ from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
+from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
 
 
 class BeforeLoop:
@@ -36,11 +37,15 @@ class BeforeLoop:
         target, draft, cfg = step.target, step.draft, step.config
         bs = cfg.block_size
 
-        def validate(tokens, positions, slots, kv, tables):
-            return target(tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention)
+        # A hybrid model's recurrent state goes in and its states after the rows come out (None otherwise):
+        # the rollback to the accepted prefix is the step's (`fdecode.state.recurrent`), from host-known L.
+        def validate(tokens, positions, slots, kv, tables, recurrent):
+            return forward_rows(target, tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention,
+                                recurrent=recurrent, snapshots=True)
 
-        def draft_forward(tokens, positions, slots, kv, tables, hidden):
-            return draft(tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden, attention=cfg.attention)
+        def draft_forward(tokens, positions, slots, kv, tables, hidden, recurrent, valid):
+            return forward_rows(draft, tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden,
+                                attention=cfg.attention, recurrent=recurrent, valid=valid)
 
         self._validate = capture(backend, fresh_code(validate, "before_validate"), cfg)
         self._draft = capture(backend, fresh_code(draft_forward, "before_draft"), cfg)
@@ -82,17 +87,19 @@ class BeforeLoop:
             return [torch.tensor(positions), torch.tensor(slots)]
 
         positions, slots = uploads(*validate_inputs())
+        hybrid_target, hybrid_draft = is_hybrid(self.step.target), is_hybrid(self.step.draft)
         iterations = 0
         while any(active):
             # The host knows every position exactly, so it attends over the same window the step would.
             context = state.block_tables[:, : cfg.bucket_for(max(p for p, a in zip(base, active) if a))]
             with record_function("before/validate"):
-                logits, hidden = self._validate(tokens, positions, slots, state.target_kv, context)
+                committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if hybrid_target else None
+                logits, hidden, snapshots = self._validate(tokens, positions, slots, state.target_kv, context, committed)
             with record_function("before/host round trip"):
                 # Greedy tokens and the window come back to the host (one packed read, the one wait)
                 # before anything else can run.
                 host = read_back(torch.cat([logits.argmax(dim=-1), tokens], dim=1), read)
-                rows_tok, rows_pos, rows_slot, rows_hidden, lasts, live = [], [], [], [], [], []
+                rows_tok, rows_pos, rows_slot, rows_hidden, lasts, live, counts = [], [], [], [], [], [], []
                 for b in range(batch):
                     greedy, window_tokens = host[b][:window], host[b][window:]
                     n = 0
@@ -115,30 +122,41 @@ class BeforeLoop:
                     rows_hidden.append([b * window + n - 2 if n > 1 else batch * window, b * window + n - 1 if n else batch * window])
                     lasts.append(last)
                     live.append(n > 0)
+                    counts.append(n)
                     base[b] = pos
                     active[b] = active[b] and remaining[b] > 0
                 # Draft forwards j >= 1 and the next validation: positions and slots [K - 1, B, 1].
                 later_pos = [[[base[b] + j] for b in range(batch)] for j in range(1, k)]
                 later_slot = [[[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)] for j in range(1, k)]
                 # Everything the device needs next, in one packed non-blocking upload.
-                rows = [torch.tensor(r) for r in (rows_tok, rows_pos, rows_slot, rows_hidden, lasts)]
+                rows = [torch.tensor(r) for r in (rows_tok, rows_pos, rows_slot, rows_hidden, lasts, counts)]
                 later = [torch.tensor(r, dtype=torch.int64).view(k - 1, batch, 1) for r in (later_pos, later_slot)]
-                (rows_tok, rows_pos, rows_slot, rows_hidden, lasts, later_pos, later_slot, positions, slots) = uploads(
-                    *rows, *later, *validate_inputs()
+                (rows_tok, rows_pos, rows_slot, rows_hidden, lasts, counts, later_pos, later_slot, positions, slots) = (
+                    uploads(*rows, *later, *validate_inputs())
                 )
+                if snapshots is not None:
+                    commit_verify((state.target_conv, state.target_rec), snapshots, counts)
                 flat_hidden = torch.cat([hidden.reshape(batch * window, -1), hidden.new_zeros(1, hidden.shape[-1])])
                 h_rows = flat_hidden[rows_hidden]  # [B, 2, H]
             with record_function("before/draft"):
-                draft_logits, h = self._draft(rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows)
+                ring_leaves = (state.draft_conv, state.draft_rec)
+                start = draft_start(ring_leaves, counts, k) if hybrid_draft else None
+                valid = torch.stack([counts == window, torch.ones_like(counts, dtype=torch.bool)], 1) if hybrid_draft else None
+                draft_logits, h, recurrent = self._draft(
+                    rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows, start, valid
+                )
                 proposal = draft_logits[:, 1].argmax(dim=-1)
                 h = h[:, 1:2]
-                drafts = [proposal]
+                drafts, ring = [proposal], [recurrent]
                 for j in range(1, k):
-                    draft_logits, h = self._draft(
-                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h
+                    draft_logits, h, recurrent = self._draft(
+                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h, recurrent, None
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
                     drafts.append(proposal)
+                    ring.append(recurrent)
+                if hybrid_draft:
+                    commit_ring(ring_leaves, ring, counts > 0)
                 tokens = torch.stack([lasts, *drafts], dim=1)
             iterations += 1
         return outputs, iterations
@@ -152,10 +170,12 @@ class TargetOnly:
         target, cfg = step.target, step.config
         bs = cfg.block_size
 
-        def next_token(tokens, positions, kv, tables):  # [B, 1] -> [B, 1]
+        def next_token(tokens, positions, kv, tables, recurrent):  # [B, 1] -> [B, 1], recurrent state after it
             slots = slot_of(tables, positions, bs)
-            logits, _ = target(tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention)
-            return logits.argmax(dim=-1)
+            logits, _, after = forward_rows(
+                target, tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention, recurrent=recurrent
+            )
+            return logits.argmax(dim=-1), after
 
         self._next = capture(backend, fresh_code(next_token, "target_only_step"), cfg)
 
@@ -165,8 +185,9 @@ class TargetOnly:
         token = state.tokens[:, :1]
         position = state.base_pos[:, None]
         produced = [token]
+        recurrent = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(self.step.target) else None
         for _ in range(max_new_tokens - 1):
-            token = self._next(token, position, state.target_kv, state.block_tables)
+            token, recurrent = self._next(token, position, state.target_kv, state.block_tables, recurrent)
             position = position + 1
             produced.append(token.clone())  # a CUDA-graph replay reuses its output buffer: keep a copy (no sync)
         out = torch.cat(produced, dim=1).cpu().tolist()

@@ -387,3 +387,17 @@ def test_a_state_of_another_layout_is_refused() -> None:
     state = other.prefill([PROMPTS[0]], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"state\.draft_conv is .* this step's draft holds"):
         step(state.clone())
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_before_loop_and_target_only_carry_the_recurrent_state(k: int) -> None:
+    """The baselines the benchmark compares against give transformers' greedy tokens on the hybrid too."""
+    from fdecode.baseline import BeforeLoop, TargetOnly
+
+    target = hybrid_target()
+    step = compiled(target, near_copy(target), k)
+    want = [hf_greedy(p) for p in PROMPTS]
+    before, iterations = BeforeLoop(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
+    assert before == want and iterations < NEW
+    only, _ = TargetOnly(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
+    assert only == want
