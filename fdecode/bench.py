@@ -58,6 +58,25 @@ def llama(vocab: int, hidden: int, layers: int, seed: int) -> LlamaModel:
     return LlamaModel.random(cfg, seed=seed, std=0.05)
 
 
+def qwen3_5(vocab: int, hidden: int, layers: int, seed: int):
+    """A random Qwen3.5-shaped hybrid (every 4th layer gated attention, the others Gated DeltaNet) with a
+    random MTP head: Qwen3.5's head shapes scaled to `hidden` (head_dim 64, partial RoPE 0.25)."""
+    from fdecode.models.hybrid import HybridModel
+    from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
+    from fdecode.models.hybrid_mtp import HybridMTPHead
+
+    heads = max(hidden // 64, 2)
+    cfg = HybridConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_layers=layers, num_heads=heads,
+        num_kv_heads=max(heads // 2, 1), head_dim=64, model_type="qwen3_5_text", partial_rotary_factor=0.25,
+        layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(layers)),
+        linear_num_key_heads=heads, linear_num_value_heads=2 * heads, linear_key_head_dim=32, linear_value_head_dim=32,
+    )
+    target = HybridModel.random(cfg, seed=seed, std=0.05)
+    target.mtp = HybridMTPHead.random(cfg, seed=seed + 1, std=0.05).bind(target)
+    return target
+
+
 def _synchronize() -> None:
     """Wait for the accelerator (if any), so a timed run includes the work it launched."""
     accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
@@ -233,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, "real-vocab"],
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, "real-vocab"],
         help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
         "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
-        "draft 128x1, against the greedy-only graph (fdecode/bench_sampling.py)",
+        "draft 128x1, against the greedy-only graph (fdecode/bench_sampling.py); qwen3_5-mtp / qwen3_5-self (not "
+        "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
+        "with its random MTP head / as its own draft",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -268,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             continue
         target, draft, prompts = _workload(name, args.vocab, (th, tl), (dh, dl))
-        hf = None if args.no_hf or draft == "mtp" else _hf_pair(target, draft)
+        hf = None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS else _hf_pair(target, draft)
         for batch in args.batch:
             for k in args.k:
                 print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
@@ -289,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
+HYBRID_WORKLOADS = ("qwen3_5-mtp", "qwen3_5-self")
 
 
 def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: tuple[int, int]):
@@ -301,6 +323,9 @@ def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: t
         draft = "mtp" if name == "bundled-mtp" else from_hf(TINY_DRAFT, dtype=torch.float32)
         windows = heldout_windows()
         return target, draft, [windows[i * 3, :48].tolist() for i in range(len(windows) // 3)]
+    if name in HYBRID_WORKLOADS:
+        target = qwen3_5(vocab, *target_size, seed=1)
+        return target, ("mtp" if name == "qwen3_5-mtp" else target), None
     target = llama(vocab, *target_size, seed=1)
     return target, (target if name == "draft=target" else llama(vocab, *draft_size, seed=2)), None
 
