@@ -11,6 +11,7 @@ from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
 from fdecode.generate import generate
 from fdecode.graphs import GraphReport, Step, compile, inspect
+from fdecode.params import SamplingParams
 from fdecode.runtime import Engine, Event
 from fdecode.state import DecodeState, StepOutput
 
@@ -20,6 +21,7 @@ __all__ = [
     "Engine",
     "Event",
     "GraphReport",
+    "SamplingParams",
     "Step",
     "StepOutput",
     "compile",

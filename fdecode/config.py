@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fdecode.ops.attention import KERNELS
+from fdecode.scalars import scalar, values
 
 BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs", "torchair")
 # torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
@@ -37,6 +38,11 @@ class DecodeConfig:
     # both: `step.config.dtype` is a torch.dtype and `step.config.device` a str.
     device: str | None = None
     max_stop_ids: int = 4  # E: EOS ids a lane can stop on (padded with -1)
+    # The stop ids of requests that name none (`SamplingParams.eos_token_id=None`). "auto": the model's EOS ids,
+    # which `fdecode.compile` reads from its generation config (a transformers model's `generation_config`,
+    # a folder's generation_config.json, else config.json's `eos_token_id`), as transformers' `generate` and
+    # vLLM do; an id or a list of ids: those; None or (): none. `step.config.eos_token_id` is the tuple used.
+    eos_token_id: str | int | tuple[int, ...] | None = "auto"
     # Allow random lanes. Steps whose lanes are all greedy run the greedy-only graph either way (the host
     # picks a `SamplingPlan` per step); False refuses temperature > 0 and never captures a sampling graph.
     sampling: bool = True
@@ -70,6 +76,8 @@ class DecodeConfig:
             raise TypeError(f"DecodeConfig.dtype must be 'auto' or a floating torch.dtype, got {self.dtype!r}")
         if self.device is not None:
             object.__setattr__(self, "device", _normalise_device(self.device))
+        if self.eos_token_id != "auto":
+            object.__setattr__(self, "eos_token_id", _stop_ids(self.eos_token_id, self.max_stop_ids))
         if self.broadcast_accepted and self.tp_size == 1:
             raise ValueError("DecodeConfig.broadcast_accepted needs tensor parallelism (tp_size > 1)")
         needed = 1 + self.max_batch * self.blocks_per_lane
@@ -134,6 +142,17 @@ class DecodeConfig:
     @property
     def num_slots(self) -> int:
         return self.pool_blocks * self.block_size
+
+
+def _stop_ids(value: object, most: int) -> tuple[int, ...]:
+    """DecodeConfig.eos_token_id as a tuple of ids (numpy / torch integers accepted)."""
+    one = scalar(value)
+    ids = [] if value is None else [one] if isinstance(one, int) else values(value)
+    if ids is None or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise ValueError(f"DecodeConfig.eos_token_id must be 'auto', None, an id or a list of ids, got {value!r}")
+    if len(ids) > most:
+        raise ValueError(f"DecodeConfig.eos_token_id has {len(ids)} ids but max_stop_ids is {most}")
+    return tuple(ids)
 
 
 def _normalise_device(device: object) -> str:

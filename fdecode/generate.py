@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from fdecode.prefill import PerPrompt, Prompt, check_sampling
+from fdecode.params import PerPrompt, SamplingParams, request_params
+from fdecode.prefill import Prompts, check_prompt, prompt_rows
 from fdecode.runtime.engine import Engine
 
 # Show a progress bar by default when a call may commit at least this many tokens.
@@ -20,10 +21,12 @@ PROGRESS_MIN_TOKENS = 2048
 
 def generate(
     step,
-    prompts: Sequence[Prompt],
+    prompts: Prompts,
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    ignore_eos: bool = False,
     temperature: PerPrompt = None,
     top_k: PerPrompt = None,
     top_p: PerPrompt = None,
@@ -33,30 +36,30 @@ def generate(
 ) -> list[list[int]]:
     """Speculative generation. Returns the new tokens of each prompt (stop id included).
 
-    Greedy by default; sampling parameters are scalars or one per prompt (see `Step.prefill`).
-    More prompts than `max_batch` are fine: they queue and are admitted as lanes free up.
+    Greedy, stopping at the model's EOS ids, by default. Prompts and sampling settings as `Step.prefill`
+    takes them: `params` (one `fdecode.SamplingParams` for the call, or one per prompt) or the keyword
+    shortcuts (see `fdecode.params`). More prompts than `max_batch` are fine: they queue and are
+    admitted as lanes free up.
     progress: show a tqdm bar (default: for calls of PROGRESS_MIN_TOKENS tokens or more).
     """
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError(f"prompts must be a list of token-id sequences, got {type(prompts).__name__}")
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty: pass at least one prompt")
-    count = len(prompts)
-    per = check_sampling(
-        count, step.config, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, seeds=step.seeds
+    prompts = prompt_rows(prompts)
+    vocab = step.target.config.vocab_size
+    # A prompt's errors name it once ("prompt 3: ..."), whole-call ones name only the argument.
+    checked = [check_prompt(prompt, vocab, f"prompt {i}") for i, prompt in enumerate(prompts)]
+    requests = request_params(
+        len(checked), step.config, vocab, params=params, seeds=step.seeds, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, seed=seed,
     )
     engine = Engine(step)
-    ids = []
-    for i, prompt in enumerate(prompts):  # a prompt's errors name it once ("prompt 3: ..."), whole-call ones not
-        ids.append(
-            engine._add_request(  # noqa: SLF001 - add_request with the batch index as the prompt's label
-                prompt, f"prompt {i}", max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                **{name: values[i] for name, values in per.items()},
-            )
-        )
+    ids = [
+        engine._add_request(prompt, f"prompt {i}", p)  # noqa: SLF001 - add_request with the prompt's label
+        for i, (prompt, p) in enumerate(zip(checked, requests))
+    ]
     outputs = {rid: [] for rid in ids}
-    show = progress if progress is not None else count * max_new_tokens >= PROGRESS_MIN_TOKENS
-    with tqdm(total=count * max_new_tokens, disable=not show, unit="tok", desc="fdecode") as bar:
+    total = sum(engine._requests[rid].budget for rid in ids)  # noqa: SLF001 - the budgets it checked
+    show = progress if progress is not None else total >= PROGRESS_MIN_TOKENS
+    with tqdm(total=total, disable=not show, unit="tok", desc="fdecode") as bar:
         for event in engine.stream():
             outputs[event.request_id].extend(event.new_tokens)
             bar.update(len(event.new_tokens))

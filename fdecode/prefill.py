@@ -22,8 +22,6 @@ not the whole lane.
 
 from __future__ import annotations
 
-import math
-import secrets
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +30,8 @@ from fdecode.config import DecodeConfig
 from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, dense, sample
+from fdecode.params import PerPrompt, SamplingParams, request_params
+from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
 from fdecode.state import DecodeState
@@ -39,74 +39,21 @@ from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zer
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.step import advance, agreed, transition_randoms
 
-Prompt = Sequence[int] | torch.Tensor
-PerPrompt = float | int | Sequence[float] | Sequence[int] | None
-
-
-def _per_prompt(name: str, value: PerPrompt, count: int, default: float | int) -> list:
-    if value is None:
-        return [default] * count
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return [value] * count
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        values = list(value)
-        if len(values) != count:
-            raise ValueError(f"{name} has {len(values)} values for {count} prompts")
-        return [default if v is None else v for v in values]
-    raise TypeError(f"{name} must be a number or one per prompt, got {type(value).__name__}")
-
-
-def check_sampling(
-    count: int,
-    cfg: DecodeConfig | None = None,
-    *,
-    temperature: PerPrompt = None,
-    top_k: PerPrompt = None,
-    top_p: PerPrompt = None,
-    min_p: PerPrompt = None,
-    seed: PerPrompt = None,
-    seeds: SeedSource | None = None,
-) -> dict[str, list]:
-    """Per-lane sampling parameters, validated. Defaults: greedy, filters off, a seed drawn from `seeds`
-    (the step's `SeedSource`, agreed across tensor-parallel ranks; None: fresh entropy, one process only)."""
-    draw = seeds.draw if seeds is not None else lambda: secrets.randbits(63)
-    params = {
-        "temperature": _per_prompt("temperature", temperature, count, 0.0),
-        "top_k": _per_prompt("top_k", top_k, count, 0),
-        "top_p": _per_prompt("top_p", top_p, count, 1.0),
-        "min_p": _per_prompt("min_p", min_p, count, 0.0),
-        "seed": [draw() if s is None else s for s in _per_prompt("seed", seed, count, None)],
-    }
-    for i in range(count):
-        t, k, p, m, s = (params[n][i] for n in ("temperature", "top_k", "top_p", "min_p", "seed"))
-        for name, v in (("temperature", t), ("top_p", p), ("min_p", m)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
-                raise ValueError(f"prompt {i}: {name} must be a finite number, got {v!r}")
-        if t < 0:
-            raise ValueError(f"prompt {i}: temperature must be >= 0 (0 = greedy), got {t}")
-        if not 0 < p <= 1:
-            raise ValueError(f"prompt {i}: top_p must be in (0, 1], got {p}")
-        if not 0 <= m <= 1:
-            raise ValueError(f"prompt {i}: min_p must be in [0, 1], got {m}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"prompt {i}: top_k must be an int >= 0 (0 = off), got {k!r}")
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
-            raise ValueError(f"prompt {i}: seed must be an int in [0, 2**63), got {s!r}")
-    if cfg is not None and not cfg.sampling and any(t > 0 for t in params["temperature"]):
-        raise ValueError("temperature > 0 needs a step compiled with DecodeConfig(sampling=True)")
-    return params
+Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
+Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
 
 
 def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list[int]:
     """Validate one prompt and return it as a list of ints. Every message names the prompt once, as `label`
     ("prompt 3" in a batch, "prompt" for a single request)."""
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+    if is_array(prompt):  # a tensor or a numpy array
+        kind = str(prompt.dtype).removeprefix("torch.")
+        if prompt.ndim != 1 or not (kind.startswith(("int", "uint")) or kind == "long"):
             raise TypeError(f"{label}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
         prompt = prompt.tolist()
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
         raise TypeError(f"{label}: expected a sequence of token ids, got {type(prompt).__name__}")
-    ids = list(prompt)
+    ids = [scalar(t) for t in prompt]  # numpy / torch integers as ints
     if not ids:
         raise ValueError(f"{label} is empty")
     for t in ids:
@@ -117,31 +64,41 @@ def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list
     return ids
 
 
-def check_prompts(prompts: Sequence[Prompt], cfg: DecodeConfig, vocab_size: int) -> list[list[int]]:
-    """Validate a batch of prompts (at most `max_batch`) and return them as lists of ints."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError(f"prompts must be a list of token-id sequences, got {type(prompts).__name__}")
-    if len(prompts) == 0:
+def prompt_rows(prompts: Prompts) -> list[Prompt]:
+    """A batch of prompts as a list: a list or tuple of prompts (lists, 1-D tensors or arrays), or the rows
+    of a 2-D tensor or array; a 1-D one is refused with a hint (it is one prompt, not a batch)."""
+    batch = rows(prompts)
+    if batch is None:
+        hint = ": it is one prompt, pass [prompt]" if is_array(prompts) and prompts.ndim == 1 else ""
+        raise TypeError(f"prompts must be a list of token-id sequences or a 2-D tensor, got {_kind(prompts)}{hint}")
+    if len(batch) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
+    return batch
+
+
+def _kind(value: object) -> str:
+    if is_array(value):
+        return f"a {value.ndim}-D {type(value).__name__}"
+    return type(value).__name__
+
+
+def check_prompts(prompts: Prompts, cfg: DecodeConfig, vocab_size: int) -> list[list[int]]:
+    """Validate a batch of prompts (at most `max_batch`, see `prompt_rows`) and return them as lists of ints."""
+    prompts = prompt_rows(prompts)
     if len(prompts) > cfg.max_batch:
         raise ValueError(f"{len(prompts)} prompts but max_batch is {cfg.max_batch} (fdecode.generate queues them)")
     return [check_prompt(p, vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
 
 
 def check_budgets(
-    lengths: list[int], max_new_tokens: int | None, cfg: DecodeConfig, labels: Sequence[str] | None = None
+    lengths: list[int], params: Sequence[SamplingParams], cfg: DecodeConfig, labels: Sequence[str] | None = None
 ) -> list[int]:
-    """Per-lane token budget; prompt + budget must fit in `max_seq_len`.
-
-    `max_new_tokens` is one value for the whole call, checked first and named without a prompt label;
-    `labels` name the prompts of `lengths` (default "prompt 0", "prompt 1", ...)."""
-    if max_new_tokens is not None and (
-        not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1
-    ):
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    """Per-lane token budget (`max_new_tokens` of each request's params, None: up to max_seq_len); prompt +
+    budget must fit in `max_seq_len`. `labels` name the prompts (default "prompt 0", "prompt 1", ...)."""
     labels = [f"prompt {i}" for i in range(len(lengths))] if labels is None else labels
     budgets = []
-    for label, n in zip(labels, lengths, strict=True):
+    for label, n, p in zip(labels, lengths, params, strict=True):
+        max_new_tokens = p.max_new_tokens
         room = cfg.max_seq_len - n
         if room < 1:
             raise ValueError(f"{label} has {n} tokens; max_seq_len {cfg.max_seq_len} leaves no room to generate")
@@ -152,18 +109,6 @@ def check_budgets(
         else:
             budgets.append(max_new_tokens)
     return budgets
-
-
-def check_stop_ids(eos_token_id: int | Sequence[int] | None, cfg: DecodeConfig, vocab_size: int) -> list[int]:
-    if eos_token_id is None:
-        return []
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if len(ids) > cfg.max_stop_ids:
-        raise ValueError(f"{len(ids)} eos ids but DecodeConfig.max_stop_ids is {cfg.max_stop_ids}")
-    for t in ids:
-        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
-            raise ValueError(f"eos token id {t!r} is not an id in [0, {vocab_size})")
-    return ids
 
 
 def block_table(blocks: list[list[int]], cfg: DecodeConfig) -> torch.Tensor:
@@ -231,13 +176,12 @@ def prime(
     *,
     block_tables: torch.Tensor,  # [n, max_blocks] int64, the blocks handed to each new lane
     budgets: list[int],
-    stop_ids: list[list[int]],
-    sampling: dict[str, list],
+    params: Sequence[SamplingParams],  # one per new lane, resolved (`request_params`): seed, stop ids
     uploads: Uploads | None = None,  # the caller's persistent staging buffer (`Engine`); None: one for this call
 ) -> DecodeState:
     """Write new requests into `lanes` of `state` (the host -> device transition); other lanes are untouched.
 
-    Inputs must already be checked (`check_*`). Consumes `state` (its KV is written in place).
+    Inputs must already be checked (`check_*`, `request_params`). Consumes `state` (its KV is written in place).
     """
     n, bs, device = len(lanes), cfg.block_size, torch.device(cfg.device)
     vocab = target.config.vocab_size
@@ -246,10 +190,10 @@ def prime(
     for row, p in enumerate(prompts):
         tokens[row, : len(p)] = torch.tensor(p)
     stops = torch.full((n, cfg.max_stop_ids), -1, dtype=torch.int64)
-    for row, ids in enumerate(stop_ids):
-        stops[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    for row, p in enumerate(params):
+        stops[row, : len(p.eos_token_id)] = torch.tensor(p.eos_token_id, dtype=torch.int64)
     lane = {  # the per-lane sampling leaves, one value per new lane
-        name: torch.tensor(sampling[name], dtype=dtype)
+        name: torch.tensor([getattr(p, name) for p in params], dtype=dtype)
         for name, dtype in (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
                             ("min_p", torch.float32), ("seed", torch.int64))
     }
@@ -299,8 +243,8 @@ def prime(
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
-    params = list(zip(sampling["temperature"], sampling["top_k"], sampling["top_p"]))
-    plan = plan_for(params, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
+    inputs = [p.plan_inputs for p in params]
+    plan = plan_for(inputs, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
     if plan.random:
         noise, _, draft_u = transition_randoms(primed, cfg.K)
         probs, ids = filtered(plan, last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
@@ -323,7 +267,7 @@ def prime(
     known = state.lane_sampling
     if known is not None:
         known = list(known)
-        for lane_index, p in zip(lanes, params):
+        for lane_index, p in zip(lanes, inputs):
             known[lane_index] = p
     return write_lanes(state, index, new).bound_positions(bound).record_sampling(known)
 
@@ -344,10 +288,12 @@ def prefill(
     target,
     draft,
     cfg: DecodeConfig,
-    prompts: Sequence[Prompt],
+    prompts: Prompts,
     *,
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
     max_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    ignore_eos: bool = False,
     temperature: PerPrompt = None,
     top_k: PerPrompt = None,
     top_p: PerPrompt = None,
@@ -357,19 +303,20 @@ def prefill(
     seeds: SeedSource | None = None,
 ) -> DecodeState:
     """Build the first state for `prompts` (lanes past len(prompts) stay inactive), over KV pools `kv`
-    (target, draft)."""
+    (target, draft). Sampling settings: `params` or the keyword shortcuts (`fdecode.params`)."""
     vocab = target.config.vocab_size
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]
-    budgets = check_budgets(lengths, max_new_tokens, cfg)
-    stops = check_stop_ids(eos_token_id, cfg, vocab)
-    sampling = check_sampling(
-        len(prompts), cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, seeds=seeds
+    params = request_params(
+        len(prompts), cfg, vocab, params=params, seeds=seeds, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, seed=seed,
     )
+    budgets = check_budgets(lengths, params, cfg)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(
         target, draft, cfg, empty_state(target, draft, cfg, kv), lanes, prompts,
-        block_tables=table, budgets=budgets, stop_ids=[stops] * len(prompts), sampling=sampling,
+        block_tables=table, budgets=budgets, params=params,
     )

@@ -199,7 +199,7 @@ def test_cancel_and_unknown_ids():
     engine.step()
     engine.step()
     engine.cancel(first)  # frees the lane: the waiting request is admitted
-    assert engine.run() == {second: alone((3, 4), 4, None)}
+    assert engine.run() == {first: [], second: alone((3, 4), 4, None)}  # first: its final event, no tokens
     with pytest.raises(KeyError, match="unknown request id"):
         engine.cancel(first)
     with pytest.raises(KeyError, match="unknown request id"):
@@ -240,5 +240,30 @@ def test_admission_and_cancellation_never_wait_for_the_device():
     with mode:
         got, cancelled = schedule(engine)
     assert got == want and mode.calls > 1000
-    assert {e.request_id for e in got if e.finished} == set(range(11)) - cancelled
+    assert {e.request_id for e in got if e.finished} == set(range(11))  # cancelled ones too: a final event
+    assert {e.request_id for e in got if e.reason == "cancelled"} == cancelled
     assert engine.allocator.num_free == engine.allocator.capacity
+
+
+def test_a_cancelled_request_gets_a_final_event():
+    """cancel() of a running and of a waiting request: each gets one last event, finished with the reason,
+    through stream() and the callbacks; requests that end by themselves say why (stop id or length)."""
+    seen = []
+    engine = fdecode.Engine(make_step(max_batch=1), callbacks=[seen.append])
+    running = engine.add_request([1, 2], max_new_tokens=30)
+    waiting = engine.add_request([3, 4], max_new_tokens=30)
+    last = engine.add_request([5, 6], max_new_tokens=3)
+    engine.step()
+    engine.step()
+    engine.cancel(running)
+    engine.cancel(waiting)
+    events = list(engine.stream())
+    final = {e.request_id: e for e in events if e.finished}
+    assert final[running] == fdecode.Event(running, [], True, reason="cancelled")
+    assert final[waiting] == fdecode.Event(waiting, [], True, reason="cancelled")
+    assert final[last].reason == "length" and [e for e in seen if e.finished] == list(final.values())
+    assert all(e.reason is None for e in events if not e.finished)
+    stop = alone((5, 6), 8, None)[2]
+    rid = engine.add_request([5, 6], max_new_tokens=8, eos_token_id=stop)
+    (end,) = [e for e in engine.stream() if e.finished]
+    assert end.request_id == rid and end.reason == "stop" and end.new_tokens[-1] == stop

@@ -14,7 +14,8 @@ from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
-from fdecode.prefill import PerPrompt, Prompt, empty_state, new_kv, prefill
+from fdecode.params import PerPrompt, SamplingParams
+from fdecode.prefill import Prompts, empty_state, new_kv, prefill
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves
@@ -151,10 +152,12 @@ class Step:
 
     def prefill(
         self,
-        prompts: Sequence[Prompt],
+        prompts: Prompts,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         max_new_tokens: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
         temperature: PerPrompt = None,
         top_k: PerPrompt = None,
         top_p: PerPrompt = None,
@@ -164,8 +167,12 @@ class Step:
     ) -> DecodeState:
         """Prime a fresh state: one lane per prompt; the first new token is in `state.step_output`.
 
-        Sampling parameters are scalars or one per prompt: temperature (0 = greedy, the default),
-        top_k (0 = off), top_p (1 = off), min_p (0 = off), seed (default: fresh entropy).
+        prompts: a list of token-id lists (or 1-D tensors / arrays), or a 2-D tensor / array.
+        How each prompt is decoded: `params` (one `fdecode.SamplingParams` for the call, or one per
+        prompt), or the shortcuts: temperature (0 = greedy, the default), top_k (0 = off), top_p (1 =
+        off), min_p (0 = off), seed (a number for the call or one per prompt; a seed for the call
+        gives each prompt its own stream), max_new_tokens (None: up to max_seq_len), eos_token_id
+        (None: the model's EOS ids, `config.eos_token_id`), ignore_eos. See `fdecode.params`.
 
         KV pools (`fdecode.state.ownership`): one prefill chain at a time. A prefill reuses the pool of
         the previous prefill's chain, whose states are refused from then on (stepping one raises), so
@@ -175,9 +182,9 @@ class Step:
         """
         def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
             return prefill(
-                self.target, self.draft, self.config, prompts, max_new_tokens=max_new_tokens,
-                eos_token_id=eos_token_id, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                seed=seed, kv=(target_kv, draft_kv), seeds=self.seeds,
+                self.target, self.draft, self.config, prompts, params=params, max_new_tokens=max_new_tokens,
+                eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
+                top_p=top_p, min_p=min_p, seed=seed, kv=(target_kv, draft_kv), seeds=self.seeds,
             )
 
         return self._kv.start(build, take_over=not concurrent)

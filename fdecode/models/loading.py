@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from fdecode.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from fdecode.models.eos import eos_token_ids
 from fdecode.models.llama import LlamaModel
 from fdecode.models.mtp import MTPHead
 from fdecode.models.rope import rope_inv_freq
@@ -239,7 +240,9 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
         cfg, weights, copy = family.config_from_hf(hf), obj.state_dict(), True
     else:
         raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
-    return _build(cfg, weights, dtype=dtype, device=device, copy=copy, family=family)
+    model = _build(cfg, weights, dtype=dtype, device=device, copy=copy, family=family)
+    model.eos_token_ids = eos_token_ids(obj)  # the stop ids of requests that name none, once compiled
+    return model
 
 
 def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.eos import eos_token_ids
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
@@ -50,7 +51,16 @@ def _own_device_dtype(target: object) -> tuple[str, torch.dtype]:
 
 
 def resolve_config(target: object, cfg: DecodeConfig) -> DecodeConfig:
-    """`cfg` with `dtype="auto"` and `device=None` replaced by the target's own dtype and device."""
+    """`cfg` with `dtype="auto"` and `device=None` replaced by the target's own dtype and device, and
+    `eos_token_id="auto"` by the target's EOS ids (`fdecode.models.eos`)."""
+    if cfg.eos_token_id == "auto":
+        ids = eos_token_ids(target)
+        if len(ids) > cfg.max_stop_ids:
+            raise ValueError(
+                f"the model's generation config has {len(ids)} EOS ids {list(ids)} but DecodeConfig.max_stop_ids "
+                f"is {cfg.max_stop_ids}: raise max_stop_ids, or pass DecodeConfig(eos_token_id=...)"
+            )
+        cfg = dataclasses.replace(cfg, eos_token_id=ids)
     if cfg.dtype != "auto" and cfg.device is not None:
         return cfg
     device, dtype = _own_device_dtype(target)

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fdecode.prefill import block_table, check_budgets, check_prompt, check_sampling, check_stop_ids, prime
+from fdecode.params import SamplingParams, request_params
+from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
 from fdecode.staging import Fence, Uploads, host_buffer
 
@@ -45,8 +46,11 @@ from fdecode.staging import Fence, Uploads, host_buffer
 class Event:
     request_id: int
     new_tokens: list[int]  # tokens committed since the last event of this request
-    finished: bool
+    finished: bool  # the request's last event: no other follows
     error: str | None = None  # why the request was stopped early, if it was
+    # Why a finished request ended (None while it runs): "stop" (it emitted a stop id), "length" (its
+    # budget or max_seq_len), "cancelled" (`Engine.cancel`), "error" (see `error`).
+    reason: str | None = None
 
 
 @dataclass
@@ -54,12 +58,19 @@ class _Request:
     id: int
     prompt: list[int]
     budget: int
-    stop_ids: list[int]
-    sampling: dict[str, list]
+    params: SamplingParams  # resolved (`request_params`): its seed and stop ids are the lane's
     blocks_needed: int  # blocks of prompt + budget: the most it can ever own
     blocks: list[int] = field(default_factory=list)
     lane: int | None = None
     known: int = 0  # tokens the host has seen committed (prompt included)
+
+
+def _reason(row: list[int], request: _Request) -> str:
+    """Why the lane of `row` (a finished lane's packed output) ended."""
+    count = row[-2]
+    if row[-1] == 2:
+        return "error"
+    return "stop" if count and row[count - 1] in request.params.eos_token_id else "length"
 
 
 class Engine:
@@ -96,51 +107,58 @@ class Engine:
         self._uploads = Uploads(device)
         self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched
         self._primed_lanes: list[int] = []
+        self._cancelled: list[Event] = []  # final events of cancelled requests, emitted by the next step()
 
     # ------------------------------------------------------------------ requests
 
     def add_request(
         self,
         prompt: Sequence[int] | torch.Tensor,
+        params: SamplingParams | None = None,
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
+        ignore_eos: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
         seed: int | None = None,
     ) -> int:
         """Queue a request; it is admitted when a lane and its KV blocks are free. Returns its id.
 
-        Errors about the prompt name it "prompt"; those about a whole-call argument
-        (max_new_tokens, eos_token_id) name only the argument."""
-        return self._add_request(
-            prompt, "prompt", max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+        How it is decoded: `params` (a `fdecode.SamplingParams`) or the keywords, with the same
+        defaults (greedy, the model's EOS ids, up to max_seq_len; see `fdecode.params`).
+        Errors about the prompt name it "prompt"; those about an argument name only the argument."""
+        cfg, vocab = self.config, self.step_fn.target.config.vocab_size
+        ids = check_prompt(prompt, vocab, "prompt")
+        (resolved,) = request_params(
+            1, cfg, vocab, params=params, seeds=self.step_fn.seeds, labels=[None], per_prompt=False,
+            max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, ignore_eos=ignore_eos,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
         )
+        return self._add_request(ids, "prompt", resolved)
 
-    def _add_request(self, prompt, label: str, *, max_new_tokens, eos_token_id, **sampling) -> int:
-        """`add_request`, its prompt's errors labelled `label` (`fdecode.generate` passes "prompt 3")."""
-        cfg, vocab = self.config, self.step_fn.target.config.vocab_size
-        ids = check_prompt(prompt, vocab, label)
-        (budget,) = check_budgets([len(ids)], max_new_tokens, cfg, [label])
-        stops = check_stop_ids(eos_token_id, cfg, vocab)
-        sampling = check_sampling(1, cfg, **sampling, seeds=self.step_fn.seeds)
+    def _add_request(self, ids: list[int], label: str, params: SamplingParams) -> int:
+        """Queue a checked prompt with resolved params (`fdecode.generate` labels its prompts "prompt 3")."""
+        cfg = self.config
+        (budget,) = check_budgets([len(ids)], [params], cfg, [label])
         need = -(-(len(ids) + budget) // cfg.block_size)
         if need > self.allocator.capacity:
             raise ValueError(
                 f"{label} needs {need} KV blocks ({len(ids)} tokens + max_new_tokens {budget}) but the pool has "
                 f"{self.allocator.capacity}: it could never be admitted"
             )
-        request = _Request(self._next_id, ids, budget, stops, sampling, need, known=len(ids))
+        request = _Request(self._next_id, ids, budget, params, need, known=len(ids))
         self._next_id += 1
         self._requests[request.id] = request
         self._waiting.append(request)
         return request.id
 
     def cancel(self, request_id: int) -> None:
-        """Stop a request now: a waiting one is dropped, a running one's lane is silenced and freed."""
+        """Stop a request now: a waiting one is dropped, a running one's lane is silenced and freed. Its final
+        event (`finished=True`, `reason="cancelled"`, no tokens: what it committed but was not yet read is
+        dropped) comes with the next `step()` / `stream()`, and goes to the callbacks like any other."""
         request = self._requests.get(request_id)
         if request is None:
             raise KeyError(f"unknown request id {request_id!r} (finished requests are forgotten)")
@@ -152,6 +170,7 @@ class Engine:
             self.state = self.state.replace(active=active & (lanes != request.lane))  # no upload, no read
             self._retire(request)
         del self._requests[request_id]
+        self._cancelled.append(Event(request_id, [], True, reason="cancelled"))
 
     @property
     def num_active(self) -> int:
@@ -162,7 +181,7 @@ class Engine:
         return len(self._waiting)
 
     def has_work(self) -> bool:
-        return bool(self._requests) or self._out_lanes is not None
+        return bool(self._requests) or self._out_lanes is not None or bool(self._cancelled)
 
     # ------------------------------------------------------------------ the loop
 
@@ -174,7 +193,7 @@ class Engine:
             self.state, out = self.step_fn(self.state)
             launched = out.packed
             self.steps += 1
-        events = self._drain()
+        events, self._cancelled = self._cancelled + self._drain(), []
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
@@ -228,7 +247,7 @@ class Engine:
             if count == 0 and not finished:
                 continue
             error = "ran out of KV blocks (pool exhausted while the request grew)" if row[-1] == 2 else None
-            events.append(Event(request.id, row[:count], finished, error))
+            events.append(Event(request.id, row[:count], finished, error, _reason(row, request) if finished else None))
             request.known += count
             if finished:
                 self._retire(request)
@@ -251,8 +270,7 @@ class Engine:
         """(temperature, top_k, top_p) of each lane's request, None for a free lane: the step picks its
         sampling plan from it, so a batch that has no random request left runs the greedy graph."""
         return tuple(
-            None if r is None else (r.sampling["temperature"][0], r.sampling["top_k"][0], r.sampling["top_p"][0])
-            for r in self._lanes
+            None if r is None else r.params.plan_inputs for r in self._lanes
         )
 
     def _retire(self, request: _Request) -> None:
@@ -308,11 +326,10 @@ class Engine:
         for request in admitted:
             self._lanes[request.lane] = request
         lanes = [r.lane for r in admitted]
-        sampling = {name: [r.sampling[name][0] for r in admitted] for name in admitted[0].sampling}
         self.state = prime(
             self.step_fn.target, self.step_fn.draft, cfg, self.state, lanes, [r.prompt for r in admitted],
-            block_tables=table, budgets=[r.budget for r in admitted], stop_ids=[r.stop_ids for r in admitted],
-            sampling=sampling, uploads=self._uploads,
+            block_tables=table, budgets=[r.budget for r in admitted], params=[r.params for r in admitted],
+            uploads=self._uploads,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes

@@ -1,0 +1,51 @@
+"""The model's EOS ids: what transformers' `generate` and vLLM stop on when a request names none.
+
+transformers stops at `generation_config.eos_token_id`. A model built from a config gets a
+generation config copied from it (`GenerationConfig.from_model_config`); `from_pretrained` reads a
+checkpoint's generation_config.json, or config.json's `eos_token_id` where there is none. Either may
+be an id, a list of ids or null. `from_hf` records the ids of what it loads on the fdecode model
+(`LlamaModel.eos_token_ids`), so a model loaded first and compiled later keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(dict.fromkeys(value))  # in order, once each
+    raise ValueError(f"the model's eos_token_id must be an id or a list of ids, got {value!r}")
+
+
+def _read(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def eos_token_ids(source: object) -> tuple[int, ...]:
+    """The EOS ids of `source`: a transformers model, a checkpoint folder, or an fdecode model (the ids
+    `from_hf` recorded on it; none for a model built otherwise). () where it names none."""
+    if isinstance(source, (str, os.PathLike)):
+        folder = Path(source)
+        generation = folder / "generation_config.json"
+        config = _read(generation) if generation.is_file() else _read(folder / "config.json")
+        return _ids(config.get("eos_token_id"))
+    if isinstance(source, torch.nn.Module):
+        recorded = source.__dict__.get("eos_token_ids")
+        if recorded is not None:
+            return tuple(recorded)
+        generation = getattr(source, "generation_config", None)
+        config = generation if generation is not None else getattr(source, "config", None)
+        return _ids(getattr(config, "eos_token_id", None))
+    return ()

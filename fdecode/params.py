@@ -1,0 +1,262 @@
+"""`SamplingParams`: how one request is decoded, and how a call's arguments become one per request.
+
+`prefill`, `generate` and `Engine.add_request` take either `params=` (one `SamplingParams` for the
+whole call, or one per prompt) or the keyword shortcuts (temperature, top_k, top_p, min_p, seed: a
+number for the whole call or one per prompt; max_new_tokens, eos_token_id, ignore_eos: for the whole
+call), never both. `request_params` turns either into one resolved `SamplingParams` per request:
+- seed: a seed given for the whole call is a seed for the call: request i gets `seeds.derived(seed,
+  i)` (request 0 the seed itself), so best-of-n lanes differ; per-prompt seeds are kept as given; an
+  unset seed is drawn from the step's `SeedSource` (the same on every tensor-parallel rank);
+- eos_token_id: unset means the model's EOS ids (`DecodeConfig.eos_token_id`, resolved by
+  `fdecode.compile` from the model's generation config, as transformers' `generate` and vLLM do); an
+  explicit id or list overrides them, `[]` or `ignore_eos=True` stops on none;
+- max_new_tokens: unset means up to `max_seq_len` (the budget itself is per prompt, `check_budgets`).
+A message about a whole-call value names only the argument; one about a per-prompt value names the
+prompt once ("prompt 1: top_p must be ..."). Filters given to greedy requests (temperature 0), which
+ignore them, are warned about once per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import secrets
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fdecode.config import DecodeConfig
+from fdecode.scalars import scalar, values
+from fdecode.seeds import SEED_BITS, SeedSource, derived
+
+PerPrompt = float | int | Sequence[float] | Sequence[int] | None
+SHORTCUTS = ("temperature", "top_k", "top_p", "min_p", "seed")  # a number for the call, or one per prompt
+CALL_WIDE = ("max_new_tokens", "eos_token_id", "ignore_eos")  # one value for the whole call
+FILTERS = (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))  # (name, value that means off)
+
+T = TypeVar("T")
+
+
+def _finite(name: str, value: object) -> float:
+    value = scalar(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _int(value: object) -> int | None:
+    """`value` as an int if it is an integer (Python, numpy or 0-d torch; not a bool), else None."""
+    value = scalar(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def stop_ids(value: object) -> tuple[int, ...] | None:
+    """An eos_token_id argument (None, an id, or a list / 1-D tensor of ids) as a tuple of ints (None
+    stays None: "the model's"). Ranges are checked against the vocabulary by `request_params`."""
+    if value is None:
+        return None
+    one = _int(value)
+    many = [one] if one is not None else values(value)
+    if many is None or any(_int(t) is None for t in many):
+        raise ValueError(f"eos_token_id must be an id or a list of ids, got {value!r}")
+    return tuple(many)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded. numpy / torch numbers are accepted and stored as Python values.
+
+    temperature: 0 = greedy (the target's argmax), > 0 samples the filtered distribution.
+    top_k: keep the k most probable tokens, 0 = off. top_p: the smallest top set of mass >= top_p, 1 = off.
+    min_p: keep tokens with p >= min_p * max p, 0 = off. (The filters apply to random requests only.)
+    seed: the request's 63-bit PRNG key; None: drawn from the step's seeds (see the module docstring).
+    eos_token_id: ids that end the request (the stop id is emitted); None: the model's EOS ids.
+    ignore_eos: stop on no id (the budget and max_seq_len still end the request).
+    max_new_tokens: the request's budget; None: up to max_seq_len.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    eos_token_id: int | Sequence[int] | None = None  # stored as a tuple of ints (or None)
+    ignore_eos: bool = False
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen fields
+        temperature, top_p, min_p = (_finite(n, getattr(self, n)) for n in ("temperature", "top_p", "min_p"))
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not 0 <= min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        top_k = _int(self.top_k)
+        if top_k is None or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {scalar(self.top_k)!r}")
+        seed = None if self.seed is None else _int(self.seed)
+        if self.seed is not None and (seed is None or not 0 <= seed < 2**SEED_BITS):
+            raise ValueError(f"seed must be an int in [0, 2**{SEED_BITS}), got {scalar(self.seed)!r}")
+        budget = None if self.max_new_tokens is None else _int(self.max_new_tokens)
+        if self.max_new_tokens is not None and (budget is None or budget < 1):
+            raise ValueError(f"max_new_tokens must be a positive int, got {scalar(self.max_new_tokens)!r}")
+        ignore = scalar(self.ignore_eos)
+        if not isinstance(ignore, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {ignore!r}")
+        eos = stop_ids(self.eos_token_id)
+        if ignore and eos is not None:
+            raise ValueError(f"ignore_eos=True and eos_token_id={list(eos)} contradict each other: pass one")
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
+                            ("seed", seed), ("eos_token_id", eos), ("ignore_eos", ignore), ("max_new_tokens", budget)):
+            put(name, value)
+
+    @property
+    def plan_inputs(self) -> tuple[float, int, float]:
+        """(temperature, top_k, top_p): what the step's sampling plan depends on (`fdecode.ops.plan.plan_for`)."""
+        return self.temperature, self.top_k, self.top_p
+
+    def replace(self, **changes: object) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+def _labelled(label: str | None, build: Callable[[], T]) -> T:
+    """`build()`, its ValueError / TypeError prefixed with `label` (once) where the value is per prompt."""
+    if label is None:
+        return build()
+    try:
+        return build()
+    except (ValueError, TypeError) as error:
+        raise type(error)(f"{label}: {error}") from None
+
+
+def _split(name: str, value: object, count: int, per_prompt: bool) -> tuple[object, list | None]:
+    """A shortcut's value as (whole-call value, None) or (None, one value per prompt)."""
+    number = scalar(value)
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        return number, None
+    many = values(value) if per_prompt else None
+    if many is None:
+        kinds = "a number or one per prompt" if per_prompt else "a number"
+        raise TypeError(f"{name} must be {kinds}, got {type(value).__name__}")
+    if len(many) != count:
+        raise ValueError(f"{name} has {len(many)} values for {count} prompts")
+    return None, many
+
+
+def _requests(count: int, params: object, given: dict[str, object], per_prompt: bool) -> tuple[SamplingParams | None, list]:
+    """(the whole call's SamplingParams or None, one unresolved SamplingParams per request, or a
+    zero-argument function building it, for per-prompt values that are yet to be checked)."""
+    if params is not None:
+        if given:
+            raise TypeError(
+                f"pass sampling settings either as params= or as keywords, not both (got params and {', '.join(given)})"
+            )
+        if isinstance(params, SamplingParams):
+            return params, [params.replace(seed=None if params.seed is None else derived(params.seed, i))
+                            for i in range(count)]
+        many = values(params) if per_prompt else None
+        if many is None or not all(isinstance(p, SamplingParams) for p in many):
+            kinds = "a SamplingParams or one per prompt" if per_prompt else "a SamplingParams"
+            raise TypeError(f"params must be {kinds}, got {type(params).__name__}")
+        if len(many) != count:
+            raise ValueError(f"params has {len(many)} values for {count} prompts")
+        return None, many
+    call = {name: value for name, value in given.items() if name in CALL_WIDE}
+    lanes: dict[str, list] = {}
+    for name in SHORTCUTS:
+        if name in given:
+            call[name], many = _split(name, given[name], count, per_prompt)
+            if many is None:
+                continue
+            del call[name]
+            lanes[name] = many
+    whole = SamplingParams(**call)  # whole-call values: checked once, named without a prompt label
+    seed = whole.seed
+
+    def request(i: int) -> Callable[[], SamplingParams]:
+        own = {name: many[i] for name, many in lanes.items() if many[i] is not None}
+        if seed is not None:
+            own["seed"] = derived(seed, i)
+        return lambda: SamplingParams(**{**call, **own})
+
+    return whole, [request(i) for i in range(count)]
+
+
+def _stops(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> tuple[int, ...]:
+    if p.ignore_eos:
+        return ()
+    ids = p.eos_token_id
+    if ids is None:  # the model's ("auto" where no compile resolved it: none known)
+        ids = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else ()
+    if len(ids) > cfg.max_stop_ids:
+        raise ValueError(f"{len(ids)} eos ids but DecodeConfig.max_stop_ids is {cfg.max_stop_ids}")
+    for t in ids:
+        if not 0 <= t < vocab:
+            raise ValueError(f"eos token id {t!r} is not an id in [0, {vocab})")
+    return ids
+
+
+def request_params(
+    count: int,
+    cfg: DecodeConfig,
+    vocab: int,
+    *,
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    seeds: SeedSource | None = None,
+    labels: Sequence[str] | None = None,
+    per_prompt: bool = True,
+    **given: object,
+) -> list[SamplingParams]:
+    """One resolved `SamplingParams` per request (seed an int, eos_token_id the tuple of ids the
+    request stops on, ignore_eos False), from `params` or the keyword shortcuts `given` (None, and
+    ignore_eos=False, mean not given). See the module docstring for the rules. labels: the requests'
+    names in messages (default "prompt 0", ...); per_prompt=False refuses one-value-per-prompt lists
+    (a single request)."""
+    labels = [f"prompt {i}" for i in range(count)] if labels is None else labels
+    given = {k: v for k, v in given.items() if v is not None and not (k == "ignore_eos" and v is False)}
+    unknown = set(given) - set(SHORTCUTS) - set(CALL_WIDE)
+    if unknown:
+        raise TypeError(f"unexpected sampling arguments {sorted(unknown)}")
+    whole, requests = _requests(count, params, given, per_prompt)
+    if whole is not None:
+        _stops(whole, cfg, vocab)  # a whole-call stop id is named without a prompt label
+    draw = seeds.draw if seeds is not None else lambda: secrets.randbits(SEED_BITS)
+    resolved = []
+    for label, request in zip(labels, requests, strict=True):
+
+        def resolve(request=request) -> SamplingParams:
+            p = request() if callable(request) else request
+            return p.replace(eos_token_id=_stops(p, cfg, vocab), ignore_eos=False,
+                             seed=draw() if p.seed is None else p.seed)
+
+        resolved.append(_labelled(label, resolve))
+    if not cfg.sampling and any(p.temperature > 0 for p in resolved):
+        raise ValueError("temperature > 0 needs a step compiled with DecodeConfig(sampling=True)")
+    _warn_ignored_filters(resolved)
+    return resolved
+
+
+def _warn_ignored_filters(requests: list[SamplingParams]) -> None:
+    """One warning per call where a greedy request was given filters it ignores."""
+    names = [name for name, off in FILTERS if any(p.temperature == 0 and getattr(p, name) != off for p in requests)]
+    if names:
+        warnings.warn(
+            f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no effect at temperature 0 (greedy decoding "
+            "commits the target's argmax): pass temperature > 0 to sample",
+            UserWarning,
+            stacklevel=_user_stacklevel(),
+        )
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first caller outside the fdecode package, so a warning names the user's line."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the only portable way to walk the stack cheaply
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
