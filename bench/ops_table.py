@@ -21,7 +21,7 @@ import torch
 import fdecode
 from fdecode.graphs import torchair as npu
 from fdecode.models import LlamaModel, MTPHead, ModelConfig
-from fdecode.ops import kv
+from fdecode.ops import histogram, kv
 
 # (draft kind, sampling plan): the candidate plan and the full-vocabulary plan with every filter hold
 # every op any sampling plan has (the other full plans drop the top-k / top-p searches).
@@ -58,6 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device_kv_write:
         kv.KV_WRITE["cpu"] = kv.kv_write_for(args.device_kv_write)
+        histogram.WAY["cpu"] = histogram.WAY.get(args.device_kv_write, "scatter_add")
     columns = [overloads(kind, plan) for kind, plan in COLUMNS]
     names = sorted(set().union(*columns))
     heads = " | ".join(f"{'draft LM' if kind == 'model' else 'MTP'}, {plan}" for kind, plan in COLUMNS)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fdecode.ops.filters import filtered_probs
+from fdecode.ops.filters import filtered_probs, full_filter
 from fdecode.ops.random import philox, random_bits, uniform
 from fdecode.ops.sampling import sample, speculative_accept
 
@@ -194,6 +194,44 @@ def test_filters_match_a_sort_based_reference(temperature, top_k, top_p, min_p):
     for row in range(b):
         want = reference_filter(logits[row, 0], temperature, top_k, top_p, min_p)
         torch.testing.assert_close(got[row, 0].double(), want, rtol=1e-5, atol=1e-6)
+
+
+def sorted_threshold_keep(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Which tokens top-k then top-p keep, by a full sort of the float32 probabilities: the k-th largest
+    value, then the value where the fixed-point mass (each probability rounded to the nearest 2**-30, the
+    documented unit) of the kept tokens, summed in descending order, first reaches top_p of their total."""
+    values, _ = torch.sort(probs, descending=True)
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if top_k > 0:
+        keep = probs >= values[min(top_k, len(values)) - 1]
+    if top_p < 1:
+        mass = torch.where(keep, (probs * 2.0**30 + 0.5).long(), 0)  # float32 math, as the filter rounds
+        total = int(mass.sum())
+        need = min(max(int(torch.tensor(top_p) * torch.tensor(float(total))), 1), total)
+        order_mass = mass[torch.argsort(probs, descending=True, stable=True)]
+        index = int((order_mass.cumsum(0) < need).sum())
+        keep = keep & (probs >= values[index])
+    return keep
+
+
+@pytest.mark.parametrize("way", ["scatter_add", "scatter_reduce"])
+def test_threshold_searches_equal_a_sort_at_a_real_vocabulary(way, monkeypatch):
+    """At V = 151,936 the radix searches keep exactly the tokens a full sort keeps, for peaked and flat
+    rows, a row of heavy ties and a row of tiny tails, by either histogram op."""
+    from fdecode.ops import histogram
+
+    monkeypatch.setitem(histogram.WAY, "cpu", way)
+    v = 151_936
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(4, v, generator=gen)
+    logits = torch.stack([base[0] * 3, base[1] * 0.05, (base[2] * 2).round(), base[3] * 12])[:, None]
+    for top_k, top_p in [(0, 0.95), (0, 0.5), (20, 1.0), (50_000, 0.9), (1000, 0.8)]:
+        b = logits.shape[0]
+        got = full_filter(logits, torch.ones(b), torch.full((b,), top_k), torch.full((b,), top_p), torch.zeros(b))
+        probs = torch.softmax(logits.float(), dim=-1)
+        for row in range(b):
+            want = sorted_threshold_keep(probs[row, 0], top_k, top_p)
+            assert torch.equal(got[row, 0] > 0, want), (row, top_k, top_p)
 
 
 def test_filters_are_per_lane():

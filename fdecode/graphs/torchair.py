@@ -52,7 +52,7 @@ GE_UNCONVERTED = frozenset(
         "aten.scatter.src", "aten.scatter.value", "aten.scatter_.src", "aten.scatter_.value",
         "aten.cumprod.default", "aten.exponential.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar",
         "aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor",
-        "aten.amax.default", "aten.view.dtype",
+        "aten.amax.default", "aten.view.dtype", "aten.scatter_reduce.two", "aten.scatter_reduce_.two",
     }
 )
 # Overloads in that set for which fdecode registers a converter of its own (`register_ge_converters`).
