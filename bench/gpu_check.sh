@@ -5,6 +5,8 @@
 #   bash bench/gpu_check.sh tests   # CUDA tests: cudagraphs == eager (greedy), the Triton kernel == the
 #                                   # reference, no re-recording after warm-up or across generations,
 #                                   # 100 steps (step, then engine loop) under set_sync_debug_mode("error"),
+#                                   # then 100 engine steps with admissions and cancels inside that region,
+#                                   # fdecode.staging's pinned uploads / reads under it,
 #                                   # flash-attn == reference where flash-attn is present; plus the
 #                                   # Triton-interpreter and attention-argument checks
 #   bash bench/gpu_check.sh bench   # fdecode bench on CUDA (cudagraphs, float32, so that the systems'

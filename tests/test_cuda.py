@@ -161,6 +161,29 @@ def test_admissions_and_cancellations_without_a_device_to_host_sync(recordings):
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+def test_staging_is_pinned_and_never_syncs() -> None:
+    """fdecode.staging on a real accelerator: the staging and read buffers are page-locked, an upload
+    and a read-back through a Fence raise nothing under set_sync_debug_mode("error"), values round-trip."""
+    from fdecode.staging import Fence, Uploads, accelerated, host_buffer
+
+    assert accelerated("cuda") and not accelerated("cpu")
+    uploads, fence = Uploads("cuda", capacity=64), Fence("cuda")
+    read = host_buffer(6, torch.int64, "cuda")
+    assert uploads._buffer.is_pinned() and read.is_pinned()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(20):  # outgrows 64 bytes at once, then reuses the grown buffer
+            ints, floats = uploads(torch.arange(6) + i, torch.full((3,), 0.5 * i))
+            read.copy_(ints * 2 + floats.sum().long(), non_blocking=True)
+            fence.record()
+            fence.wait()
+            assert read.tolist() == [2 * (j + i) + int(1.5 * i) for j in range(6)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert uploads._buffer.numel() == 128
+
+
 def test_flash_attn_matches_the_reference_on_paged_kv() -> None:
     """The flash-attn path reads the same keys as the torch reference: consecutive query rows ending at
     each lane's last position, a block table with unallocated (-1) tail blocks."""
