@@ -175,6 +175,12 @@ BATCH_MESSAGES = [
     ([[1, 2]], {"max_new_tokens": 2.0}, ValueError, r"max_new_tokens must be a positive int, got 2\.0"),
     ([[1, 2]], {"eos_token_id": 500}, ValueError, r"eos token id 500 is not an id in \[0, 96\)"),
     ([[1, 2]], {"eos_token_id": [1, 2, 3, 4, 5]}, ValueError, r"5 eos ids but DecodeConfig.max_stop_ids is 4"),
+    # Whole-call sampling values name only the argument; one per prompt names the prompt once.
+    ([[1, 2], [3]], {"temperature": -1.0}, ValueError, r"temperature must be >= 0 \(0 = greedy\), got -1.0"),
+    ([[1, 2], [3]], {"top_k": 2.5}, ValueError, r"top_k must be an int >= 0 \(0 = off\), got 2.5"),
+    ([[1, 2], [3]], {"seed": -1}, ValueError, r"seed must be an int in \[0, 2\*\*63\), got -1"),
+    ([[1, 2], [3]], {"top_p": [0.5, 1.5]}, ValueError, r"prompt 1: top_p must be in \(0, 1\], got 1.5"),
+    ([[1, 2], [3]], {"min_p": [0.5]}, ValueError, r"min_p has 1 values for 2 prompts"),
 ]
 
 
@@ -196,6 +202,8 @@ def test_batch_error_messages_carry_one_label(step, prompts, kwargs, error, mess
         ([1] * 32, {}, ValueError, r"prompt has 32 tokens; max_seq_len 32 leaves no room to generate"),
         ([1] * 32, {"max_new_tokens": -1}, ValueError, r"max_new_tokens must be a positive int, got -1"),
         ([1, 2], {"eos_token_id": 500}, ValueError, r"eos token id 500 is not an id in \[0, 96\)"),
+        ([1, 2], {"temperature": -1}, ValueError, r"temperature must be >= 0 \(0 = greedy\), got -1.0"),
+        ([1, 2], {"temperature": [0.5]}, TypeError, r"temperature must be a number, got list"),
     ],
 )
 def test_add_request_error_messages_carry_one_label(step, prompt, kwargs, error, message):
@@ -212,3 +220,15 @@ def test_a_request_the_pool_can_never_hold_names_its_prompt_once():
         fdecode.generate(small, [[1, 2], [1] * 10], max_new_tokens=10, progress=False)
     with pytest.raises(ValueError, match=f"^prompt {capacity}$"):
         fdecode.Engine(small).add_request([1] * 10, max_new_tokens=10)
+
+
+
+def test_compile_names_the_argument_that_is_wrong():
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(**CFG)
+    with pytest.raises(TypeError, match=r"^draft must be .*an MTPHead or 'mtp' \(the target's own MTP head\), got NoneType$"):
+        fdecode.compile(target, None, cfg)
+    with pytest.raises(FileNotFoundError, match=r"^draft 'nonsense' is not a checkpoint folder \(no such folder\); .*'mtp'"):
+        fdecode.compile(target, "nonsense", cfg)
+    with pytest.raises(FileNotFoundError, match=r"^target 'nowhere' is not a checkpoint folder"):
+        fdecode.compile("nowhere", "mtp", cfg)

@@ -111,19 +111,28 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
     return result
 
 
-def resolve_target(obj: object, cfg: DecodeConfig) -> LlamaModel:
-    """`obj` as an fdecode model the step owns (see `owned`); `cfg` is resolved (`resolve_config`)."""
-    if isinstance(obj, MTPHead):
+# What each argument of `fdecode.compile` may be, for its messages.
+KINDS = {
+    "target": "a transformers causal LM, a checkpoint folder or a fdecode LlamaModel",
+    "draft": "a transformers causal LM, a checkpoint folder, a fdecode LlamaModel, an MTPHead or 'mtp' (the "
+             "target's own MTP head)",
+}
+
+
+def resolve_target(obj: object, cfg: DecodeConfig, role: str = "target") -> LlamaModel:
+    """`obj` as an fdecode model the step owns (see `owned`); `cfg` is resolved (`resolve_config`).
+    role: "target" or "draft" (a draft LM goes through here too), the argument messages name."""
+    if isinstance(obj, MTPHead) and role == "target":
         raise TypeError("an MTPHead cannot be the target; pass it (or 'mtp') as the draft")
+    if isinstance(obj, (str, os.PathLike)) and not (Path(obj) / "config.json").is_file():
+        where = "no such folder" if not Path(obj).is_dir() else "it has no config.json"
+        raise FileNotFoundError(f"{role} {str(obj)!r} is not a checkpoint folder ({where}); the {role} must be {KINDS[role]}")
     if isinstance(obj, (LlamaModel, HybridModel)):
         model = obj
-    elif isinstance(obj, (str, Path)) or _is_hf_model(obj):
+    elif isinstance(obj, (str, os.PathLike)) or _is_hf_model(obj):
         model = from_hf(obj, dtype=cfg.dtype, device=cfg.device)  # a fresh model, loaded where it runs
     else:
-        raise TypeError(
-            f"target must be a transformers causal LM, a checkpoint folder or a fdecode LlamaModel, "
-            f"got {type(obj).__name__}"
-        )
+        raise TypeError(f"{role} must be {KINDS[role]}, got {type(obj).__name__}")
     return owned(model, cfg)  # its MTP head (a submodule), if any, comes along
 
 
@@ -137,7 +146,7 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
         if obj.config.hidden_size != target.config.hidden_size or obj.config.vocab_size != target.config.vocab_size:
             raise ValueError("the MTP head was built for another target (hidden size or vocabulary differs)")
         return owned(obj, cfg).bind(target), "mtp"  # the step's copy borrows the step's target
-    draft = resolve_target(obj, cfg)
+    draft = resolve_target(obj, cfg, role="draft")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
             f"draft vocabulary ({draft.config.vocab_size}) differs from the target's ({target.config.vocab_size}); "
