@@ -401,3 +401,12 @@ def test_before_loop_and_target_only_carry_the_recurrent_state(k: int) -> None:
     assert before == want and iterations < NEW
     only, _ = TargetOnly(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
     assert only == want
+
+
+def test_context_buckets_switch_windows_on_the_hybrid() -> None:
+    """The attention layers read a context bucket; the windows change as the lanes grow, tokens do not."""
+    target = hybrid_target()
+    step = compiled(target, near_copy(target), 2, context_buckets=(8, 16, 24))
+    outs, _, _ = run(step, PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert len(step.compile_seconds) >= 2, step.compile_seconds  # more than one window ran
