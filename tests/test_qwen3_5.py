@@ -410,3 +410,15 @@ def test_context_buckets_switch_windows_on_the_hybrid() -> None:
     outs, _, _ = run(step, PROMPTS)
     assert outs == [hf_greedy(p) for p in PROMPTS]
     assert len(step.compile_seconds) >= 2, step.compile_seconds  # more than one window ran
+
+
+@pytest.mark.slow
+def test_admitting_requests_into_a_live_state_never_recompiles() -> None:
+    """Priming resets and fills a lane's recurrent leaves in place of the old rows: same shapes, no recompile."""
+    target = hybrid_target()
+    engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2, backend="aot_eager"))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(5):
+            engine.add_request(list(PROMPTS[i % 3]), max_new_tokens=2 + i, temperature=0.7 * (i % 2), seed=i)
+            engine.step()
+        engine.run()
