@@ -122,7 +122,8 @@ class GraphReport:
     def __repr__(self) -> str:
         shown = ("backend", "context", "plan", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
                  "recompiles", "cudagraph_skips")
-        return f"GraphReport({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
+        # Not a constructor call (aten_ops and custom_ops are properties): <GraphReport name=value ...>.
+        return f"<GraphReport {' '.join(f'{name}={getattr(self, name)!r}' for name in shown)}>"
 
 
 def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:

@@ -3,7 +3,8 @@
 Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
 - *committed*: a token that is part of the output sequence; *t* is the last
   committed token, which is not yet in the target KV.
-- *window*: `tokens[b] = [t, d1 .. dK]`, validated at positions `base_pos[b] + 0..K`.
+- *verified tokens* (K+1 = W of them): `tokens[b] = [t, d1 .. dK]`, validated at positions
+  `base_pos[b] + 0..K`. (*Window* means the attention window only: `DecodeConfig.context_buckets`.)
 - *accepted*: the L new tokens a step commits (1 <= L <= W for an active lane,
   0 for an inactive one), reported padded with -1.
 - *greedy lane* (temperature 0) commits the target argmax; a *random lane*
@@ -38,6 +39,9 @@ from torch.utils import _pytree as pytree
 from fdecode.state.ownership import KVTicket, storage_of
 
 
+REPR_LANES = 8  # a StepOutput repr lists the tokens of batches up to this many lanes
+
+
 @dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class StepOutput:
     """What one transition (prefill or step) committed, packed so the host does one device->host copy."""
@@ -70,8 +74,17 @@ class StepOutput:
         return StepOutput(torch.cat([tokens, num_tokens[:, None], status[:, None].long()], dim=1))
 
     def __repr__(self) -> str:
-        b, w = self.packed.shape[0], self.packed.shape[1] - 2
-        return f"StepOutput(lanes={b}, window={w}, device={self.packed.device})"
+        """The committed tokens of each lane for a batch of at most REPR_LANES lanes on the CPU; otherwise
+        shapes only, since reading an accelerator's tensor would sync the device."""
+        b, w, device = self.packed.shape[0], self.packed.shape[1] - 2, self.packed.device
+        head = f"<StepOutput lanes={b} K+1={w} device={device}"
+        if device.type != "cpu" or b > REPR_LANES:
+            return f"{head} (out.tokens.tolist() reads the tokens)>"
+        lanes = [
+            f"\n  lane {lane}: {row[: row[-2]]}{' finished' if row[-1] else ''}{' (error)' if row[-1] == 2 else ''}"
+            for lane, row in enumerate(self.packed.tolist())
+        ]
+        return head + "".join(lanes) + ">"
 
 
 @dataclass(frozen=True)
@@ -199,12 +212,13 @@ class DecodeState:
 
     def __repr__(self) -> str:
         # Shapes, dtype, device and host bookkeeping only: reading a tensor value would sync the device.
+        # K+1: the verified tokens per lane ("window" is the attention window, `DecodeConfig.context_buckets`).
         b, w = self.tokens.shape
         return (
-            f"DecodeState(lanes={b}, window={w}, max_position={self.max_position}, "
-            f"device={self.tokens.device}, kv_dtype={self.target_kv.dtype}, "
-            f"target_kv={tuple(self.target_kv.shape)}, draft_kv={tuple(self.draft_kv.shape)}"
-            f"{', consumed' if self.consumed else ''})"
+            f"<DecodeState lanes={b} K+1={w} max_position={self.max_position} "
+            f"device={self.tokens.device} kv_dtype={self.target_kv.dtype} "
+            f"target_kv={tuple(self.target_kv.shape)} draft_kv={tuple(self.draft_kv.shape)}"
+            f"{' consumed' if self.consumed else ''}>"
         )
 
 
