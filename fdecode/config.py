@@ -126,7 +126,8 @@ class DecodeConfig:
 
     @property
     def W(self) -> int:  # noqa: N802
-        """Verify window: the last committed token plus K drafts."""
+        """The verified tokens per lane (K+1): the last committed token plus K drafts. ("Window" is the
+        attention window, `context_buckets`.)"""
         return self.num_draft_tokens + 1
 
     @property
