@@ -62,6 +62,11 @@ class DecodeConfig:
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "num_blocks", "max_stop_ids",
+                     "top_k_candidates", "tp_size"):  # numpy / torch integers as ints (the config is hashed)
+            value = scalar(getattr(self, name))
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, value)
         for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "max_stop_ids", "tp_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

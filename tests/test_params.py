@@ -160,3 +160,11 @@ def test_a_seed_for_the_call_gives_each_prompt_its_own_stream(step):
     seeds = step.prefill(prompts, temperature=1.0, seed=3).seed.tolist()
     assert seeds[0] == 3 and len(set(seeds)) == 3 and all(0 <= s < 2**63 for s in seeds)
     assert seeds == [derived(3, i) for i in range(3)]
+
+
+def test_decode_config_takes_numpy_and_torch_integers():
+    held = fdecode.DecodeConfig(num_draft_tokens=np.int64(2), max_batch=torch.tensor(3), max_seq_len=np.int32(32),
+                                block_size=4, max_stop_ids=np.int64(4), eos_token_id=np.int64(2), backend="eager")
+    plain = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, eos_token_id=2,
+                                 backend="eager")
+    assert held == plain and hash(held) == hash(plain) and type(held.max_batch) is int
