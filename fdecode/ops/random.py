@@ -15,8 +15,8 @@ no host sync. A transition draws only O(K) numbers per lane (the sampler needs
 two per draw, `fdecode.ops.sampling.sample`), so the 10 rounds cost nothing.
 
 The rounds are written in plain int64 arithmetic that every backend lowers
-exactly: the 32 x 32 -> 64-bit products are split into 16-bit limbs so no
-intermediate exceeds 2**34, shifts are floor divisions by powers of two, and xor
+exactly: the 32 x 32 -> 64-bit products are split at the constant's 16-bit halves so no
+intermediate exceeds 2**49, shifts are floor divisions by powers of two, and xor
 is `(a | b) - (a & b)`. (Ascend GE graphs have no converters for bitwise xor and
 shifts; this form needs neither, and is bit-identical in eager and compiled code.)
 """
@@ -37,13 +37,15 @@ def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _mulhilo(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x * c) // 2**32 and (x * c) mod 2**32 for x in [0, 2**32), via 16-bit limbs (no int64 overflow)."""
-    x_lo, x_hi = x & 0xFFFF, torch.div(x, 1 << 16, rounding_mode="floor")
+    """(x * c) // 2**32 and (x * c) mod 2**32 for x in [0, 2**32), via the constant's 16-bit halves.
+
+    x * c = b * 2**16 + a with a = x * c_lo, b = x * c_hi (each < 2**48: no int64 overflow), so with
+    s = a + (b mod 2**16) * 2**16 (< 2**49): hi = b // 2**16 + s // 2**32 and lo = s mod 2**32."""
     c_lo, c_hi = c & 0xFFFF, c >> 16
-    mid = x_hi * c_lo + x_lo * c_hi  # < 2**33
-    low = x_lo * c_lo + (mid & 0xFFFF) * (1 << 16)  # < 2**33
-    hi = x_hi * c_hi + torch.div(mid, 1 << 16, rounding_mode="floor") + torch.div(low, 1 << 32, rounding_mode="floor")
-    return hi, low & MASK32
+    a, b = x * c_lo, x * c_hi
+    s = a + (b & 0xFFFF) * (1 << 16)
+    hi = torch.div(b, 1 << 16, rounding_mode="floor") + torch.div(s, 1 << 32, rounding_mode="floor")
+    return hi, s & MASK32
 
 
 def philox(
