@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fdecode.ops.attention import KERNELS
-from fdecode.scalars import scalar, values
+from fdecode.scalars import scalar, token_ids
 
 BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs", "torchair")
 # torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
@@ -152,9 +152,8 @@ class DecodeConfig:
 
 def _stop_ids(value: object, most: int) -> tuple[int, ...]:
     """DecodeConfig.eos_token_id as a tuple of ids (numpy / torch integers accepted)."""
-    one = scalar(value)
-    ids = [] if value is None else [one] if isinstance(one, int) else values(value)
-    if ids is None or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+    ids = [] if value is None else token_ids(value)
+    if ids is None or any(t < 0 for t in ids):
         raise ValueError(f"DecodeConfig.eos_token_id must be 'auto', None, an id or a list of ids, got {value!r}")
     if len(ids) > most:
         raise ValueError(f"DecodeConfig.eos_token_id has {len(ids)} ids but max_stop_ids is {most}")

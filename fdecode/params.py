@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fdecode.config import DecodeConfig
-from fdecode.scalars import scalar, values
+from fdecode.scalars import scalar, token_ids, values
 from fdecode.seeds import SEED_BITS, SeedSource, derived
 
 PerPrompt = float | int | Sequence[float] | Sequence[int] | None
@@ -58,11 +58,10 @@ def stop_ids(value: object) -> tuple[int, ...] | None:
     stays None: "the model's"). Ranges are checked against the vocabulary by `request_params`."""
     if value is None:
         return None
-    one = _int(value)
-    many = [one] if one is not None else values(value)
-    if many is None or any(_int(t) is None for t in many):
+    ids = token_ids(value)
+    if ids is None:
         raise ValueError(f"eos_token_id must be an id or a list of ids, got {value!r}")
-    return tuple(many)
+    return tuple(ids)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,16 @@ def values(value: object) -> list | None:
     return None
 
 
+def token_ids(value: object) -> list[int] | None:
+    """An id or ids (an int, a list, a 1-D tensor / array, numpy / torch integers) as a list of ints; None
+    where `value` is not that (bools are not ids)."""
+    one = scalar(value)
+    many = [one] if isinstance(one, int) else values(value)
+    if many is None or any(isinstance(t, bool) or not isinstance(t, int) for t in many):
+        return None
+    return many
+
+
 def rows(prompts: object) -> list | None:
     """A batch of prompts as a list of prompts: a 2-D tensor / array is its rows (as lists), a list or
     tuple is itself; None for anything else (a 1-D array is one prompt, not a batch)."""

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import torch
 
+from fdecode.scalars import token_ids
+
 
 def _ids(value: object) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return tuple(dict.fromkeys(value))  # in order, once each
-    raise ValueError(f"the model's eos_token_id must be an id or a list of ids, got {value!r}")
+    ids = [] if value is None else token_ids(value)
+    if ids is None:
+        raise ValueError(f"the model's eos_token_id must be an id or a list of ids, got {value!r}")
+    return tuple(dict.fromkeys(ids))  # in order, once each
 
 
 def _read(file: Path) -> dict:
