@@ -4,7 +4,8 @@
     step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, or "mtp"
     state = step.prefill(prompts)
     state, out = step(state)                      # validate -> sample -> prepare -> draft
-    texts = fdecode.generate(step, prompts, max_new_tokens=128)
+    texts = fdecode.generate(step, prompts, max_new_tokens=128)   # stops at the model's EOS ids
+    texts = fdecode.generate(step, prompts, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
 """
 
 from fdecode import ops  # registers torch.ops.fdecode.*

@@ -78,7 +78,8 @@ class Engine:
 
     engine = fdecode.Engine(step)
     rid = engine.add_request(prompt, max_new_tokens=64, eos_token_id=2, temperature=0.8, seed=1)
-    for event in engine.stream(): ...        # (request_id, new_tokens, finished)
+    rid = engine.add_request(prompt, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
+    for event in engine.stream(): ...        # (request_id, new_tokens, finished, error, reason)
     results = engine.run()                   # {request_id: tokens}, runs until idle
     """
 
