@@ -147,9 +147,13 @@ def _split(name: str, value: object, count: int, per_prompt: bool) -> tuple[obje
     return None, many
 
 
-def _requests(count: int, params: object, given: dict[str, object], per_prompt: bool) -> tuple[SamplingParams | None, list]:
-    """(the whole call's SamplingParams or None, one unresolved SamplingParams per request, or a
-    zero-argument function building it, for per-prompt values that are yet to be checked)."""
+def _requests(
+    count: int, params: object, given: dict[str, object], per_prompt: bool
+) -> tuple[SamplingParams | None, list[SamplingParams | Callable[[], SamplingParams]]]:
+    """(whole, requests). `whole`: what every request shares, checked here, named without a prompt label
+    (None where params gives one per prompt). `requests`: one per request, a SamplingParams or, where
+    per-prompt keyword values are still to be checked, a function building it (so that its error can
+    be labelled with the prompt)."""
     if params is not None:
         if given:
             raise TypeError(
@@ -207,14 +211,14 @@ def request_params(
     *,
     params: SamplingParams | Sequence[SamplingParams] | None = None,
     seeds: SeedSource | None = None,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str | None] | None = None,
     per_prompt: bool = True,
     **given: object,
 ) -> list[SamplingParams]:
     """One resolved `SamplingParams` per request (seed an int, eos_token_id the tuple of ids the
     request stops on, ignore_eos False), from `params` or the keyword shortcuts `given` (None, and
     ignore_eos=False, mean not given). See the module docstring for the rules. labels: the requests'
-    names in messages (default "prompt 0", ...); per_prompt=False refuses one-value-per-prompt lists
+    names in messages (default "prompt 0", ...; None: unnamed); per_prompt=False refuses one-value-per-prompt lists
     (a single request)."""
     labels = [f"prompt {i}" for i in range(count)] if labels is None else labels
     given = {k: v for k, v in given.items() if v is not None and not (k == "ignore_eos" and v is False)}
