@@ -168,3 +168,17 @@ def test_decode_config_takes_numpy_and_torch_integers():
     plain = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, eos_token_id=2,
                                  backend="eager")
     assert held == plain and hash(held) == hash(plain) and type(held.max_batch) is int
+
+
+def test_derived_seeds_are_the_same_in_every_process():
+    """Tensor-parallel ranks are processes: a call's derived seeds must not depend on anything per process
+    (string hashing is randomised per process; the derivation must not use it)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from fdecode.seeds import derived; print([derived(3, i) for i in range(5)])"
+    for hash_seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        assert out.strip() == str([derived(3, i) for i in range(5)])
