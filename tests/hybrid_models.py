@@ -1,0 +1,154 @@
+"""Tiny Qwen3.5 models for the hybrid tests: transformers' Qwen3_5ForCausalLM is the oracle.
+
+`hf_hybrid` draws every weight afresh (transformers' init zeroes the norms) at a scale where a dropped
+norm offset, a swapped gate half or a wrong rotary width moves the logits far past 1e-4. Drafts:
+the target itself (every draft accepted) and `near_copy` (noise on the MLPs: agrees often, not always).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import fdecode
+from fdecode.models import from_hf
+from fdecode.models.hybrid import HybridModel
+from fdecode.models.hybrid_config import FULL, LINEAR
+from fdecode.models.hybrid_mtp import HybridMTPHead
+
+
+VOCAB = 97
+
+
+PATTERNS = {
+    "lin-lin-lin-full": (LINEAR, LINEAR, LINEAR, FULL),
+    "full-lin-lin-full": (FULL, LINEAR, LINEAR, FULL),
+}
+
+
+def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], **overrides) -> transformers.Qwen3_5TextConfig:
+    base = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # GQA 2:1, rotary dim 4 of 16
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=list(layer_types), max_position_embeddings=512, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    base.update(overrides)
+    return transformers.Qwen3_5TextConfig(**base)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, **overrides) -> transformers.Qwen3_5ForCausalLM:
+    """A random Qwen3.5 whose every weight is drawn afresh (transformers' init zeroes the norms)."""
+    torch.manual_seed(seed)
+    model = transformers.Qwen3_5ForCausalLM(hf_config(PATTERNS[pattern], **dict(overrides))).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 1.0, generator=gen).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def prompts(lengths=(7, 11, 4), seed=1) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=gen) for n in lengths]
+
+
+def paged(model: HybridModel, length: int):
+    """One lane in block 1 of a throwaway cache (block_size = length): (kv, block_tables, slot of p)."""
+    kv = model.kv_config.new_kv(2 * length, dtype=torch.float32, device="cpu")
+    return kv, torch.tensor([[1]]), lambda p: length + p
+
+
+NEW = 12
+
+
+@functools.lru_cache(maxsize=None)
+def hf_greedy(prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW) -> list[int]:
+    out = hf_hybrid(pattern).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hybrid_target(pattern: str = "full-lin-lin-full") -> HybridModel:
+    return from_hf(hf_hybrid(pattern))
+
+
+def near_copy(model: HybridModel, noise: float = 0.15, seed: int = 5) -> HybridModel:
+    """The model with noise on its MLPs: a draft that agrees with it often, not always (mixed L)."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if ".mlp." in name:
+                p.add_(noise * torch.randn(p.shape, generator=gen))
+    return draft
+
+
+def run(step, prompts, new=NEW, **kwargs):
+    """Committed tokens per prompt and the accepted length of every (lane, step) of a live lane."""
+    state = step.prefill(prompts, max_new_tokens=new, **kwargs)
+    outs, lengths, out, first = [[] for _ in prompts], [], state.step_output, True
+    while True:
+        for lane in range(len(prompts)):
+            n = int(out.num_tokens[lane])
+            outs[lane] += out.tokens[lane, :n].tolist()
+            if n and not first:
+                lengths.append(n)
+        if bool(out.finished[: len(prompts)].all()):
+            return outs, lengths, state
+        state, out = step(state)
+        first = False
+
+
+PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4))]
+
+
+def compiled(target, draft, k: int, backend: str = "eager", **changes):
+    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
+                                  "backend": backend, **changes})
+    return fdecode.compile(target, draft, cfg)
+
+
+def scratch_states(model: HybridModel, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(conv [L, C, k-1], rec [L, Hv, dk, dv]) after a from-scratch forward over `tokens`."""
+    n = len(tokens)
+    kv, table, slot = paged(model, n)
+    conv, rec = model.new_recurrent(1, 1, dtype=torch.float32, device="cpu")
+    pos = torch.arange(n)[None]
+    _, _, (conv, rec) = model(torch.tensor([tokens]), pos, slot(pos), kv, table, block_size=n,
+                              recurrent=(conv[:, :, 0], rec[:, :, 0]))
+    return conv[0], rec[0]
+
+
+CHECKPOINT_MTP = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.",
+                  "layer.": "layers.0.", "norm.": "norm."}
+
+
+def save_with_mtp(folder, *, fc_columns: int | None = None) -> None:
+    """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head (Qwen3.5 names)
+    and `mtp_num_hidden_layers` in config.json. fc_columns: give `mtp.fc` another input width (a bad head)."""
+    hf = hf_hybrid("full-lin-lin-full")
+    hf.save_pretrained(folder)
+    head = HybridMTPHead.random(from_hf(hf).config, seed=3, std=0.3)
+    weights = load_file(str(folder / "model.safetensors"))
+    for name, tensor in head.state_dict().items():
+        prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
+        weights["mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix):]] = tensor.contiguous()
+    if fc_columns is not None:
+        weights["mtp.fc.weight"] = torch.zeros(weights["mtp.fc.weight"].shape[0], fc_columns)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
