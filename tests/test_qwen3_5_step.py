@@ -41,8 +41,8 @@ def test_partially_agreeing_draft_is_lossless(k: int) -> None:
 
 
 def test_states_after_mixed_acceptance_equal_a_from_scratch_forward() -> None:
-    """After every step: the target's state = forward over the committed tokens before t, and the
-    draft's copy 0 = its forward over the committed tokens through t (the current row at P)."""
+    """After every step: the target's state = forward over the committed tokens before t; the draft's
+    copy j = its forward over the committed tokens through t (the current row at P), then d'1 .. d'j."""
     target = hybrid_target()
     draft = near_copy(target, noise=0.08)
     step = compiled(target, draft, 3)
@@ -58,9 +58,11 @@ def test_states_after_mixed_acceptance_equal_a_from_scratch_forward() -> None:
             conv, rec = scratch_states(target, seq[:-1])
             torch.testing.assert_close(state.target_conv[lane, :, 0], conv, rtol=0, atol=1e-5)
             torch.testing.assert_close(state.target_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
-            conv, rec = scratch_states(draft, seq)
-            torch.testing.assert_close(state.draft_conv[lane, :, 0], conv, rtol=0, atol=1e-5)
-            torch.testing.assert_close(state.draft_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
+            drafts = state.tokens[lane, 1:].tolist()  # d'1 .. d'K: copy j went through seq + d'1 .. d'j
+            for j in range(state.draft_conv.shape[2]):
+                conv, rec = scratch_states(draft, seq + drafts[:j])
+                torch.testing.assert_close(state.draft_conv[lane, :, j], conv, rtol=0, atol=1e-5)
+                torch.testing.assert_close(state.draft_rec[lane, :, j], rec, rtol=0, atol=1e-5)
         state, out = step(state)
     assert len(mixed - {1}) > 1  # several accepted lengths were rolled back to
 
