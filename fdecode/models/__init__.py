@@ -1,10 +1,13 @@
-"""Llama-family target models, the MTP draft head, and HF checkpoint loading."""
+"""Llama-family and Qwen3.5 (hybrid) target models, the MTP draft heads, and HF checkpoint loading."""
 
 from __future__ import annotations
 
 from fdecode.models.config import ModelConfig
+from fdecode.models.hybrid import HybridModel
+from fdecode.models.hybrid_config import HybridConfig
+from fdecode.models.hybrid_mtp import HybridMTPHead
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf, save_hf
 from fdecode.models.mtp import MTPHead
 
-__all__ = ["LlamaModel", "MTPHead", "ModelConfig", "from_hf", "save_hf"]
+__all__ = ["HybridConfig", "HybridMTPHead", "HybridModel", "LlamaModel", "MTPHead", "ModelConfig", "from_hf", "save_hf"]
