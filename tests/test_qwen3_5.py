@@ -68,3 +68,11 @@ def test_unsupported_layer_types_and_configs_are_refused() -> None:
     # The multimodal checkpoint's text part, and the layer pattern from full_attention_interval.
     multimodal = {"model_type": "qwen3_5", "text_config": {**hf, "layer_types": None, "full_attention_interval": 2}}
     assert config_from_hf(multimodal).layer_types == (LINEAR, FULL, LINEAR, FULL)
+
+
+def test_save_hf_refuses_a_hybrid_and_says_how_to_save_it(tmp_path) -> None:
+    from fdecode.models import save_hf
+
+    with pytest.raises(ValueError, match="save_pretrained"):
+        save_hf(from_hf(hf_hybrid()), tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before writing anything

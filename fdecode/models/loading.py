@@ -250,6 +250,11 @@ def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:
     from safetensors.torch import save_file
 
     cfg = model.config
+    if cfg.model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"save_hf writes Llama-family checkpoints ({sorted(ARCHITECTURES)}), not {cfg.model_type!r}: save a "
+            "Qwen3.5 model with transformers (Qwen3_5ForCausalLM.save_pretrained), which from_hf reads back"
+        )
     if cfg.model_type == "qwen2" and not cfg.attention_bias:
         raise ValueError("a qwen2 checkpoint always has q/k/v biases; this model has none")
     tensors = {}
