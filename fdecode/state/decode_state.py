@@ -12,8 +12,9 @@ Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
   (speculative rejection sampling, see `fdecode.ops.sampling`).
 
 Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV
-leaves are written in place and aliased into the new state, so a step costs
-O(work), never O(cache capacity). A state passed to a step (or one sharing its KV:
+leaves (and a hybrid model's recurrent-state leaves, `fdecode.state.recurrent`) are
+written in place and aliased into the new state, so a step costs O(work), never
+O(cache capacity). A state passed to a step (or one sharing its KV:
 a `replace` or pytree copy of it) is refused from then on; so is a state whose KV
 pool a later `prefill` took over. The rules, and how a step tells which pool a
 state is over (by storage), are in `fdecode.state.ownership`.
