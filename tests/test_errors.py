@@ -8,7 +8,8 @@ import transformers
 
 import fdecode
 from conftest import fdecode_target, independent_draft
-from fdecode.models import LlamaModel
+from fdecode.models import LlamaModel, MTPHead
+from fdecode.models.parallel import TPGroup, parallelize_pair
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager")
 
@@ -64,10 +65,15 @@ def test_pool_too_small_for_the_prompts():
 
 
 def test_vocabulary_mismatch():
+    """A draft LM of another vocabulary size runs (tests/test_draft_vocab.py), but not under tensor
+    parallelism, and an MTP head shares the target's embedding: it must have its vocabulary."""
     target = fdecode_target(2)
-    other = LlamaModel.random(target.config.replace(vocab_size=50), seed=1)
+    other = LlamaModel.random(target.config.replace(vocab_size=48), seed=1)
+    with pytest.raises(ValueError, match=r"vocabulary \(48\) differs .* tensor parallelism"):
+        parallelize_pair(target, other, "model", TPGroup(None, 0, 2))
+    head = MTPHead.random(target.config.replace(vocab_size=48), seed=1)
     with pytest.raises(ValueError, match="vocabulary"):
-        fdecode.compile(target, other, fdecode.DecodeConfig(**CFG))
+        fdecode.compile(target, head, fdecode.DecodeConfig(**CFG))
 
 
 def test_unsupported_model_type():

@@ -255,6 +255,11 @@ def parallelize_pair(
         )
     check_shardable(target.config, tp.size, what="target")
     if kind == "model":
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"the draft's vocabulary ({draft.config.vocab_size}) differs from the target's "
+                f"({target.config.vocab_size}): not supported with tensor parallelism yet; run with tp_size=1"
+            )
         check_shardable(draft.config, tp.size, what="draft")
     elif draft is not target.mtp:  # an MTP head of its own
         if getattr(draft, "tp", None) is not None:

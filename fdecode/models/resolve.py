@@ -21,6 +21,7 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
 from fdecode.models.mtp import MTPHead
+from fdecode.models.vocab import fit_vocab
 
 
 def _is_hf_model(obj: object) -> bool:
@@ -147,9 +148,5 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
             raise ValueError("the MTP head was built for another target (hidden size or vocabulary differs)")
         return owned(obj, cfg).bind(target), "mtp"  # the step's copy borrows the step's target
     draft = resolve_target(obj, cfg, role="draft")
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(
-            f"draft vocabulary ({draft.config.vocab_size}) differs from the target's ({target.config.vocab_size}); "
-            "speculative decoding needs a shared tokenizer"
-        )
-    return draft, "model"
+    # The same tokenizer, padded differently: the draft proposes over the target's ids only.
+    return fit_vocab(draft, target.config.vocab_size), "model"
