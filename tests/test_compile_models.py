@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fdecode
+from conftest import hf_greedy, hf_target
 from fdecode.models import LlamaModel, MTPHead, ModelConfig, save_hf
 
 CFG = ModelConfig(
@@ -149,3 +150,19 @@ def test_config_dtype_and_device_fields():
         fdecode.DecodeConfig(**STEP, dtype="float32")
     with pytest.raises(TypeError, match="dtype"):
         fdecode.DecodeConfig(**STEP, dtype=torch.int64)
+
+
+def test_a_transformers_model_shares_its_storage_where_dtype_and_device_match():
+    """A transformers model's weights are not copied when they already have the step's dtype and device
+    (the step's tensors are views of the same storage); another dtype converts a copy."""
+    hf = hf_target(2)
+    storage = {p.untyped_storage().data_ptr() for p in hf.parameters()}
+    step = fdecode.compile(hf, hf_target(1), fdecode.DecodeConfig(**STEP))
+    assert {p.untyped_storage().data_ptr() for p in step.target.parameters()} <= storage
+    assert step.target.embed_tokens.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert step.draft.lm_head.weight.data_ptr() == hf_target(1).lm_head.weight.data_ptr()
+    want = [hf_greedy(tuple(p), 6) for p in PROMPTS]
+    assert fdecode.generate(step, PROMPTS, max_new_tokens=6, progress=False) == want
+    converted = fdecode.compile(hf, hf_target(1), fdecode.DecodeConfig(**STEP, dtype=torch.float64))
+    assert not {p.untyped_storage().data_ptr() for p in converted.target.parameters()} & storage
+    assert hf.model.embed_tokens.weight.dtype == torch.float32  # the caller's model is left as it was

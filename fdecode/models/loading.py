@@ -167,7 +167,6 @@ def _build(
     *,
     dtype: torch.dtype | None,
     device: torch.device | str | None,
-    copy: bool,
     family: Family | None = None,
 ) -> LlamaModel:
     family = LLAMA if family is None else family
@@ -188,8 +187,9 @@ def _build(
     missing, unexpected = expected - set(renamed), set(renamed) - expected
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]")
-    # copy: the fdecode model owns its weights even when the source is a live HF model.
-    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype, copy=copy) for k, t in renamed.items()}
+    # A tensor that already has the wanted device and dtype is shared, not copied (a live transformers
+    # model's weights stay in one place); the others are converted copies.
+    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype) for k, t in renamed.items()}
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # shape mismatches
@@ -224,7 +224,8 @@ def _read_folder_weights(folder: Path) -> dict[str, torch.Tensor]:
 def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> LlamaModel:
     """LlamaModel (with `.mtp` when the checkpoint has an MTP head) from a transformers model or a folder.
 
-    dtype / device default to those of the source weights.
+    dtype / device default to those of the source weights. A transformers model's weights that already
+    have them are shared with it (same storage, no second copy); the others are converted copies.
     """
     if isinstance(obj, (str, os.PathLike)):
         folder = Path(obj)
@@ -233,14 +234,14 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
         # The config is checked before any weight is read.
         hf = json.loads((folder / "config.json").read_text())
         family = family_of(hf.get("model_type"))
-        cfg, weights, copy = family.config_from_hf(hf), _read_folder_weights(folder), False
+        cfg, weights = family.config_from_hf(hf), _read_folder_weights(folder)
     elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
         hf = obj.config.to_dict()
         family = family_of(hf.get("model_type"))
-        cfg, weights, copy = family.config_from_hf(hf), obj.state_dict(), True
+        cfg, weights = family.config_from_hf(hf), obj.state_dict()
     else:
         raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
-    model = _build(cfg, weights, dtype=dtype, device=device, copy=copy, family=family)
+    model = _build(cfg, weights, dtype=dtype, device=device, family=family)
     model.eos_token_ids = eos_token_ids(obj)  # the stop ids of requests that name none, once compiled
     return model
 
