@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.deltanet import GatedDeltaNet
 from fdecode.models.gated_attention import GatedAttention
 from fdecode.models.hybrid_config import FULL, HybridConfig
@@ -81,7 +82,7 @@ def init_hybrid_(module: nn.Module, *, seed: int, std: float) -> None:
                 sub.dt_bias.add_(1.0)
 
 
-class HybridModel(nn.Module):
+class HybridModel(DecoderLM):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -96,19 +97,8 @@ class HybridModel(nn.Module):
         self.mtp: nn.Module | None = None  # set by the loader when the checkpoint has mtp.* weights
         self.requires_grad_(False)
 
-    @property
-    def kv_config(self) -> HybridConfig:
-        return self.config
-
-    def tie_weights_(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-
-    @classmethod
-    def random(cls, cfg: HybridConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> HybridModel:
-        model = cls(cfg).to(dtype)
-        init_hybrid_(model, seed=seed, std=std)
-        return model
+    def init_random_(self, *, seed: int, std: float) -> None:
+        init_hybrid_(self, seed=seed, std=std)
 
     def new_recurrent(
         self, batch: int, copies: int, *, dtype: torch.dtype, device: torch.device | str

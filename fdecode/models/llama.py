@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import DecoderLayer, RMSNorm, init_random_
+from fdecode.models.decoder_lm import DecoderLM
+from fdecode.models.layers import DecoderLayer, RMSNorm
 from fdecode.models.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from fdecode.models.mtp import MTPHead
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(DecoderLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -36,22 +37,6 @@ class LlamaModel(nn.Module):
         # Set by the loader when the checkpoint carries a multi-token-prediction head.
         self.mtp: MTPHead | None = None
         self.requires_grad_(False)  # inference only: no autograd graph in eager or compiled calls
-
-    @property
-    def kv_config(self) -> ModelConfig:
-        """Config that shapes this model's KV cache (an MTP head's is 1 layer)."""
-        return self.config
-
-    def tie_weights_(self) -> None:
-        """Make lm_head.weight the very tensor of embed_tokens.weight when the config ties them."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-
-    @classmethod
-    def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> LlamaModel:
-        model = cls(cfg).to(dtype)
-        init_random_(model, seed=seed, std=std)
-        return model
 
     def forward(
         self,

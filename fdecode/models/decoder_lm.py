@@ -1,0 +1,38 @@
+"""What every fdecode decoder LM shares, whatever its layers: the KV config, tied embeddings, random init.
+
+A family's model (`LlamaModel`, `HybridModel`) subclasses `DecoderLM` and sets `config`,
+`embed_tokens` and `lm_head`; it overrides `init_random_` where its parameters need other values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.layers import init_random_
+
+
+class DecoderLM(nn.Module):
+    config: ModelConfig
+    embed_tokens: nn.Embedding
+    lm_head: nn.Linear
+
+    @property
+    def kv_config(self) -> ModelConfig:
+        """Config that shapes this model's KV cache (an MTP head's is 1 layer)."""
+        return self.config
+
+    def tie_weights_(self) -> None:
+        """Make lm_head.weight the very tensor of embed_tokens.weight when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32):
+        model = cls(cfg).to(dtype)
+        model.init_random_(seed=seed, std=std)
+        return model
+
+    def init_random_(self, *, seed: int, std: float) -> None:
+        init_random_(self, seed=seed, std=std)
