@@ -12,6 +12,8 @@ Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled
 step also the compute floor (one compiled target forward over K + 1 tokens plus K
 compiled draft forwards, timed in isolation) and the overhead fraction 1 - floor / step.
 Warm-up runs are excluded; each figure is the median of `--reps` runs, with min and max.
+Target-only is measured once per target, batch and prompts, and that figure is in every row that
+uses it (all K, and the bundled MTP and draft workloads alike). `--json FILE` also writes the rows.
 The bench refuses to report a workload whose systems disagree on the greedy tokens.
 """
 
@@ -162,10 +164,12 @@ def compute_floor(step, reps: int) -> float:
 
 def run_workload(
     name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None, *, device="cpu",
-    dtype=torch.float32, backend="auto",
+    dtype=torch.float32, backend="auto", baseline: dict | None = None,
 ):
     """prompts: a pool of real prompts (the first `batch` are used); None: random tokens.
-    backend: what compiles the fdecode step and the baselines ("auto": cudagraphs on CUDA, else inductor)."""
+    backend: what compiles the fdecode step and the baselines ("auto": cudagraphs on CUDA, else inductor).
+    baseline: the target-only measurements of this target, shared by the rows that use it (one figure in
+    every row of a batch and its prompts, whatever K or the draft); filled where it has none."""
     if prompts is None:
         gen = torch.Generator().manual_seed(0)
         prompts = [
@@ -202,10 +206,17 @@ def run_workload(
         systems["hf-generate"] = lambda: hf()
         systems["hf-assisted"] = lambda: hf(hf_draft)
 
+    baseline = {} if baseline is None else baseline
+    key = (batch, new_tokens, tuple(map(tuple, prompts)))  # what target-only's tokens and time depend on
     results, outputs = [], {}
     for system, fn in systems.items():
-        with torch.no_grad():
-            med, lo, hi, (outs, steps) = _median_run(fn, reps)
+        if system == "target-only" and key in baseline:
+            med, lo, hi, (outs, steps) = baseline[key]
+        else:
+            with torch.no_grad():
+                med, lo, hi, (outs, steps) = _median_run(fn, reps)
+        if system == "target-only":
+            baseline[key] = med, lo, hi, (outs, steps)
         outputs[system] = outs
         total = sum(len(o) for o in outs)
         steps = steps or new_tokens
@@ -263,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--backend", default="auto", help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)")
-    p.add_argument("--json", default="bench.json", help="where to write the results")
+    p.add_argument("--json", help="also write the results to this JSON file (default: none)")
     args = p.parse_args(argv)
     if args.device != "cpu" or args.dtype != "float32":
         args.no_hf = True  # transformers runs the float32 weights on the CPU: another computation
@@ -273,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
     results, sampling_rows = [], []
+    baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
     for name in args.workloads:
         if name == "real-vocab":
             from fdecode.bench_sampling import VOCAB, run_sampling_workload
@@ -296,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 results += run_workload(
                     name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts,
                     device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
+                    baseline=baselines.setdefault(_target_of(name), {}),
                 )
     if results:
         print(markdown(results))
@@ -303,9 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         from fdecode.bench_sampling import markdown as sampling_markdown
 
         print(sampling_markdown(sampling_rows))
-    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
-    with open(args.json, "w") as f:
-        json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows}, f, indent=1)
+    if args.json is not None:
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows}, f, indent=1)
     return 0
 
 
@@ -330,6 +344,11 @@ def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: t
     return target, (target if name == "draft=target" else llama(vocab, *draft_size, seed=2)), None
 
 
+def _target_of(name: str) -> str:
+    """Which target a workload runs (workloads with the same one share its target-only figures)."""
+    return "bundled" if name.startswith("bundled") else "qwen3_5" if name in HYBRID_WORKLOADS else "llama"
+
+
 def _hf_pair(target: LlamaModel, draft: LlamaModel):
     """The same weights as transformers models (saved and loaded through the HF layout)."""
     import tempfile
@@ -341,7 +360,7 @@ def _hf_pair(target: LlamaModel, draft: LlamaModel):
     models = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, model in enumerate((target, draft)):
-            save_hf(model, f"{tmp}/{i}")
+            save_hf(model, f"{tmp}/{i}", mtp=False)  # transformers has no MTP head: it would report its keys
             models.append(AutoModelForCausalLM.from_pretrained(f"{tmp}/{i}").eval())
     return models[0], models[1]
 

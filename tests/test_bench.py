@@ -96,3 +96,33 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     want = baseline.generate(prompts, max_new_tokens=12)
     baseline._next = replay_like(baseline._next, lambda r: r, lambda r, token: token)
     assert baseline.generate(prompts, max_new_tokens=12) == want
+
+
+def test_bench_writes_no_file_unless_asked_and_shows_one_target_only_figure(tmp_path, monkeypatch, capsys):
+    """Rows over one target (every K, both workloads) show one target-only measurement; no bench.json
+    lands in the working directory without --json."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--batch", "1", "-k", "1", "2", "--new-tokens", "8", "--reps", "1", "--target", "64x2", "--draft", "64x1",
+            "--vocab", "256", "--no-hf", "--backend", "eager", "--workloads", "random-draft", "draft=target"]
+    assert main(args) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if "| target-only |" in line]
+    assert len(rows) == 4 and len({row[5] for row in rows}) == 1  # tok/s (min-max), ms/step
+    assert list(tmp_path.iterdir()) == []
+    assert main([*args[:-1], "--json", "out.json"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_transformers_copies_of_a_target_with_an_mtp_head_load_without_a_report(monkeypatch, caplog):
+    """The bench's transformers pair leaves the MTP head out: no "UNEXPECTED mtp.*" load report."""
+    import logging
+
+    from fdecode.bench import _hf_pair, llama
+    from fdecode.models import MTPHead
+
+    target, draft = llama(256, 64, 2, seed=1), llama(256, 64, 1, seed=2)
+    target.mtp = MTPHead.random(target.config, seed=3).bind(target)
+    logger = logging.getLogger("transformers")  # its own handler, which pytest's capture does not see
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, caplog.handler])
+    hf_target, _ = _hf_pair(target, draft)
+    assert "UNEXPECTED" not in caplog.text and "mtp" not in caplog.text
+    assert not any(name.startswith("mtp") for name in hf_target.state_dict())

@@ -246,8 +246,9 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
     return model
 
 
-def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:
-    """Write config.json + model.safetensors in the HF layout (MTP head, if any, in layout (c))."""
+def save_hf(model: LlamaModel, folder: str | os.PathLike, *, mtp: bool = True) -> None:
+    """Write config.json + model.safetensors in the HF layout (MTP head, if any, in layout (c); left out
+    with mtp=False, for a transformers model that would only report its keys as unexpected)."""
     from safetensors.torch import save_file
 
     cfg = model.config
@@ -262,6 +263,8 @@ def save_hf(model: LlamaModel, folder: str | os.PathLike) -> None:
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # safetensors refuses shared storage; the tie is in config.json
+        if name.startswith("mtp.") and not mtp:
+            continue
         hf_name = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
         tensors[hf_name] = tensor.detach().to("cpu").contiguous()
     folder = Path(folder)
