@@ -24,3 +24,21 @@ def test_demo_refuses_a_checkpoint_without_mtp_head_when_asked_for_mtp(tmp_path,
 
     with pytest.raises(SystemExit, match="no MTP head"):
         main(["demo", "--model", str(TINY_DRAFT), "--backend", "eager"])
+
+
+def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acceptance(capsys):
+    """examples/local_checkpoint.py: a prompt the bundled model continues with code (not spaces), an
+    announced compile, then speed and mean accepted length."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "local_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("local_checkpoint", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main([str(TINY), "--max-new-tokens", "40", "--backend", "eager"])
+    out = capsys.readouterr().out
+    assert "compiling" in out and "tok/s" in out and "mean accepted length" in out
+    text = out.split("(summed over windows)\n", 1)[1].split("\n-- ", 1)[0]
+    new = text[len(example.DEFAULT_PROMPT):]
+    assert text.startswith(example.DEFAULT_PROMPT) and sum(c.isalpha() for c in new) >= 8  # words, not blanks
