@@ -1,15 +1,16 @@
 """`fdecode` console script.
 
-    fdecode demo                                   # the bundled model: stream Python code, then before/after
+    fdecode demo                                   # the bundled model: stream Python code, then 3-way speeds
     fdecode demo --draft model                     # ... with its independent draft LM instead of the MTP head
     fdecode demo --model DIR [--draft DIR|mtp] --prompt "def f(x):"   # a local Hugging Face checkpoint
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
     fdecode profile                                # timeline picture of the before loop and the step
 
-The demo streams the compiled step's greedy continuation as it is produced,
-then runs the host-round-trip "before" loop on the same prompt, checks that
-both produced the same tokens, and prints tokens/s of each, the mean accepted
-length and the compile time.
+The demo streams the compiled step's greedy continuation as it is produced (line
+by line: it ends at the last complete line), then runs target-only decoding and the
+host-round-trip "before" loop on the same prompt, checks that all three produced
+the same tokens, and prints tokens/s of each, the mean accepted length and the
+compile time (summed over the attention windows).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import fdecode
 from fdecode.ops.plan import GREEDY
 from fdecode.assets import TINY, TINY_DRAFT
-from fdecode.baseline import BeforeLoop
+from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.models import from_hf
 from fdecode.tokenizer import load_tokenizer
 
@@ -62,61 +63,79 @@ def demo(args: argparse.Namespace) -> int:
     )
     step = fdecode.compile(target, draft, cfg)
     print(f"model: {folder} (draft: {draft_name})\nstep:  {step}", file=sys.stderr)
-    print("compiling ...", file=sys.stderr, flush=True)
+    windows = len(cfg.bucket_blocks)
+    print(f"compiling ({windows} attention window{'s' * (windows > 1)}) ...", file=sys.stderr, flush=True)
     compile_s = sum(step.warmup(plans=(GREEDY,)).values())  # the demo decodes greedily: the only plan it runs
 
     print(args.prompt, end="", flush=True)
     engine = fdecode.Engine(step)
     engine.add_request(prompt, max_new_tokens=args.max_new_tokens, eos_token_id=eos)
     tokens: list[int] = []
-    shown = ""
+    shown, steps = 0, 0
     for event in engine.stream():
         tokens += event.new_tokens
+        steps += bool(event.new_tokens)  # the prefill's first token, then one event per decode step
+        # Whole lines only: the text ends at a clean boundary, and never mid character (a byte-level
+        # tokenizer can stop inside one; no line end is inside one).
         text = tokenizer.decode(tokens)
-        # A byte-level tokenizer can end mid character: hold back the replacement mark until it completes.
-        stable = text.rstrip("\ufffd")
-        print(stable[len(shown):], end="", flush=True)
-        shown = stable
-    print(text[len(shown):])
+        done = text.rfind("\n") + 1
+        print(text[shown:done], end="", flush=True)
+        shown = max(shown, done)
+    held = text[shown:].rstrip("\ufffd")  # the unfinished last line: not shown, unless it is all there is
+    if not shown:
+        print(held)
 
-    # Before / after, measured the same way (no printing), interleaved, median of REPS runs each.
-    before = BeforeLoop(step, backend=step.backend)
-    # Warm-up over the same generation: compiles its two forwards for every attention window it crosses.
-    before.generate([prompt], max_new_tokens=args.max_new_tokens)
-    before_times, after_times = [], []
+    # Target-only, before and after, measured the same way (no printing), interleaved, median of REPS runs.
+    new = args.max_new_tokens
+    target_only, before = TargetOnly(step, backend=step.backend), BeforeLoop(step, backend=step.backend)
+    systems = {
+        "target-only": lambda: target_only.generate([prompt], max_new_tokens=new)[0][0],
+        "before": lambda: before.generate([prompt], max_new_tokens=new)[0][0],
+        "fdecode": lambda: fdecode.generate(step, [prompt], max_new_tokens=new, eos_token_id=eos)[0],
+    }
+    # Warm-up over the same generation: compiles the baselines' forwards for every attention window they cross.
+    for run in systems.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(REPS):
-        start = time.perf_counter()
-        (reference,), _ = before.generate([prompt], max_new_tokens=args.max_new_tokens)
-        before_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        (again,) = fdecode.generate(step, [prompt], max_new_tokens=args.max_new_tokens, eos_token_id=eos)
-        after_times.append(time.perf_counter() - start)
-    before_s, after_s = statistics.median(before_times), statistics.median(after_times)
-    if eos is not None and eos in reference:
-        reference = reference[: reference.index(eos) + 1]
-    if not reference == again == tokens:
-        print("error: the before loop and the compiled step produced different tokens", file=sys.stderr)
-        return 1
+        for name, run in systems.items():
+            start = time.perf_counter()
+            out = run()
+            times[name].append(time.perf_counter() - start)
+            if eos is not None and eos in out:  # the baselines run their whole budget
+                out = out[: out.index(eos) + 1]
+            if out != tokens:
+                print(f"error: {name} and the streamed step produced different tokens", file=sys.stderr)
+                return 1
+    seconds = {name: statistics.median(t) for name, t in times.items()}
 
     n = len(tokens)
-    accepted = (n - 1) / max(engine.steps, 1)  # the first token comes from the prefill
-    print(f"\n-- {n} tokens, greedy, K = {args.k}, draft: {draft_name}")
-    print(f"before loop (host round trip each step): {n / before_s:8.1f} tok/s   (median of {REPS} runs)")
-    print(f"fdecode step ({step.backend}, one graph):     {n / after_s:8.1f} tok/s   ({before_s / after_s:.2f}x)")
-    print(f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s")
+    accepted = (n - 1) / max(steps - 1, 1)  # decode steps only: the first token comes from the prefill
+    base, loop, ours = (n / seconds[name] for name in ("target-only", "before", "fdecode"))
+    cut = " (the text above stops at its last line end)" if shown and held else ""
+    print(f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median of {REPS} runs")
+    print(f"{'target-only (one target forward per token):':46}{base:8.1f} tok/s")
+    print(f"{'before loop (host round trip each step):':46}{loop:8.1f} tok/s   ({loop / base:.2f}x target-only)")
+    print(f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   "
+          f"({ours / base:.2f}x target-only, {ours / loop:.2f}x before)")
+    print(f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s "
+          f"(summed over {windows} attention window{'s' * (windows > 1)})")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fdecode", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="stream text from the bundled model, then compare with the before loop")
-    p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder with its tokenizer (default: bundled)")
-    p.add_argument("--draft", help="'mtp' (default), 'model' (the bundled draft LM) or a draft checkpoint folder")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
-    p.add_argument("-k", type=int, default=3, help="draft tokens per step")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "eager"])
+    p = sub.add_parser("demo", help="stream text from the bundled model, then compare with target-only and the before loop")
+    p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder with its tokenizer (default: the "
+                   "bundled model)")
+    p.add_argument("--draft", help="'mtp', 'model' (the bundled draft LM) or a draft checkpoint folder (default: mtp)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: the first 4 lines of a Python "
+                   "class LRUCache)")
+    p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "eager"],
+                   help="what compiles the step (default: %(default)s: inductor on a CPU)")
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     sub.add_parser("profile", help="timeline picture of the before loop and the step", add_help=False)

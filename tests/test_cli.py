@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import torch
+
 from fdecode.assets import TINY, TINY_DRAFT
 from fdecode.cli import main
 
@@ -42,3 +44,41 @@ def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acce
     text = out.split("(summed over windows)\n", 1)[1].split("\n-- ", 1)[0]
     new = text[len(example.DEFAULT_PROMPT):]
     assert text.startswith(example.DEFAULT_PROMPT) and sum(c.isalpha() for c in new) >= 8  # words, not blanks
+
+
+def test_demo_shows_target_only_the_decode_steps_mean_and_whole_lines(capsys):
+    """The summary has target-only beside the before loop and the step, the mean accepted length over the
+    decode steps that ran (not the engine's launches, one more), and the compile time summed over windows;
+    the streamed text stops at its last line end."""
+    import fdecode
+    from fdecode.cli import DEFAULT_PROMPT
+    from fdecode.models import from_hf
+    from fdecode.tokenizer import load_tokenizer
+
+    assert main(["demo", "--max-new-tokens", "40", "-k", "3", "--backend", "eager"]) == 0
+    streamed, summary = capsys.readouterr().out.split("\n-- ", 1)
+    assert "target-only" in summary and "before loop" in summary and "summed over 1 attention window" in summary
+
+    tokenizer = load_tokenizer(TINY)
+    prompt = tokenizer(DEFAULT_PROMPT)["input_ids"]
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=len(prompt) + 48, backend="eager")
+    step = fdecode.compile(from_hf(TINY, dtype=torch.float32), "mtp", cfg)
+    state = step.prefill([prompt], max_new_tokens=40, eos_token_id=tokenizer.eos_token_id)
+    tokens, steps = state.step_output.tokens[0, :1].tolist(), 0
+    while not bool(state.step_output.finished[0]):
+        state, out = step(state)
+        tokens += out.tokens[0, : int(out.num_tokens[0])].tolist()
+        steps += 1
+    assert f"mean accepted length: {(len(tokens) - 1) / steps:.2f} tokens per step" in summary
+    text = tokenizer.decode(tokens)
+    assert streamed == DEFAULT_PROMPT + text[: text.rfind("\n") + 1]
+
+
+def test_demo_help_shows_the_defaults(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("default: 3)", "default: 200)", "default: mtp)", "default: auto", "default: the bundled model)"):
+        assert default in out
