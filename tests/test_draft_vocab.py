@@ -82,3 +82,28 @@ def test_emitted_sequences_follow_the_target_with_a_draft_of_another_vocabulary(
     expected = exact_distribution(target, params)
     assert chi2_pvalue(counts, expected) > ALPHA
     assert expected[counts > 0].min() > 0
+
+
+def test_a_draft_with_another_tokenizer_is_refused_but_one_padded_differently_is_not(tmp_path):
+    """Where both folders have a tokenizer.json, a shared id naming two tokens is refused; extra ids are padding."""
+    import json
+
+    from fdecode.models import save_hf
+
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=16, block_size=4, backend="eager")
+    vocab = {chr(ord("a") + i): i for i in range(V)}
+
+    def folder(name, model, tokens, added=()):
+        save_hf(model, tmp_path / name)
+        added = [{"id": i, "content": t, "special": True} for i, t in added]
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps({"model": {"vocab": tokens}, "added_tokens": added}))
+        return tmp_path / name
+
+    target = folder("target", tiny_target(), vocab)
+    padded = folder("padded", tiny_draft_with_vocab(V + 3), vocab, [(V, "<pad0>"), (V + 1, "<pad1>")])
+    assert fdecode.compile(target, padded, cfg).draft.config.vocab_size == V + 3
+    swapped = folder("swapped", tiny_draft_with_vocab(V + 3), {**vocab, "a": 1, "b": 0})
+    with pytest.raises(ValueError, match=r"tokenizer differs .* id 0: 'b' in the draft, 'a' in the target"):
+        fdecode.compile(target, swapped, cfg)
+    (swapped / "tokenizer.json").unlink()  # nothing to compare: accepted
+    assert fdecode.compile(target, swapped, cfg).draft_kind == "model"

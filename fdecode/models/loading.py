@@ -243,6 +243,8 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
         raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
     model = _build(cfg, weights, dtype=dtype, device=device, family=family)
     model.eos_token_ids = eos_token_ids(obj)  # the stop ids of requests that name none, once compiled
+    source = Path(obj) if isinstance(obj, (str, os.PathLike)) else Path(getattr(obj, "name_or_path", "") or "")
+    model.checkpoint = source if str(source) not in ("", ".") and source.is_dir() else None  # its tokenizer files
     return model
 
 

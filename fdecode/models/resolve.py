@@ -21,7 +21,7 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
 from fdecode.models.mtp import MTPHead
-from fdecode.models.vocab import fit_vocab
+from fdecode.models.vocab import check_same_tokenizer, fit_vocab
 
 
 def _is_hf_model(obj: object) -> bool:
@@ -148,5 +148,6 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
             raise ValueError("the MTP head was built for another target (hidden size or vocabulary differs)")
         return owned(obj, cfg).bind(target), "mtp"  # the step's copy borrows the step's target
     draft = resolve_target(obj, cfg, role="draft")
+    check_same_tokenizer(target, draft)
     # The same tokenizer, padded differently: the draft proposes over the target's ids only.
     return fit_vocab(draft, target.config.vocab_size), "model"

@@ -10,10 +10,14 @@ so the draft is fitted to them at its two ends, and nowhere else:
   - input (`ClampedEmbedding`): a target id the smaller draft lacks (in a prompt, or committed by the
     target) is read as the draft's last id. Only how well the draft guesses changes, never what is committed.
 
-Both keep the draft's own weight tensor (`.weight`), so nothing is copied.
+Both keep the draft's own weight tensor (`.weight`), so nothing is copied. Where both checkpoint folders
+have a `tokenizer.json`, an id the two vocabularies share must be the same token (`check_same_tokenizer`).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -52,3 +56,29 @@ def fit_vocab(draft: nn.Module, vocab: int) -> nn.Module:
         if own < vocab:
             draft.embed_tokens = ClampedEmbedding(draft.embed_tokens.weight)
     return draft
+
+
+def _token_ids(folder: Path | None) -> dict[int, str] | None:
+    """id -> token of `folder`'s tokenizer.json (its model vocabulary and added tokens), None without one."""
+    file = None if folder is None else folder / "tokenizer.json"
+    if file is None or not file.is_file():
+        return None
+    data = json.loads(file.read_text())
+    ids = {int(i): token for token, i in (data.get("model", {}).get("vocab") or {}).items()}
+    ids.update({int(t["id"]): t["content"] for t in data.get("added_tokens", [])})
+    return ids
+
+
+def check_same_tokenizer(target: nn.Module, draft: nn.Module) -> None:
+    """Refuse a draft whose tokenizer really differs from the target's: one id, two tokens. Checked where
+    both came from folders with a tokenizer.json (`from_hf` records the folder); padding is no difference."""
+    a, b = (_token_ids(getattr(m, "checkpoint", None)) for m in (target, draft))
+    if a is None or b is None:
+        return
+    differ = sorted(i for i in a.keys() & b.keys() if a[i] != b[i])
+    if differ:
+        i = differ[0]
+        raise ValueError(
+            f"the draft's tokenizer differs from the target's ({len(differ)} shared ids are other tokens, e.g. id {i}: "
+            f"{b[i]!r} in the draft, {a[i]!r} in the target): speculative decoding needs one tokenizer"
+        )
