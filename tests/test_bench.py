@@ -94,7 +94,7 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
 
     baseline = TargetOnly(honest)
     want = baseline.generate(prompts, max_new_tokens=12)
-    baseline._next = replay_like(baseline._next, lambda r: r, lambda r, token: token)
+    baseline._next = replay_like(baseline._next, lambda r: r[0], lambda r, token: (token, r[1]))  # (token, recurrent)
     assert baseline.generate(prompts, max_new_tokens=12) == want
 
 
