@@ -26,15 +26,15 @@ rounded to the nearest 2**-30, so a sum of n of them is off by at most n * 2**-3
 about 7e-5 at n = 152k, and typically by sqrt(n) * 2**-32) and top_p * mass is
 rounded in float32.
 
-Cost per step, measured at V = 151,936, K = 3 (7 filtered rows per lane), target 256x4,
-draft 128x1, inductor on the project's 2-core CPU (`fdecode bench --workloads real-vocab`,
-step time over the greedy-only graph's, side by side; BENCHMARKS.md has the run, made
-under load):
+Cost per step, measured at V = 151,936, K = 3 (target rows: K + 1 per lane; drafts propose
+from their top-C candidates in every plan, `fdecode.step.propose`), target 256x4, draft 128x1,
+inductor on the project's 2-core CPU, nothing else running (`fdecode bench --workloads
+real-vocab`, step time over the greedy-only graph's, side by side in one run; BENCHMARKS.md):
 
     plan (lanes)                              B = 1   B = 8
-    greedy (default config, greedy lanes)     0.94x   0.99x
-    top_k<=128 (T=0.7, top_p=0.8, top_k=20)   0.98x   1.02x
-    full+top_p (T=1, top_p=0.95)              1.06x   1.95x
+    greedy (default config, greedy lanes)     0.97x   0.96x
+    top_k<=128 (T=0.7, top_p=0.8, top_k=20)   0.98x   1.06x
+    full+top_p (T=1, top_p=0.95)              0.95x   1.56x
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from fdecode.ops.sampling import first_true
 
 _TOP = 30  # a probability's float32 bit pattern is below 2**30 (1.0 is 0x3F800000)
 _SHIFTS = (15, 0)  # two 15-bit digits of it
-_FIXED = float(1 << 30)  # fixed-point unit of top-p mass: V * 2**30 / 2 + 2**30 < 2**31 fits int32
+_FIXED = float(1 << 30)  # fixed-point unit of top-p mass: a row sums to at most 2**30 + V / 2 < 2**31 (int32)
 
 
 def radix_select(bits: torch.Tensor, weight: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
