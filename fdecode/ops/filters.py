@@ -15,9 +15,9 @@ of it, chosen by its `SamplingPlan` (`fdecode.ops.plan`):
   largest probability (top-k) and the exact top-p threshold only where the plan
   says some lane uses them, each by a radix select over the bit patterns of the
   float32 probabilities (non-negative floats order as their bits): 2 passes of
-  15-bit digits, each one int32 histogram of counts or of fixed-point mass
-  (`fdecode.ops.histogram`; integers: the same sums in any order, on any backend),
-  then a suffix sum over the 2**15 bins picks the digit. No sort of the vocabulary,
+  15-bit digits (4 of 8 bits below 2**15 tokens), each one int32 histogram of
+  counts or of fixed-point mass (`fdecode.ops.histogram`; integers: the same sums in any order, on any backend),
+  then a suffix sum over the bins picks the digit. No sort of the vocabulary,
   and no int64 tensor of its size.
 
 Float-level caveats: ties at a threshold are all kept (in the candidate path only
@@ -46,7 +46,16 @@ from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.sampling import first_true
 
 _TOP = 30  # a probability's float32 bit pattern is below 2**30 (1.0 is 0x3F800000)
-_SHIFTS = (15, 0)  # two 15-bit digits of it
+
+
+def digit_shifts(vocab: int) -> tuple[int, ...]:
+    """The digits of the search, as shifts of the bit pattern: two 15-bit digits when the vocabulary
+    has at least 2**15 tokens (2**15 bins cost less than a pass over V), else four of 8, 8, 8, 6 bits
+    (a small vocabulary would pay more for 2**15 bins than for the extra passes)."""
+    width = 15 if vocab >= 1 << 15 else 8
+    return tuple(max(shift, 0) for shift in range(_TOP - width, -width, -width))
+
+
 _FIXED = float(1 << 30)  # fixed-point unit of top-p mass: a row sums to at most 2**30 + V / 2 < 2**31 (int32)
 
 
@@ -55,15 +64,15 @@ def radix_select(bits: torch.Tensor, weight: torch.Tensor, need: torch.Tensor) -
 
     bits: [R, V] int32 in [0, 2**30); weight: [R, V] int32 >= 0 whose row sums fit int32;
     need: [R] int64 in [1, weight.sum(-1)]. Returns t [R, 1] int32. Digit by digit: entries outside
-    the bin found so far go to an extra bin, the histogram splits the bin into 2**15 sub-bins,
-    `above` is the weight of entries past the bin, and the digit is the last sub-bin that still
-    reaches need. All int32 over V, two histograms (`fdecode.ops.histogram`): no division of
-    int64 and no int64 tensor of the vocabulary's size.
+    the bin found so far go to an extra bin, the histogram splits the bin into one sub-bin per
+    value of the next digit (`digit_shifts`), `above` is the weight of entries past the bin, and
+    the digit is the last sub-bin that still reaches need. All int32 over V, one histogram per
+    digit (`fdecode.ops.histogram`): no division of int64 and no int64 tensor of V's size.
     """
     prefix = torch.zeros_like(bits[:, :1])  # [R, 1] the digits found so far
     above = torch.zeros_like(need[:, None])  # [R, 1] int64
     top = _TOP
-    for shift in _SHIFTS:
+    for shift in digit_shifts(bits.shape[-1]):
         bins = 1 << (top - shift)
         offset = bits - prefix
         inside = (offset >= 0) & (offset < (1 << top))
