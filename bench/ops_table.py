@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device_kv_write:
         kv.KV_WRITE["cpu"] = kv.kv_write_for(args.device_kv_write)
-        histogram.WAY["cpu"] = histogram.WAY.get(args.device_kv_write, "scatter_add")
+        histogram.WAY["cpu"] = histogram.way_for(args.device_kv_write)
     columns = [overloads(kind, plan) for kind, plan in COLUMNS]
     names = sorted(set().union(*columns))
     heads = " | ".join(f"{'draft LM' if kind == 'model' else 'MTP'}, {plan}" for kind, plan in COLUMNS)

@@ -20,9 +20,13 @@ import torch
 WAY = {"cpu": "scatter_reduce"}  # other device types: "scatter_add"
 
 
+def way_for(device_type: str) -> str:
+    return WAY.get(device_type, "scatter_add")
+
+
 def histogram(index: torch.Tensor, weight: torch.Tensor, bins: int) -> torch.Tensor:
     """index: [R, V] int64 in [0, bins); weight: [R, V] integer. Returns [R, bins] of weight's dtype."""
     out = torch.zeros(index.shape[0], bins, dtype=weight.dtype, device=index.device)
-    if WAY.get(index.device.type, "scatter_add") == "scatter_reduce":
+    if way_for(index.device.type) == "scatter_reduce":
         return out.scatter_reduce(1, index, weight, "sum")
     return out.scatter_add(1, index, weight)
