@@ -75,25 +75,31 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); `intermediate_size` defaults to the config's (an MoE's shared
+    expert passes its own)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inner = cfg.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.)).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    `attention` / `mlp`: the mixer and feed-forward a family uses instead of the Llama `Attention` and
+    SwiGLU `MLP` (DeepSeek-V3: `MLAttention` and the MoE); any module with the same call signature.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, attention: nn.Module | None = None, mlp: nn.Module | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg) if attention is None else attention
+        self.mlp = MLP(cfg) if mlp is None else mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
