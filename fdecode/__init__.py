@@ -1,7 +1,7 @@
 """fdecode: speculative decoding as one pure, compiled function per decode iteration.
 
     cfg   = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=8, max_seq_len=2048)
-    step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, or "mtp"
+    step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, "mtp" or "ngram"
     state = step.prefill(prompts)
     state, out = step(state)                      # validate -> sample -> prepare -> draft
     texts = fdecode.generate(step, prompts, max_new_tokens=128)   # stops at the model's EOS ids
@@ -12,6 +12,7 @@ from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
 from fdecode.generate import generate
 from fdecode.graphs import GraphReport, Step, compile, inspect
+from fdecode.models.ngram import NgramDraft
 from fdecode.params import SamplingParams
 from fdecode.runtime import Engine, Event
 from fdecode.state import DecodeState, StepOutput
@@ -22,6 +23,7 @@ __all__ = [
     "Engine",
     "Event",
     "GraphReport",
+    "NgramDraft",
     "SamplingParams",
     "Step",
     "StepOutput",

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.ngram import history_width, is_ngram
 from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops, dense, sample
@@ -151,6 +152,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         target_kv=kv[0],
         draft_kv=kv[1],
         **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
+        history=torch.full((batch, history_width(draft, cfg.max_seq_len, window)), -1, **zeros),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -218,10 +220,14 @@ def prime(
     )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
     # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
     shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    _, _, draft_states = forward_rows(
-        draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
-        attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
-    )
+    draft_states = None
+    if not is_ngram(draft):  # an n-gram draft has no forward: its history is the prompt itself
+        _, _, draft_states = forward_rows(
+            draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
+            attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
+        )
+    history = torch.full((n, history_width(draft, cfg.max_seq_len, cfg.W)), -1, dtype=torch.int64, device=device)
+    history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)
     last = lengths - 1
@@ -233,6 +239,7 @@ def prime(
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
         **after_prompts(fresh, target_states, draft_states),
+        history=history,
         active=active,
         remaining=remaining,
         stop_ids=stops,

@@ -20,8 +20,10 @@ from __future__ import annotations
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.ngram import is_ngram
 from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.filters import candidate_filter, filtered
+from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
@@ -68,8 +70,8 @@ def decode_step(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
     )
     committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
-    logits, hidden, snapshots = forward_rows(
-        target, state.tokens, positions, slots, state.target_kv, context, block_size=cfg.block_size,
+    logits, hidden, snapshots = forward_rows(  # a draft id < 0 (nothing proposed) runs as id 0, never accepted
+        target, state.tokens.clamp_min(0), positions, slots, state.target_kv, context, block_size=cfg.block_size,
         attention=cfg.attention, recurrent=committed, snapshots=True,
     )  # [B, W, V], [B, W, H], recurrent states after each row (None: no linear-attention layers)
     if plan.random:
@@ -155,6 +157,15 @@ def advance(
     )
     live = (accepted >= 0).any(dim=1)  # [B] lanes that committed something write draft KV
     length = (accepted >= 0).sum(dim=1)  # [B] L
+    if is_ngram(draft):  # prompt lookup over the history: no draft forward, no draft KV
+        last = tokens.view(batch, 2)[:, 1]
+        pos = state.base_pos + length
+        write_history(state.history, state.base_pos, accepted)  # in place, like the KV
+        proposals = lookup(state.history[:, : context.shape[1] * bs], pos, cfg.K, draft.max_n, draft.min_n)
+        drafts = list(proposals.unbind(1))
+        # A point mass on each proposed token (rejection sampling stays exact); nothing where none was proposed.
+        draft_probs = state.draft_probs if draft_u is None else point_masses(proposals, state.draft_probs.shape[-1])
+        return _next_state(state, last, drafts, draft_probs, pos, accepted, remaining, finished, overflow)
     hybrid = is_hybrid(draft)
     start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
     # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
@@ -197,6 +208,20 @@ def advance(
 
     if hybrid:
         commit_ring((state.draft_conv, state.draft_rec), ring, live)
+    return _next_state(state, last, drafts, torch.stack(draft_probs, dim=1), pos, accepted, remaining, finished, overflow)
+
+
+def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, K, V] float32: q = 1 on each proposed token, an all-zero row where none was proposed (-1)."""
+    hot = torch.nn.functional.one_hot(proposals.clamp_min(0), vocab).to(torch.float32)
+    return hot * (proposals >= 0)[..., None]
+
+
+def _next_state(
+    state: DecodeState, last: torch.Tensor, drafts: list[torch.Tensor], draft_probs: torch.Tensor, pos: torch.Tensor,
+    accepted: torch.Tensor, remaining: torch.Tensor, finished: torch.Tensor, overflow: torch.Tensor | None,
+) -> DecodeState:
+    """The state after a transition: window [last, *drafts] at base_pos = pos, the output packed."""
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
     output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
     return DecodeState(
@@ -210,6 +235,7 @@ def advance(
         target_rec=state.target_rec,
         draft_conv=state.draft_conv,
         draft_rec=state.draft_rec,
+        history=state.history,
         active=~finished,
         remaining=remaining,
         stop_ids=state.stop_ids,

@@ -94,10 +94,20 @@ def recurrent_reason(target, draft) -> str | None:
     return None
 
 
+def history_reason(draft_kind: str) -> str | None:
+    """Why graph replay cannot hold an n-gram draft's token history (`DecodeState.history`), or None."""
+    if draft_kind == "ngram":
+        return (
+            "the n-gram draft's token-history leaf is written in place but not yet held at a static address "
+            "(priming rebuilds it), so graph replay would copy or re-record it every step"
+        )
+    return None
+
+
 def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     if cfg.device_type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft)
+    reason = recurrent_reason(target, draft) or history_reason(draft_kind)
     if reason is not None:
         return reason
     # CUDA availability and triton are checked by _inductor, which CUDA graphs build on. A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
@@ -108,7 +118,7 @@ def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None
 def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     if cfg.device_type != "npu":
         return f"torchair captures on an Ascend NPU, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft) or npu.availability_reason()
+    reason = recurrent_reason(target, draft) or history_reason(draft_kind) or npu.availability_reason()
     if reason is not None:
         return reason
     if cfg.dtype not in npu.DTYPES:

@@ -11,6 +11,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
+from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
@@ -32,8 +33,8 @@ def fresh_code(fn: Callable, name: str) -> Callable:
 class Step:
     """A compiled decode step: `state, out = step(state)`; `state = step.prefill(prompts)`.
 
-    Attributes: `target`, `draft` (fdecode models), `config`, `draft_kind`
-    ("mtp" or "model"), `backend` (what runs), `fallback_reason` (why that is
+    Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `config`, `draft_kind`
+    ("mtp", "ngram" or "model"), `backend` (what runs), `fallback_reason` (why that is
     not the requested backend, else None), `config.attention` (the paged-attention
     kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention
     windows in tokens), `plans` (sampling plans), `compile_seconds` (per window: first calls of its
@@ -215,6 +216,12 @@ class Step:
         if state.target_kv.dtype != cfg.dtype:
             raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
         check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
+        history = (cfg.max_batch, history_width(self.draft, cfg.max_seq_len, cfg.W))
+        if tuple(state.history.shape) != history:
+            raise ValueError(
+                f"state.history is {tuple(state.history.shape)}, this step's {self.draft_kind} draft holds {history}: "
+                "was the state made by a step with another draft?"
+            )
 
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config

@@ -9,5 +9,6 @@ from fdecode.models.hybrid_mtp import HybridMTPHead
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf, save_hf
 from fdecode.models.mtp import MTPHead
+from fdecode.models.ngram import NgramDraft
 
-__all__ = ["HybridConfig", "HybridMTPHead", "HybridModel", "LlamaModel", "MTPHead", "ModelConfig", "from_hf", "save_hf"]
+__all__ = ["HybridConfig", "HybridMTPHead", "HybridModel", "LlamaModel", "MTPHead", "ModelConfig", "NgramDraft", "from_hf", "save_hf"]

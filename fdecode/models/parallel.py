@@ -254,6 +254,8 @@ def parallelize_pair(
             "channels, recurrent-state leaves and gated attention are not sharded yet; run them with tp_size=1"
         )
     check_shardable(target.config, tp.size, what="target")
+    if kind == "ngram":  # no weights: every rank looks up the same committed tokens
+        return parallelize(target, tp), draft
     if kind == "model":
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(

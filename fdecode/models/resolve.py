@@ -21,6 +21,7 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
 from fdecode.models.mtp import MTPHead
+from fdecode.models.ngram import NgramDraft
 from fdecode.models.vocab import check_same_tokenizer, fit_vocab
 
 
@@ -115,8 +116,8 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
 # What each argument of `fdecode.compile` may be, for its messages.
 KINDS = {
     "target": "a transformers causal LM, a checkpoint folder or a fdecode LlamaModel",
-    "draft": "a transformers causal LM, a checkpoint folder, a fdecode LlamaModel, an MTPHead or 'mtp' (the "
-             "target's own MTP head)",
+    "draft": "a transformers causal LM, a checkpoint folder, a fdecode LlamaModel, an MTPHead, 'mtp' (the "
+             "target's own MTP head), 'ngram' or an NgramDraft (prompt lookup)",
 }
 
 
@@ -138,7 +139,11 @@ def resolve_target(obj: object, cfg: DecodeConfig, role: str = "target") -> Llam
 
 
 def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[torch.nn.Module, str]:
-    """Returns (draft model, kind) with kind "mtp" or "model"."""
+    """Returns (draft model, kind) with kind "mtp", "ngram" (prompt lookup, `NgramDraft`) or "model"."""
+    if isinstance(obj, str) and obj == "ngram":
+        obj = NgramDraft()
+    if isinstance(obj, NgramDraft):
+        return obj.bound(target), "ngram"
     if isinstance(obj, str) and obj == "mtp":
         if target.mtp is None:
             raise ValueError("draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint)")

@@ -1,6 +1,7 @@
 """Writing a forward's keys and values into the paged KV cache leaf, in place.
 
-The cache leaf is `kv: [num_layers, 2, num_slots, Hkv, D]`; a forward's B*Q
+The cache leaf is `kv: [num_layers, 2, num_slots, Hkv, D]` (an MLA model's latent
+cache has one kind instead of keys and values: `fdecode.ops.latent_kv`); a forward's B*Q
 rows of layer `layer` go to slots `slots: [B, Q]` (0 = the scratch slot, which
 padding rows may write in any order). Two ways, one meaning:
 
@@ -60,15 +61,27 @@ def write_kv(
     *,
     way: str = "index_put",
 ) -> None:
-    kv_heads, head_dim = kv.shape[-2:]
-    rows = torch.stack([k, v]).reshape(2, -1, kv_heads, head_dim).to(kv.dtype)  # [2, B*Q, Hkv, D]
+    write_rows(kv, layer, slots, torch.stack([k, v]), way=way)
+
+
+def write_rows(
+    kv: torch.Tensor,  # [num_layers, kinds, num_slots, H, D], written in place
+    layer: int,
+    slots: torch.Tensor,  # [B, Q] int64
+    rows: torch.Tensor,  # [kinds, B, Q, H, D]: keys and values (2 kinds), or one latent (`fdecode.ops.latent_kv`)
+    *,
+    way: str = "index_put",
+) -> None:
+    """`kv[layer, kind, slots[b, q]] = rows[kind, b, q]` for every kind, in one write."""
+    kinds, (heads, dim) = rows.shape[0], kv.shape[-2:]
+    rows = rows.reshape(kinds, -1, heads, dim).to(kv.dtype)  # [kinds, B*Q, H, D]
     flat_slots = slots.reshape(1, -1)  # [1, B*Q]
-    kind = torch.arange(2, device=slots.device)[:, None]  # [2, 1]: 0 = keys, 1 = values
+    kind = torch.arange(kinds, device=slots.device)[:, None]  # [kinds, 1]: 0 = keys, 1 = values
     if way == "index_put":
         kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows)
         return
     if way != "scatter_nd":
         raise ValueError(f"unknown KV write {way!r}, expected one of {WAYS}")
-    grid = flat_slots.expand(2, -1)  # [2, B*Q]
-    indices = torch.stack([torch.full_like(grid, layer), kind.expand_as(grid), grid], dim=-1)  # [2, B*Q, 3]
-    _scatter_nd(kv, indices.reshape(-1, 3), rows.reshape(-1, kv_heads, head_dim))
+    grid = flat_slots.expand(kinds, -1)  # [kinds, B*Q]
+    indices = torch.stack([torch.full_like(grid, layer), kind.expand_as(grid), grid], dim=-1)  # [kinds, B*Q, 3]
+    _scatter_nd(kv, indices.reshape(-1, 3), rows.reshape(-1, heads, dim))

@@ -32,7 +32,7 @@ def greedy_accept(tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[to
     """
     window = tokens.shape[1]
     greedy = target_logits.argmax(dim=-1)  # [B, W]
-    drafts_accepted = first_true(tokens[:, 1:] != greedy[:, :-1])  # [B], 0..K
+    drafts_accepted = first_true(tokens[:, 1:] != greedy[:, :-1])  # [B], 0..K; a draft id < 0 never matches
     length = drafts_accepted + 1
     keep = torch.arange(window, device=tokens.device)[None, :] < length[:, None]
     return torch.where(keep, greedy, torch.full_like(greedy, -1)), length
@@ -117,7 +117,8 @@ def speculative_accept(
 
     Draft d[r+1] is accepted with probability min(1, p_r(d) / q_r(d)); at the first
     rejection (row a) the lane commits a *recovered* token drawn from the residual
-    max(0, p_a - q_a) (normalised by `sample`); if all K drafts pass, it commits a
+    max(0, p_a - q_a) (normalised by `sample`; a draft id < 0 was not proposed: it is
+    rejected, and its q row, all zeros, leaves p_a itself); if all K drafts pass, it commits a
     *bonus* token drawn from p_K, the last window row. Only that one row is drawn from.
     With `target_ids`, p is given on candidates (entries outside them have p = 0, so
     the residual lives on them too); the draw is still made over the vocabulary in
@@ -126,7 +127,8 @@ def speculative_accept(
     """
     batch, window = tokens.shape
     k = window - 1
-    drafts = tokens[:, 1:, None]  # [B, K, 1]
+    proposed = tokens[:, 1:] >= 0  # [B, K]: a draft id < 0 is nothing proposed (n-gram drafts), never accepted
+    drafts = tokens[:, 1:, None].clamp_min(0)  # [B, K, 1]
     q_of_draft = draft_probs.gather(-1, drafts)[..., 0]  # [B, K]
     if target_ids is None:
         p_of_draft = target_probs[:, :-1].gather(-1, drafts)[..., 0]  # [B, K]
@@ -134,7 +136,7 @@ def speculative_accept(
     else:
         p_of_draft = torch.where(target_ids[:, :-1] == drafts, target_probs[:, :-1], 0.0).sum(dim=-1)
         q_rows = draft_probs.gather(-1, target_ids[:, :-1])  # q on p's candidates
-    passed = accept_u * q_of_draft < p_of_draft  # u < p / q without dividing; p = 0 never passes
+    passed = (accept_u * q_of_draft < p_of_draft) & proposed  # u < p / q without dividing; p = 0 never passes
     drafts_accepted = first_true(~passed)  # [B], 0..K
 
     def row(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:  # x[b, r[b]]: [B, R, N], [B] -> [B, N]

@@ -1,0 +1,50 @@
+"""`NgramDraft`: prompt lookup (n-gram) drafts, a draft with no weights and no KV.
+
+`fdecode.compile(target, "ngram", cfg)` (or `NgramDraft(max_n=..., min_n=...)`) proposes, for each
+lane, the K tokens that followed the latest earlier occurrence of its last n committed tokens,
+n from `max_n` down to `min_n` (`fdecode.ops.ngram`), inside the step graph, over a per-lane token
+history in the state (`DecodeState.history`, written in place as tokens are committed; priming
+writes the prompt). The proposal is a point mass (q = 1 on each proposed token), so rejection
+sampling stays exact for random lanes; a lane without a match proposes nothing, and the verify
+never accepts a draft that was not proposed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+class NgramDraft(torch.nn.Module):
+    """Prompt-lookup drafts: n from `max_n` down to `min_n` (1 <= min_n <= max_n), K = the step's
+    `num_draft_tokens`. Holds no weights; the step's copy (`bound`) knows the target's KV layout."""
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        super().__init__()
+        for name, value in (("max_n", max_n), ("min_n", min_n)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"NgramDraft.{name} must be a positive int, got {value!r}")
+        if min_n > max_n:
+            raise ValueError(f"NgramDraft needs min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self.kv_config = None  # set by `bound`: the target's KV layout with no layers
+
+    def bound(self, target: torch.nn.Module) -> NgramDraft:
+        """The step's copy for `target`: its draft KV has no layers (an empty leaf of the target's layout)."""
+        draft = NgramDraft(self.max_n, self.min_n)
+        draft.kv_config = dataclasses.replace(target.kv_config, num_layers=0)
+        return draft
+
+    def extra_repr(self) -> str:
+        return f"max_n={self.max_n}, min_n={self.min_n}"
+
+
+def is_ngram(draft: object) -> bool:
+    return isinstance(draft, NgramDraft)
+
+
+def history_width(draft: object, max_seq_len: int, window: int) -> int:
+    """Columns of `DecodeState.history`: every position of a lane plus room for a step's -1 padding past
+    its end (`fdecode.ops.ngram.write_history`); 0 for any other draft."""
+    return max_seq_len + window if is_ngram(draft) else 0
