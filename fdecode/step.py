@@ -226,7 +226,7 @@ def _next_state(
     output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
     return DecodeState(
         tokens=torch.stack([last, *drafts], dim=1),
-        draft_probs=torch.stack(draft_probs, dim=1),
+        draft_probs=draft_probs,
         base_pos=pos,
         block_tables=state.block_tables,
         target_kv=state.target_kv,

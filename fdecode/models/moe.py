@@ -1,0 +1,107 @@
+"""Mixture-of-experts feed-forward, one block for every MoE family, in fixed shapes.
+
+Interface (what a family's decoder layer holds as its `mlp`):
+
+    block = moe_block(cfg, moe)       # DeepseekMoE ("sigmoid" router) or QwenMoE ("softmax")
+    y = block(x)                      # x [..., H] -> [..., H], any leading shape, model dtype
+
+`Experts` holds the E routed SwiGLU experts stacked, in transformers' fused layout:
+
+    gate_up_proj: [E, 2I, H]   rows 0..I-1 = gate_proj, I..2I-1 = up_proj of each expert
+    down_proj:    [E, H, I]
+
+so a live transformers model's `mlp.experts.*` load as they are (shared storage), and a checkpoint's
+per-expert keys `mlp.experts.N.{gate,up,down}_proj.weight` are stacked by the loader
+(`fdecode.models.expert_weights`).
+
+Cost follows the experts the tokens use, not E: for the P = N * K (token, slot) pairs the router
+picked, the block gathers those experts' weight matrices and runs one batched matmul per projection
+(`Experts.forward`); E only sizes the router's logits. No capacity, no token dropped, no host sync, no
+data-dependent shape: the decode step (N = B * (K+1) rows) computes exactly what transformers does.
+Rows are processed in chunks whose gathered weights stay under `GATHER_BUDGET` elements (a long
+prefill never gathers more at once).
+
+Sums are float32: each expert's output (model dtype) times its float32 weight, summed over the K
+slots, cast back once; transformers accumulates per expert in the model dtype (the same in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.layers import MLP
+from fdecode.models.moe_config import MoEConfig
+from fdecode.models.routing import SigmoidRouter, SoftmaxRouter
+
+GATHER_BUDGET = 1 << 26  # elements of gathered expert weights one chunk of rows may hold (256 MiB in fp32)
+
+
+class Experts(nn.Module):
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        e, i, h = moe.num_experts, moe.moe_intermediate_size, hidden_size
+        self.num_experts, self.intermediate_size = e, i
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x [N, H], weights [N, K] float32, experts [N, K] int64 -> sum_k weights[:, k] * expert_k(x), [N, H]."""
+        n, k = experts.shape
+        per_pair = self.gate_up_proj[0].numel() + self.down_proj[0].numel()
+        rows = max(1, GATHER_BUDGET // (k * per_pair))  # static: shapes decide it, never values
+        if n <= rows:
+            return self._pairs(x, weights, experts)
+        return torch.cat([self._pairs(*part) for part in zip(x.split(rows), weights.split(rows), experts.split(rows))])
+
+    def _pairs(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj[experts]  # [N, K, 2I, H]: the chosen experts' weights, per pair
+        h = torch.matmul(gate_up, x[:, None, :, None]).squeeze(-1)  # [N, K, 2I]
+        gate, up = h.split(self.intermediate_size, dim=-1)
+        act = F.silu(gate) * up  # [N, K, I]
+        out = torch.matmul(self.down_proj[experts], act[..., None]).squeeze(-1)  # [N, K, H]
+        return (out.float() * weights[..., None]).sum(dim=1).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.down_proj.shape[1]}, intermediate={self.intermediate_size}"
+
+
+class DeepseekMoE(nn.Module):
+    """DeepSeek-V3 / GLM-4.5: `SigmoidRouter` experts + the always-on `shared_experts` MLP
+    (n_shared_experts * I wide): y = experts(x) + shared_experts(x)."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoEConfig) -> None:
+        super().__init__()
+        self.gate = SigmoidRouter(cfg.hidden_size, moe)
+        self.experts = Experts(cfg.hidden_size, moe)
+        self.shared_experts = MLP(cfg, moe.moe_intermediate_size * moe.n_shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # [N, H]
+        routed = self.experts(flat, *self.gate(flat))
+        return (routed + self.shared_experts(flat)).view(x.shape)
+
+
+class QwenMoE(nn.Module):
+    """Qwen3-Next / Qwen3.5-MoE: `SoftmaxRouter` experts + one shared expert gated per token:
+    y = experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoEConfig) -> None:
+        super().__init__()
+        self.gate = SoftmaxRouter(cfg.hidden_size, moe)
+        self.experts = Experts(cfg.hidden_size, moe)
+        self.shared_expert = MLP(cfg, moe.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # [N, H]
+        routed = self.experts(flat, *self.gate(flat))
+        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (routed + shared).view(x.shape)
+
+
+def moe_block(cfg: ModelConfig, moe: MoEConfig) -> nn.Module:
+    """The MoE feed-forward `moe.router` names, for hidden size `cfg.hidden_size`."""
+    return DeepseekMoE(cfg, moe) if moe.router == "sigmoid" else QwenMoE(cfg, moe)
