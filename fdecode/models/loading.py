@@ -155,10 +155,13 @@ class Family(NamedTuple):
 
 
 def family_of(model_type: object) -> Family:
-    """The family that loads `model_type`: Llama / Qwen2 / Qwen3 here, Qwen3.5 in `fdecode.models.qwen3_5`."""
-    from fdecode.models.qwen3_5 import QWEN3_5, QWEN3_5_TYPES  # local: that module builds on this one
+    """The family that loads `model_type`: Llama / Qwen2 / Qwen3 here, Qwen3.5 in `fdecode.models.qwen3_5`,
+    DeepSeek-V3 in `fdecode.models.deepseek_v3`."""
+    from fdecode.models.deepseek_v3 import DEEPSEEK_V3  # local: these modules build on this one
+    from fdecode.models.qwen3_5 import QWEN3_5, QWEN3_5_TYPES
 
-    return QWEN3_5 if model_type in QWEN3_5_TYPES else LLAMA
+    families = {**dict.fromkeys(QWEN3_5_TYPES, QWEN3_5), "deepseek_v3": DEEPSEEK_V3}
+    return families.get(model_type, LLAMA)
 
 
 def _build(

@@ -1,0 +1,97 @@
+"""The DeepSeek-V3 family: config mapping, checkpoint key mapping and layer pattern (`loading.Family`).
+
+- Config: `model_type` "deepseek_v3" (`DeepseekV3ForCausalLM`): the MLA shapes (`DeepseekV3Config`),
+  RoPE from `rope_parameters` / `rope_scaling` (DeepSeek's YaRN with `mscale` / `mscale_all_dim`),
+  `rope_interleave` (default True), the sigmoid-routed MoE (`moe_config.sigmoid_moe_from_hf`:
+  noaux_tc or greedy, group-limited top-k, shared experts) from layer `first_k_dense_replace` on,
+  `num_nextn_predict_layers` MTP layers.
+- Layers: `DecoderLayer` (pre-norm residual, Llama RMSNorms) with `MLAttention` over the latent
+  cache and, by index, the SwiGLU `MLP` (dense) or `DeepseekMoE`; the model is `LlamaModel`'s forward
+  over these layers (`RotaryEmbedding` over the `qk_rope_head_dim` channels).
+- Keys: `model.*` -> `*`; the MTP layer at `model.layers.{num_hidden_layers}.*` (layout (b) of
+  `loading`); per-expert `mlp.experts.N.*` are stacked by the loader.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fdecode.models.decoder_lm import DecoderLM
+from fdecode.models.deepseek_config import DeepseekV3Config
+from fdecode.models.layers import MLP, DecoderLayer, RMSNorm
+from fdecode.models.llama import LlamaModel
+from fdecode.models.loading import Family, _rename, _rope_from_hf
+from fdecode.models.mla import MLAttention
+from fdecode.models.moe import moe_block
+from fdecode.models.moe_config import sigmoid_moe_from_hf
+from fdecode.models.mtp import MTPHead
+from fdecode.models.rope import RotaryEmbedding, rope_inv_freq
+
+# transformers' DeepseekV3Config defaults for the MoE fields a config.json may leave out.
+_MOE_DEFAULTS = {
+    "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
+    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
+}
+
+
+def decoder_layer(cfg: DeepseekV3Config, index: int) -> DecoderLayer:
+    """Layer `index` (the MTP layer is index `num_layers`): MLA, then the dense MLP or the MoE."""
+    moe = cfg.moe is not None and index >= cfg.first_k_dense_replace
+    return DecoderLayer(cfg, attention=MLAttention(cfg), mlp=moe_block(cfg, cfg.moe) if moe else MLP(cfg))
+
+
+class DeepseekV3Model(LlamaModel):
+    """`LlamaModel`'s forward (embed, layers, norm, LM head) over DeepSeek-V3 layers."""
+
+    def __init__(self, cfg: DeepseekV3Config) -> None:
+        DecoderLM.__init__(self)  # LlamaModel's layers are Llama blocks; these are MLA (+ MoE) blocks
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(decoder_layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg)  # head_dim = qk_rope_head_dim: the rotated channels only
+        self.tie_weights_()
+        self.mtp = None  # set by the loader when the checkpoint has an MTP layer
+        self.requires_grad_(False)
+
+
+def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
+    """DeepseekV3Config from a config.json dict of a DeepSeek-V3 checkpoint (transformers 4 or 5 names)."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    num_layers, heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+    first_dense = int(hf.get("first_k_dense_replace") if hf.get("first_k_dense_replace") is not None else 3)
+    rope_theta, rope_scaling = _rope_from_hf(hf)
+    q_lora = hf.get("q_lora_rank", 1536)  # transformers' default; an explicit null means a plain q_proj
+    rope_dim = int(hf.get("qk_rope_head_dim") or 64)
+    cfg = DeepseekV3Config(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=rope_dim,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings") or 4096),
+        model_type="deepseek_v3",
+        q_lora_rank=None if q_lora is None else int(q_lora),
+        kv_lora_rank=int(hf.get("kv_lora_rank") or 512),
+        qk_nope_head_dim=int(hf.get("qk_nope_head_dim") or 128),
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=int(hf.get("v_head_dim") or 128),
+        rope_interleave=bool(hf.get("rope_interleave", True)),
+        moe=sigmoid_moe_from_hf(hf, defaults=_MOE_DEFAULTS),  # also the MTP layer's (index num_layers)
+        first_k_dense_replace=first_dense,
+        mtp_num_layers=int(hf.get("num_nextn_predict_layers") or 0),
+    )
+    rope_inv_freq(cfg)  # refuse unsupported RoPE types now rather than at the first forward
+    return cfg
+
+
+DEEPSEEK_V3 = Family(config_from_hf, _rename, DeepseekV3Model, MTPHead)
