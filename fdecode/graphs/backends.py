@@ -29,6 +29,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs import torchair as npu
+from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -259,20 +260,39 @@ ATTENTION_ELIGIBILITY: dict[str, Callable[[DecodeConfig, HeadShapes], str | None
 DEVICE_ATTENTION = {"cuda": "flash_attn", "npu": "npu_fused_infer_attention"}
 
 
-def choose_attention(cfg: DecodeConfig, shapes: HeadShapes, *, fallback: bool = False) -> tuple[str, str | None]:
+def latent_reason(target, draft) -> str | None:
+    """Why the device attention kernels cannot read a model's cache: an MLA model's latent cache
+    (`fdecode.ops.latent_kv`) is one shared head read with absorbed queries, not per-head K/V. None otherwise."""
+    if any(isinstance(m.kv_config, DeepseekV3Config) for m in (target, draft)):
+        return (
+            "the MLA latent cache (kv_lora_rank + qk_rope_head_dim values per token, read with kv_b_proj absorbed "
+            "into the queries) is read by the torch reference only; flash_attn and npu_fused_infer_attention read "
+            "per-head keys and values (a FlashMLA kernel is not wired in)"
+        )
+    return None
+
+
+def choose_attention(
+    cfg: DecodeConfig, shapes: HeadShapes, *, fallback: bool = False, latent: str | None = None
+) -> tuple[str, str | None]:
     """Paged-attention kernel for models with these head shapes: (kernel, why not the requested one /
     not the device's kernel, or None). "auto" takes the device's kernel where eligible, else the reference.
     A reason names every requirement the kernel misses (e.g. on CUDA at DecodeConfig's default
-    block_size=16, flash-attn's block_size % 256), so `step.attention_reason` says what to change."""
+    block_size=16, flash-attn's block_size % 256), so `step.attention_reason` says what to change.
+    latent: `latent_reason` of the models; where set, only the reference can read their cache."""
+
+    def why(kernel: str) -> str | None:
+        return ATTENTION_ELIGIBILITY[kernel](cfg, shapes) or (None if kernel == "torch" else latent)
+
     if cfg.attention == "auto":
         device_kernel = DEVICE_ATTENTION.get(cfg.device_type)
         if device_kernel is None:
             return "torch", None  # on CPU the reference *is* the kernel
-        reason = ATTENTION_ELIGIBILITY[device_kernel](cfg, shapes)
+        reason = why(device_kernel)
         if reason is None:
             return device_kernel, None
         return "torch", f"{device_kernel}: {reason}"
-    reason = ATTENTION_ELIGIBILITY[cfg.attention](cfg, shapes)
+    reason = why(cfg.attention)
     if reason is None:
         return cfg.attention, None
     if not fallback:

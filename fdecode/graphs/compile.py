@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, resolve_backend
+from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
@@ -267,7 +267,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if tp is not None:
         target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
     shapes = tuple((c.num_heads, c.num_kv_heads, c.head_dim) for c in (target_model.config, draft_model.kv_config))
-    kernel, attention_reason = choose_attention(config, shapes, fallback=fallback)
+    latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
+    kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
     config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     step = Step(
