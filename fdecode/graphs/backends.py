@@ -263,7 +263,7 @@ DEVICE_ATTENTION = {"cuda": "flash_attn", "npu": "npu_fused_infer_attention"}
 def latent_reason(target, draft) -> str | None:
     """Why the device attention kernels cannot read a model's cache: an MLA model's latent cache
     (`fdecode.ops.latent_kv`) is one shared head read with absorbed queries, not per-head K/V. None otherwise."""
-    if any(isinstance(m.kv_config, DeepseekV3Config) for m in (target, draft)):
+    if any(isinstance(getattr(m, "kv_config", None), DeepseekV3Config) for m in (target, draft)):
         return (
             "the MLA latent cache (kv_lora_rank + qk_rope_head_dim values per token, read with kv_b_proj absorbed "
             "into the queries) is read by the torch reference only; flash_attn and npu_fused_infer_attention read "
