@@ -232,7 +232,7 @@ def test_a_request_the_pool_can_never_hold_names_its_prompt_once():
 def test_compile_names_the_argument_that_is_wrong():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(**CFG)
-    with pytest.raises(TypeError, match=r"^draft must be .*an MTPHead or 'mtp' \(the target's own MTP head\), got NoneType$"):
+    with pytest.raises(TypeError, match=r"^draft must be .*an MTPHead, 'mtp' \(the target's own MTP head\), 'ngram' or an NgramDraft \(prompt lookup\), got NoneType$"):
         fdecode.compile(target, None, cfg)
     with pytest.raises(FileNotFoundError, match=r"^draft 'nonsense' is not a checkpoint folder \(no such folder\); .*'mtp'"):
         fdecode.compile(target, "nonsense", cfg)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.config import ModelConfig
+from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.hybrid_config import HybridConfig
 from fdecode.models.layers import DecoderLayer
 from fdecode.models.llama import LlamaModel
@@ -252,6 +253,11 @@ def parallelize_pair(
         raise ValueError(
             "tensor parallelism is not implemented for hybrid (Gated DeltaNet) models: their DeltaNet heads, conv "
             "channels, recurrent-state leaves and gated attention are not sharded yet; run them with tp_size=1"
+        )
+    if any(isinstance(getattr(m, "config", None), DeepseekV3Config) for m in (target, draft)):
+        raise ValueError(
+            "tensor parallelism is not implemented for MLA (DeepSeek-V3) models: their latent projections, the "
+            "absorbed kv_b_proj per head and the routed experts are not sharded yet; run them with tp_size=1"
         )
     check_shardable(target.config, tp.size, what="target")
     if kind == "ngram":  # no weights: every rank looks up the same committed tokens
