@@ -24,6 +24,7 @@ from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
+from fdecode.models.mtp import depth_kwargs, mtp_layer
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
@@ -43,9 +44,9 @@ class BeforeLoop:
             return forward_rows(target, tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention,
                                 recurrent=recurrent, snapshots=True)
 
-        def draft_forward(tokens, positions, slots, kv, tables, hidden, recurrent, valid):
+        def draft_forward(tokens, positions, slots, kv, tables, hidden, recurrent, valid, j):  # j: forward index
             return forward_rows(draft, tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden,
-                                attention=cfg.attention, recurrent=recurrent, valid=valid)
+                                attention=cfg.attention, recurrent=recurrent, valid=valid, **depth_kwargs(draft, j))
 
         self._validate = capture(backend, fresh_code(validate, "before_validate"), cfg)
         self._draft = capture(backend, fresh_code(draft_forward, "before_draft"), cfg)
@@ -143,14 +144,15 @@ class BeforeLoop:
                 start = draft_start(ring_leaves, counts, k) if hybrid_draft else None
                 valid = torch.stack([counts == window, torch.ones_like(counts, dtype=torch.bool)], 1) if hybrid_draft else None
                 draft_logits, h, recurrent = self._draft(
-                    rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows, start, valid
+                    rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows, start, valid, 0
                 )
                 proposal = draft_logits[:, 1].argmax(dim=-1)
                 h = h[:, 1:2]
                 drafts, ring = [proposal], [recurrent]
                 for j in range(1, k):
                     draft_logits, h, recurrent = self._draft(
-                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h, recurrent, None
+                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h, recurrent, None,
+                        mtp_layer(self.step.draft, j),  # one captured graph per MTP layer, not one per j
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
                     drafts.append(proposal)

@@ -21,6 +21,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.ngram import is_ngram
+from fdecode.models.mtp import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
@@ -198,8 +199,8 @@ def advance(
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h, draft_state = forward_rows(
             draft, proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h,
-            attention=cfg.attention, recurrent=draft_state,
-        )
+            attention=cfg.attention, recurrent=draft_state, **depth_kwargs(draft, j),
+        )  # an MTP head of n layers runs layer j mod n
         ring.append(draft_state)
         proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan, candidates)
         proposal = agreed(cfg, draft, proposal)

@@ -134,15 +134,16 @@ def scratch_states(model: HybridModel, tokens: list[int]) -> tuple[torch.Tensor,
 
 
 CHECKPOINT_MTP = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.",
-                  "layer.": "layers.0.", "norm.": "norm."}
+                  "layers.": "layers.", "norm.": "norm."}
 
 
-def save_with_mtp(folder, *, fc_columns: int | None = None) -> None:
-    """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head (Qwen3.5 names)
-    and `mtp_num_hidden_layers` in config.json. fc_columns: give `mtp.fc` another input width (a bad head)."""
+def save_with_mtp(folder, *, fc_columns: int | None = None, layers: int = 1, declared: int | None = None) -> None:
+    """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head of `layers`
+    layers (Qwen3.5 names) and `mtp_num_hidden_layers` (`declared`, default `layers`) in config.json.
+    fc_columns: give `mtp.fc` another input width (a bad head)."""
     hf = hf_hybrid("full-lin-lin-full")
     hf.save_pretrained(folder)
-    head = HybridMTPHead.random(from_hf(hf).config, seed=3, std=0.3)
+    head = HybridMTPHead.random(from_hf(hf).config.replace(mtp_num_layers=layers), seed=3, std=0.3)
     weights = load_file(str(folder / "model.safetensors"))
     for name, tensor in head.state_dict().items():
         prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
@@ -151,4 +152,4 @@ def save_with_mtp(folder, *, fc_columns: int | None = None) -> None:
         weights["mtp.fc.weight"] = torch.zeros(weights["mtp.fc.weight"].shape[0], fc_columns)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": declared or layers}))

@@ -61,8 +61,7 @@ def test_unsupported_layer_types_and_configs_are_refused() -> None:
     hf = hf_config().to_dict()
     with pytest.raises(ValueError, match=r"unsupported layer type\(s\) \['sliding_attention'\]"):
         config_from_hf({**hf, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
-    with pytest.raises(ValueError, match="2 MTP layers"):
-        config_from_hf({**hf, "mtp_num_hidden_layers": 2})
+    assert config_from_hf({**hf, "mtp_num_hidden_layers": 2}).mtp_num_layers == 2  # no longer refused (issue 16)
     with pytest.raises(ValueError, match="layer_types names 3 layers"):
         config_from_hf({**hf, "layer_types": ["linear_attention"] * 3})
     # The multimodal checkpoint's text part, and the layer pattern from full_attention_interval.

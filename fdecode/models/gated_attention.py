@@ -31,6 +31,21 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    def keys_values(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' keys (normed, rotated) and values [B, Q, Hkv, D], as the cache holds them."""
+        b, q_len, _ = x.shape
+        k = rotary(self.k_norm(self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)), positions)
+        return k, self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+
+    def write(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
+        ctx: PagedContext, rotary: nn.Module,
+    ) -> None:
+        """Only write the rows' keys and values at `slots` (an MTP layer that does not run at these rows)."""
+        write_kv(kv, layer, slots, *self.keys_values(x, positions, rotary), way=ctx.kv_write)
+
     def forward(
         self,
         x: torch.Tensor,  # [B, Q, H]
@@ -44,8 +59,6 @@ class GatedAttention(nn.Module):
         b, q_len, _ = x.shape
         query, gate = self.q_proj(x).view(b, q_len, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = rotary(self.q_norm(query), positions)  # [B, Q, Hq, D]
-        k = rotary(self.k_norm(self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)), positions)
-        v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)  # [B, Q, Hkv, D]
-        write_kv(kv, layer, slots, k, v, way=ctx.kv_write)  # before attending, as in layers.Attention
+        self.write(x, positions, slots, kv, layer, ctx, rotary)  # before attending, as in layers.Attention
         out = paged_attention(q, kv, layer, ctx) * torch.sigmoid(gate)  # [B, Q, Hq, D]
         return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))

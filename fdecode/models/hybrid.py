@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fdecode.models.decoder_lm import DecoderLM
-from fdecode.models.deltanet import GatedDeltaNet
+from fdecode.models.deltanet import FusedGatedDeltaNet, GatedDeltaNet
 from fdecode.models.gated_attention import GatedAttention
 from fdecode.models.hybrid_config import FULL, HybridConfig
 from fdecode.models.layers import MLP, init_random_
@@ -52,13 +52,20 @@ class AttentionBlock(_Block):
     ) -> torch.Tensor:
         return self._finish(x, self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary))
 
+    def write_kv(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
+        ctx: PagedContext, rotary: nn.Module,
+    ) -> None:
+        """Write the keys and values `forward` would write, and nothing else (`HybridMTPHead`)."""
+        self.self_attn.write(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary)
+
 
 class DeltaNetBlock(_Block):
     """Linear-attention layer: returns the output and its states after the rows (see `GatedDeltaNet`)."""
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__(cfg)
-        self.linear_attn = GatedDeltaNet(cfg)
+        self.linear_attn = (FusedGatedDeltaNet if cfg.fused_qkvz else GatedDeltaNet)(cfg)
 
     def forward(
         self, x: torch.Tensor, conv: torch.Tensor, rec: torch.Tensor, valid: torch.Tensor | None, *, snapshots: bool

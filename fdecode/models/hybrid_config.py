@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fdecode.models.config import ModelConfig
 
 LINEAR, FULL = "linear_attention", "full_attention"
-HYBRID_MODEL_TYPES = ("qwen3_5_text",)
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class HybridConfig(ModelConfig):
     linear_value_head_dim: int = 1  # dv
     linear_conv_kernel: int = 4
     partial_rotary_factor: float = 1.0  # only the first head_dim * factor dims of q and k rotate
-    mtp_num_layers: int = 0  # MTP decoder layers in the checkpoint (0: none)
+    fused_qkvz: bool = False  # Qwen3-Next: DeltaNet projections in_proj_qkvz / in_proj_ba, per key head
+    mtp_num_layers: int = 0  # MTP decoder layers in the checkpoint (0: none); draft forward j runs layer j mod n
 
     def __post_init__(self) -> None:
         if self.model_type not in HYBRID_MODEL_TYPES:

@@ -1,17 +1,27 @@
-"""The MTP head of a hybrid model (Qwen3.5): `MTPHead` built from the hybrid family's blocks.
+"""The MTP head of a hybrid model (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): `MTPHead` from the hybrid blocks.
 
-    h      = AttentionBlock(fc([enorm(embed(token)); hnorm(hidden_in)]))     (embedding first)
+    x      = fc([enorm(embed(token)); hnorm(hidden_in)])                    (embedding first)
+    h      = layers[j mod n](x)          draft forward j of a step, n = `mtp_num_hidden_layers`
     out    = norm(h)
     logits = lm_head(out)
 
-One gated full-attention layer (`hybrid.AttentionBlock`, its own 1-layer paged KV), `OffsetRMSNorm`s,
-the target's embedding and LM head borrowed (`MTPHead.bind`). As in vLLM's Qwen3-Next / Qwen3.5 MTP,
-the head chains its *normed* output: draft forward j >= 1 gets `out` of forward j - 1 as `hidden_in`.
-Checkpoint keys (`mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.layers.0.*`, `mtp.norm`) are renamed by the loader.
+n gated full-attention layers (`hybrid.AttentionBlock`, MoE MLPs where the family has them), each with
+its own layer of the head's paged KV; `fc`, the norms, and the target's embedding and LM head
+(borrowed, `MTPHead.bind`) are shared by all n. Draft forward j runs layer j mod n (reused cyclically
+when K > n, as vLLM's `spec_step_idx % num_mtp_layers`). As in vLLM's Qwen3-Next / Qwen3.5 MTP, the
+head chains its *normed* output: forward j >= 1 gets `out` of forward j - 1 as `hidden_in`.
+
+Every row of every forward (prefill rows included) writes the keys and values of *all* n layers, each
+from the row's `x`; only layer j mod n attends and proposes. So each layer's KV holds an entry at every
+position any draft row wrote, as a one-layer head's does, and no layer ever reads a slot it did not
+write (vLLM writes a layer's cache only where the layer runs, leaving the other positions to whatever
+the slot held). Cost: n - 1 extra k/v projections per row.
+Checkpoint keys `mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.layers.N.*`, `mtp.norm` are renamed by the family.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from fdecode.models.hybrid import AttentionBlock, init_hybrid_
@@ -26,12 +36,14 @@ class HybridMTPHead(MTPHead):
 
     def __init__(self, cfg: HybridConfig) -> None:
         nn.Module.__init__(self)  # MTPHead's parts are Llama blocks; these are the hybrid family's
+        n = max(cfg.mtp_num_layers, 1)
         self.config = cfg
-        self.kv_config = cfg.replace(num_layers=1, layer_types=(FULL,))
+        self.num_mtp_layers = n
+        self.kv_config = cfg.replace(num_layers=n, layer_types=(FULL,) * n)
         self.enorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.layer = AttentionBlock(cfg)
+        self.layers = nn.ModuleList(AttentionBlock(cfg) for _ in range(n))
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = PartialRotaryEmbedding(cfg, cfg.rotary_dim)
         self._shared = None
@@ -39,3 +51,13 @@ class HybridMTPHead(MTPHead):
 
     def init_random_(self, *, seed: int, std: float) -> None:
         init_hybrid_(self, seed=seed, std=std)
+
+    def run_layers(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, ctx, depth: int
+    ) -> torch.Tensor:
+        """Layer depth mod n over x [B, Q, H]; the other layers only write their keys and values."""
+        active = depth % self.num_mtp_layers
+        for i, layer in enumerate(self.layers):
+            if i != active:
+                layer.write_kv(x, positions, slots, kv, i, ctx, self.rotary)
+        return self.layers[active](x, positions, slots, kv, active, ctx, self.rotary)

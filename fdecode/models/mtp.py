@@ -49,6 +49,7 @@ class MTPHead(nn.Module):
 
     # The hidden a draft forward hands the next one: the layer output (False) or its final norm (True).
     chains_normed = False
+    num_mtp_layers = 1  # decoder layers; draft forward j runs layer j mod num_mtp_layers (`HybridMTPHead`)
 
     @classmethod
     def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> MTPHead:
@@ -70,6 +71,7 @@ class MTPHead(nn.Module):
         block_size: int,
         hidden_in: torch.Tensor | None = None,  # [B, Q, H], hidden of the previous position
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
+        depth: int = 0,  # which draft forward of the step this is (0 = the one after the target)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 and the hidden [B, Q, H] the next draft forward takes: the
         layer output before the final norm, or after it where `chains_normed`."""
@@ -80,6 +82,23 @@ class MTPHead(nn.Module):
         embed_tokens, lm_head = self._shared
         x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
         ctx = paged_context(block_tables, positions, block_size, kernel=attention)
-        h = self.layer(self.eh_proj(x), positions, slots, kv, 0, ctx, self.rotary)  # [B, Q, H]
+        h = self.run_layers(self.eh_proj(x), positions, slots, kv, ctx, depth)  # [B, Q, H]
         out = self.norm(h)
         return lm_head(out).float(), out if self.chains_normed else h
+
+    def run_layers(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, ctx, depth: int
+    ) -> torch.Tensor:
+        """The decoder layer over the projected rows x [B, Q, H] (one layer: `depth` does not matter)."""
+        return self.layer(x, positions, slots, kv, 0, ctx, self.rotary)
+
+
+def mtp_layer(draft: nn.Module, j: int) -> int:
+    """The MTP layer draft forward j runs: j mod the head's layers (0 for a draft LM)."""
+    return j % draft.num_mtp_layers if isinstance(draft, MTPHead) else 0
+
+
+def depth_kwargs(draft: nn.Module, j: int) -> dict[str, int]:
+    """The keyword that tells draft forward j which MTP layer runs (`depth`, reduced to `mtp_layer`, so
+    a captured forward specialises on at most that many values); {} for a draft LM."""
+    return {"depth": mtp_layer(draft, j)} if isinstance(draft, MTPHead) else {}
