@@ -1,0 +1,114 @@
+"""Tiny DeepSeek-V3 models for the MLA tests: transformers' DeepseekV3ForCausalLM is the oracle.
+
+`hf_deepseek` draws every weight afresh (and a nonzero `e_score_correction_bias`) at a scale where a
+swapped rope layout, a wrong softmax scale, a norm eps or a routing slip moves the logits far past
+1e-4. The shapes are all different (R = 16, Dr = 8, Dn = 12, Dv = 10, Rq = 12, H = 4) so a
+transposed or mis-split projection cannot go unnoticed; DeepSeek's YaRN with mscale / mscale_all_dim;
+a dense first layer, then MoE layers routed within the 2 best of 4 groups.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import fdecode
+from fdecode.models import from_hf
+
+VOCAB = 97
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+        "mscale": 0.7, "mscale_all_dim": 0.9, "beta_fast": 32, "beta_slow": 1}
+
+
+def hf_config(**overrides) -> transformers.DeepseekV3Config:
+    base = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=12,
+        qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10, max_position_embeddings=512, rope_parameters=YARN,
+        tie_word_embeddings=False, num_nextn_predict_layers=0, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    base.update(overrides)
+    return transformers.DeepseekV3Config(**base)
+
+
+def _freeze(overrides: dict) -> tuple:
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in overrides.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _hf(seed: int, frozen: tuple) -> transformers.DeepseekV3ForCausalLM:
+    overrides = {k: json.loads(v) for k, v in frozen}
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV3ForCausalLM(hf_config(**overrides)).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+    return model
+
+
+def hf_deepseek(seed: int = 0, **overrides) -> transformers.DeepseekV3ForCausalLM:
+    """A random tiny DeepSeek-V3 (cached per arguments: do not modify it)."""
+    return _hf(seed, _freeze(overrides))
+
+
+def prompts(lengths=(7, 11, 4), seed=1) -> list[tuple[int, ...]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(0, VOCAB, (n,), generator=gen).tolist()) for n in lengths]
+
+
+PROMPTS = prompts()
+NEW = 10
+
+
+@functools.lru_cache(maxsize=None)
+def hf_greedy(prompt: tuple[int, ...], new: int = NEW, seed: int = 0) -> list[int]:
+    out = hf_deepseek(seed).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def compiled(target, draft, k: int, backend: str = "eager", **changes):
+    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
+                                  "backend": backend, "dtype": torch.float32, **changes})
+    return fdecode.compile(target, draft, cfg)
+
+
+def generate(step, prompts=PROMPTS, new: int = NEW) -> list[list[int]]:
+    return fdecode.generate(step, [list(p) for p in prompts], max_new_tokens=new, progress=False)
+
+
+# fdecode MTP-head names -> DeepSeek's names under model.layers.{num_hidden_layers}.
+_DEEPSEEK_MTP = {"enorm.": "enorm.", "hnorm.": "hnorm.", "eh_proj.": "eh_proj.", "norm.": "shared_head.norm.",
+                 "layer.": ""}
+
+
+def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0, copies: bool = True) -> None:
+    """transformers' save_pretrained of the target, plus an MTP layer in DeepSeek's layout:
+    `model.layers.{N}.{enorm, hnorm, eh_proj, shared_head.norm, <decoder layer>}` (and, with `copies`,
+    the embed_tokens / shared_head.head copies real checkpoints carry), `num_nextn_predict_layers` = 1."""
+    hf = hf_deepseek(seed)
+    hf.save_pretrained(folder)
+    n = hf.config.num_hidden_layers
+    weights = load_file(str(folder / "model.safetensors"))
+    for name, tensor in head_state.items():
+        prefix = next(p for p in _DEEPSEEK_MTP if name.startswith(p))
+        weights[f"model.layers.{n}." + _DEEPSEEK_MTP[prefix] + name[len(prefix):]] = tensor.contiguous()
+    if copies:
+        weights[f"model.layers.{n}.embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+        weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+
+def deepseek_target(seed: int = 0, **overrides):
+    return from_hf(hf_deepseek(seed, **overrides))
