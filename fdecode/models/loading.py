@@ -1,9 +1,16 @@
 """Load and save fdecode models in the Hugging Face layout.
 
 `from_hf` accepts a transformers model instance or a local checkpoint folder
-(config.json + safetensors, sharded or not; read without transformers and
-never through pickle). `save_hf` writes a folder both fdecode and
+(config.json + safetensors, sharded with `model.safetensors.index.json` or not; read
+without transformers and never through pickle). A folder is read one tensor at a time
+(`fdecode.models.checkpoint.CheckpointTensors`, `safetensors.safe_open`): every key is
+checked first, then each tensor is read, converted and kept, so the checkpoint is never
+in memory twice. `save_hf` writes a folder both fdecode and
 `transformers.AutoModelForCausalLM.from_pretrained` can read.
+
+MoE experts: per-expert keys `...mlp.experts.N.{gate,up,down}_proj.weight` (checkpoints,
+`save_pretrained`) or transformers' fused `experts.gate_up_proj` / `experts.down_proj` (a live
+model) both load into the stacked layout (`fdecode.models.expert_weights`).
 
 Key names: HF `model.<name>` is fdecode `<name>`, `lm_head.weight` is the same.
 A multi-token-prediction head is recognised in three layouts and loaded as `model.mtp`:
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,7 +32,9 @@ import torch
 from torch import nn
 
 from fdecode.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from fdecode.models.checkpoint import CheckpointTensors
 from fdecode.models.eos import eos_token_ids
+from fdecode.models.expert_weights import expert_parts, stack
 from fdecode.models.llama import LlamaModel
 from fdecode.models.mtp import MTPHead
 from fdecode.models.rope import rope_inv_freq
@@ -156,43 +165,68 @@ class Family(NamedTuple):
 
 def family_of(model_type: object) -> Family:
     """The family that loads `model_type`: Llama / Qwen2 / Qwen3 here, Qwen3.5 in `fdecode.models.qwen3_5`,
-    DeepSeek-V3 in `fdecode.models.deepseek_v3`."""
+    DeepSeek-V3 in `fdecode.models.deepseek_v3`, GLM-4.5 in `fdecode.models.glm4_moe`."""
     from fdecode.models.deepseek_v3 import DEEPSEEK_V3  # local: these modules build on this one
-    from fdecode.models.qwen3_5 import QWEN3_5, QWEN3_5_TYPES
+    from fdecode.models.glm4_moe import GLM4_MOE, GLM4_MOE_TYPES
+    from fdecode.models.qwen3_5 import QWEN3_5, QWEN3_5_MOE, QWEN3_5_MOE_TYPES, QWEN3_5_TYPES
+    from fdecode.models.qwen3_next import QWEN3_NEXT
 
-    families = {**dict.fromkeys(QWEN3_5_TYPES, QWEN3_5), "deepseek_v3": DEEPSEEK_V3}
+    qwen = {**dict.fromkeys(QWEN3_5_TYPES, QWEN3_5), **dict.fromkeys(QWEN3_5_MOE_TYPES, QWEN3_5_MOE), "qwen3_next": QWEN3_NEXT}
+    families = {**qwen, "deepseek_v3": DEEPSEEK_V3,
+                **dict.fromkeys(GLM4_MOE_TYPES, GLM4_MOE)}
     return families.get(model_type, LLAMA)
 
 
 def _build(
     cfg: ModelConfig,
-    weights: dict[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
     *,
     dtype: torch.dtype | None,
     device: torch.device | str | None,
     family: Family | None = None,
 ) -> LlamaModel:
+    """The family's model from checkpoint `weights` (a dict, or a `CheckpointTensors` read lazily): every
+    name checked before a tensor is read, then one tensor at a time read, converted and kept."""
     family = LLAMA if family is None else family
-    renamed = {}
-    for key, tensor in weights.items():
+    sources = {}  # fdecode name -> checkpoint key
+    for key in weights:
         name = family.rename(key, cfg.num_layers)
         if name is not None:
-            renamed[name] = tensor
+            sources[name] = key
     if cfg.tie_word_embeddings:
-        renamed.pop("lm_head.weight", None)  # a redundant copy of the embedding in some checkpoints
-    has_mtp = any(k.startswith("mtp.") for k in renamed)
+        sources.pop("lm_head.weight", None)  # a redundant copy of the embedding in some checkpoints
+    has_mtp = any(k.startswith("mtp.") for k in sources)
     # Meta-device construction: no memory for weights that are about to be replaced.
     with torch.device("meta"):
         model = family.model(cfg)
         if has_mtp:
             model.mtp = family.mtp(cfg)
-    expected = set(model.state_dict()) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
-    missing, unexpected = expected - set(renamed), set(renamed) - expected
+    shapes = {k: t.shape for k, t in model.state_dict().items()}
+    expected = set(shapes) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    # Per-expert checkpoint tensors make the stacked ones the MoE block holds (`expert_weights`).
+    stacked = expert_parts(sources.keys(), shapes)
+    used = {n for parts in stacked.values() for p in parts for n in p}
+    given = (set(sources) - used) | set(stacked)
+    missing, unexpected = expected - given, given - expected
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]")
+
+    def read(name: str) -> torch.Tensor:
+        return weights[sources[name]]
+
     # A tensor that already has the wanted device and dtype is shared, not copied (a live transformers
     # model's weights stay in one place); the others are converted copies.
-    state = {k: t.to(device=device or t.device, dtype=dtype or t.dtype) for k, t in renamed.items()}
+    state = {}
+    for name in sorted(expected):
+        if name in stacked:
+            state[name] = stack(stacked[name], read, shapes[name], dtype=dtype, device=device)
+        else:
+            t = read(name)
+            if t.shape != shapes[name]:
+                whose = " (the MTP layer must have the target's decoder-layer shapes)" if name.startswith("mtp.") else ""
+                raise ValueError(f"{sources[name]} ({name}): shape {tuple(t.shape)} in the checkpoint, the model "
+                                 f"expects {tuple(shapes[name])}{whose}")
+            state[name] = t.to(device=device or t.device, dtype=dtype or t.dtype)
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # shape mismatches
@@ -208,22 +242,6 @@ def _build(
 LLAMA = Family(config_from_hf, _rename, LlamaModel, MTPHead)
 
 
-def _read_folder_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file  # local import: only needed for folders
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} has no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        weights.update(load_file(str(file), device="cpu"))
-    return weights
-
-
 def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> LlamaModel:
     """LlamaModel (with `.mtp` when the checkpoint has an MTP head) from a transformers model or a folder.
 
@@ -237,7 +255,7 @@ def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.devi
         # The config is checked before any weight is read.
         hf = json.loads((folder / "config.json").read_text())
         family = family_of(hf.get("model_type"))
-        cfg, weights = family.config_from_hf(hf), _read_folder_weights(folder)
+        cfg, weights = family.config_from_hf(hf), CheckpointTensors(folder)
     elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
         hf = obj.config.to_dict()
         family = family_of(hf.get("model_type"))

@@ -4,6 +4,7 @@ Interface (what a family's decoder layer holds as its `mlp`):
 
     block = moe_block(cfg, moe)       # DeepseekMoE ("sigmoid" router) or QwenMoE ("softmax")
     y = block(x)                      # x [..., H] -> [..., H], any leading shape, model dtype
+    mlp = feed_forward(cfg, moe, i, first_dense=k)   # layer i: dense MLP below k, else moe_block
 
 `Experts` holds the E routed SwiGLU experts stacked, in transformers' fused layout:
 
@@ -105,3 +106,9 @@ class QwenMoE(nn.Module):
 def moe_block(cfg: ModelConfig, moe: MoEConfig) -> nn.Module:
     """The MoE feed-forward `moe.router` names, for hidden size `cfg.hidden_size`."""
     return DeepseekMoE(cfg, moe) if moe.router == "sigmoid" else QwenMoE(cfg, moe)
+
+
+def feed_forward(cfg: ModelConfig, moe: MoEConfig | None, layer: int, *, first_dense: int) -> nn.Module:
+    """Decoder layer `layer`'s feed-forward: the dense SwiGLU `MLP` (intermediate_size) for the first
+    `first_dense` layers (DeepSeek / GLM `first_k_dense_replace`) or without `moe`, else the MoE block."""
+    return MLP(cfg) if moe is None or layer < first_dense else moe_block(cfg, moe)

@@ -259,6 +259,11 @@ def parallelize_pair(
             "tensor parallelism is not implemented for MLA (DeepSeek-V3) models: their latent projections, the "
             "absorbed kv_b_proj per head and the routed experts are not sharded yet; run them with tp_size=1"
         )
+    if any(getattr(m.config, "moe", None) is not None for m in (target, draft) if hasattr(m, "config")):
+        raise ValueError(
+            "tensor parallelism is not implemented for mixture-of-experts models (DeepSeek-V3, GLM-4.5, ...): the "
+            "stacked experts, routers and shared experts are not sharded yet; run them with tp_size=1"
+        )
     check_shardable(target.config, tp.size, what="target")
     if kind == "ngram":  # no weights: every rank looks up the same committed tokens
         return parallelize(target, tp), draft

@@ -1,0 +1,126 @@
+"""The GLM-4.5 / 4.6 family (`glm4_moe`, transformers' `Glm4MoeForCausalLM`): config, keys, layers.
+
+- Layers: Llama-style pre-norm `DecoderLayer`s (plain RMSNorm) whose attention is GQA with biases on
+  q/k/v only (o_proj has none), optional per-head RMSNorm of q and k (`use_qk_norm`) before a partial
+  RoPE (`partial_rotary_factor`, default 0.5: the first half of each head rotates); the feed-forward
+  is the dense SwiGLU for the first `first_k_dense_replace` layers, the DeepSeek-style MoE after
+  (`fdecode.models.moe`: sigmoid router with e_score_correction_bias, group-limited top-k, shared experts).
+- MTP: `num_nextn_predict_layers` (= 1) DeepSeek-style head at `model.layers.{num_hidden_layers}.*`
+  (`NextNMTPHead` around one more MoE decoder layer).
+- Keys: the Llama mapping (`model.*` -> `*`, the MTP layer -> `mtp.*`); per-expert
+  `mlp.experts.N.*_proj.weight` keys are stacked by the loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from fdecode.models.config import ModelConfig
+from fdecode.models.decoder_lm import DecoderLM
+from fdecode.models.layers import DecoderLayer, RMSNorm
+from fdecode.models.llama import LlamaModel
+from fdecode.models.loading import Family, _rename, _rope_from_hf
+from fdecode.models.moe import feed_forward
+from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
+from fdecode.models.nextn_mtp import NextNMTPHead
+from fdecode.models.partial_rope import PartialRotaryEmbedding
+from fdecode.models.rope import rope_inv_freq
+
+GLM4_MOE_TYPES = ("glm4_moe",)
+# Glm4MoeConfig's defaults for the fields a config.json may leave out.
+_MOE_DEFAULTS = {"n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "n_group": 1,
+                 "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_shared_experts": 1}
+_DEFAULT_PARTIAL_ROTARY = 0.5
+
+
+@dataclass(frozen=True)
+class Glm4MoeConfig(ModelConfig):
+    moe: MoEConfig | None = None  # the routed layers' MoE
+    first_k_dense_replace: int = 1  # layers 0 .. k-1 have the dense MLP
+    partial_rotary_factor: float = _DEFAULT_PARTIAL_ROTARY  # only the first head_dim * factor dims rotate
+    mtp_num_layers: int = 0  # num_nextn_predict_layers: MTP layers the checkpoint may carry (0 or 1)
+
+    def __post_init__(self) -> None:
+        if self.model_type not in GLM4_MOE_TYPES:
+            raise ValueError(f"unsupported model_type {self.model_type!r} for Glm4MoeConfig")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}")
+        if self.mtp_num_layers > 1:
+            raise ValueError(
+                f"num_nextn_predict_layers = {self.mtp_num_layers}: fdecode's DeepSeek-style MTP head holds 1 layer "
+                "(every GLM-4.5 / 4.6 checkpoint has 1)"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+
+def config_from_hf(hf: dict[str, object]) -> Glm4MoeConfig:
+    """Glm4MoeConfig from a config.json dict (transformers 5 or GLM's own field names)."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    rope = dict(hf.get("rope_parameters") or {})
+    partial = float(rope.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or _DEFAULT_PARTIAL_ROTARY)
+    rope_theta, rope_scaling = _rope_from_hf({**hf, "rope_parameters": rope})
+    heads = int(hf["num_attention_heads"])
+    cfg = Glm4MoeConfig(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=bool(hf.get("use_qk_norm", False)),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings") or 131072),
+        model_type="glm4_moe",
+        moe=sigmoid_moe_from_hf(hf, defaults=_MOE_DEFAULTS),
+        first_k_dense_replace=int(hf.get("first_k_dense_replace", 1)),
+        partial_rotary_factor=partial,
+        mtp_num_layers=int(hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0)) or 0),
+    )
+    rope_inv_freq(cfg)  # refuse unsupported RoPE types now rather than at the first forward
+    return cfg
+
+
+def glm_layer(cfg: Glm4MoeConfig, index: int) -> DecoderLayer:
+    """Decoder layer `index` (the MTP layer is index num_layers): GQA, dense MLP or MoE by index."""
+    layer = DecoderLayer(cfg, mlp=feed_forward(cfg, cfg.moe, index, first_dense=cfg.first_k_dense_replace))
+    if cfg.attention_bias:  # GLM biases q/k/v only
+        attn = layer.self_attn
+        attn.o_proj = nn.Linear(attn.o_proj.in_features, attn.o_proj.out_features, bias=False)
+    return layer
+
+
+class Glm4MoeModel(LlamaModel):
+    """`LlamaModel`'s forward over GLM's layers and partial RoPE."""
+
+    def __init__(self, cfg: Glm4MoeConfig) -> None:
+        DecoderLM.__init__(self)
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(glm_layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = PartialRotaryEmbedding(cfg, cfg.rotary_dim)
+        self.tie_weights_()
+        self.mtp = None
+        self.requires_grad_(False)
+
+
+class Glm4MoeMTPHead(NextNMTPHead):
+    def __init__(self, cfg: Glm4MoeConfig) -> None:
+        super().__init__(cfg, layer=glm_layer(cfg, cfg.num_layers), rotary=PartialRotaryEmbedding(cfg, cfg.rotary_dim))
+
+
+GLM4_MOE = Family(config_from_hf, _rename, Glm4MoeModel, Glm4MoeMTPHead)

@@ -1,0 +1,152 @@
+"""GLM-4.5 (`glm4_moe`, issue 17): GQA with q/k/v bias, q/k norm and partial RoPE, the DeepSeek-style MoE
+and MTP head, against transformers' Glm4MoeForCausalLM; sharded checkpoint loading; what it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fdecode
+from fdecode.models import from_hf
+from fdecode.models.checkpoint import CheckpointTensors
+from fdecode.models.dense import dense_forward
+from fdecode.models.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
+from glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_prefill_logits_match_transformers(variant: str) -> None:
+    hf = hf_glm(variant)
+    model = from_hf(hf)
+    assert isinstance(model, Glm4MoeModel) and model.config.rotary_dim == 8
+    assert model.layers[0].mlp.__class__.__name__ == "MLP" and model.layers[2].mlp.__class__.__name__ == "DeepseekMoE"
+    for seq in prompts():
+        expected = hf(seq[None]).logits[0]
+        logits, _ = dense_forward(model, seq[None])
+        assert expected.abs().max() > 1.0  # the comparison is not between near-zero logits
+        torch.testing.assert_close(logits[0], expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_incremental_decode_through_the_paged_cache_matches_transformers(chunk: int) -> None:
+    """Prefill 5 tokens, then feed the rest `chunk` rows at a time over the cache, blocks of 4 out of order."""
+    hf = hf_glm()
+    model = from_hf(hf)
+    seq = prompts((17,))[0]
+    expected = hf(seq[None]).logits[0]  # [17, V]
+    block_size, table = 4, torch.tensor([[3, 1, 5, 2, 4]])
+    kv = model.kv_config.new_kv(6 * block_size, dtype=torch.float32, device="cpu")
+    start = 0
+    for stop in [5, *range(5 + chunk, len(seq), chunk), len(seq)]:
+        pos = torch.arange(start, stop)[None]
+        slots = table[0, pos // block_size] * block_size + pos % block_size
+        logits, _ = model(seq[None, start:stop], pos, slots, kv, table, block_size=block_size)
+        torch.testing.assert_close(logits[0], expected[start:stop], rtol=0, atol=1e-4)
+        start = stop
+
+
+def _compiled(target, draft, k: int, backend: str = "eager"):
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend=backend)
+    return fdecode.compile(target, draft, cfg)
+
+
+def _run(step, prompts):
+    """Committed tokens per prompt and the accepted length of every decode step of a live lane."""
+    state = step.prefill(list(prompts), max_new_tokens=NEW)
+    outs, lengths, out, first = [[] for _ in prompts], [], state.step_output, True
+    while True:
+        for lane in range(len(prompts)):
+            n = int(out.num_tokens[lane])
+            outs[lane] += out.tokens[lane, :n].tolist()
+            if n and not first:
+                lengths.append(n)
+        if bool(out.finished[: len(prompts)].all()):
+            return outs, lengths
+        state, out = step(state)
+        first = False
+
+
+def test_mtp_head_from_a_sharded_checkpoint_in_glm_layout_is_lossless(tmp_path) -> None:
+    weight_map = save_glm(tmp_path)
+    assert len(set(weight_map.values())) > 2 and "model.layers.3.mlp.experts.7.down_proj.weight" in weight_map
+    step = _compiled(str(tmp_path), "mtp", 3)
+    assert isinstance(step.draft, Glm4MoeMTPHead) and step.draft_kind == "mtp"
+    assert step.draft.layer.mlp.__class__.__name__ == "DeepseekMoE"  # the MTP layer is an MoE layer
+    outs, _ = _run(step, PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_target_as_its_own_draft_accepts_every_draft() -> None:
+    target = from_hf(hf_glm())
+    outs, lengths = _run(_compiled(target, target, 2), PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert lengths.count(3) >= len(lengths) - len(PROMPTS) and all(n <= 3 for n in lengths)
+
+
+@pytest.mark.slow
+def test_inductor_target_as_its_own_draft_is_lossless() -> None:
+    target = from_hf(hf_glm())
+    outs, lengths = _run(_compiled(target, target, 2, backend="inductor"), PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert lengths.count(3) >= len(lengths) - len(PROMPTS)
+
+
+def test_a_sharded_folder_is_read_one_tensor_at_a_time(tmp_path, monkeypatch) -> None:
+    """Each tensor is read once, by itself (never a whole file), and the result equals the live model."""
+    weight_map = save_glm(tmp_path)
+    reads: list[str] = []
+    get = CheckpointTensors.__getitem__
+    monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, key: reads.append(key) or get(self, key))
+    model = from_hf(tmp_path)
+    ignored = {k for k in weight_map if k.endswith(("layers.3.embed_tokens.weight", "shared_head.head.weight"))}
+    assert sorted(reads) == sorted(set(weight_map) - ignored)  # each once; the MTP layer's copies never
+    live = from_hf(hf_glm())
+    for name, tensor in live.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_an_expert_missing_from_the_checkpoint_is_named_before_any_tensor_is_read(tmp_path, monkeypatch) -> None:
+    save_glm(tmp_path, change=lambda t: t.pop("model.layers.3.mlp.experts.5.up_proj.weight"))
+    monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, key: pytest.fail(f"read {key}"))
+    with pytest.raises(ValueError, match=r"mtp.layer.mlp.experts: expert 5 is missing from the checkpoint "
+                                         r"\(mtp.layer.mlp.experts.5.up_proj.weight\)"):
+        from_hf(tmp_path)
+
+
+def test_an_mtp_layer_whose_shapes_do_not_match_the_target_is_refused(tmp_path) -> None:
+    def narrow(t):
+        t["model.layers.3.self_attn.q_proj.weight"] = t["model.layers.3.self_attn.q_proj.weight"][:32].contiguous()
+
+    save_glm(tmp_path, change=narrow)
+    with pytest.raises(ValueError, match=r"model.layers.3.self_attn.q_proj.weight \(mtp.layer.self_attn.q_proj.weight\): shape "
+                                         r"\(32, 32\) in the checkpoint, the model expects \(64, 32\) \(the MTP layer must have"):
+        from_hf(tmp_path)
+
+    def expert_narrow(t):
+        t["model.layers.3.mlp.experts.2.down_proj.weight"] = t["model.layers.3.mlp.experts.2.down_proj.weight"][:, :4].contiguous()
+
+    save_glm(tmp_path, change=expert_narrow)
+    with pytest.raises(ValueError, match=r"experts.2.down_proj.weight: expert shape \(32, 4\), the model expects \(32, 8\)"):
+        from_hf(tmp_path)
+
+
+def test_unsupported_configs_are_refused_before_any_weight_is_read(tmp_path) -> None:
+    hf = hf_glm().config.to_dict()
+    assert config_from_hf(hf).moe.topk_method == "noaux_tc"
+    with pytest.raises(ValueError, match="unsupported MoE routing method topk_method='group_limited_greedy'"):
+        config_from_hf({**hf, "topk_method": "group_limited_greedy"})
+    with pytest.raises(ValueError, match="num_nextn_predict_layers = 2"):
+        config_from_hf({**hf, "num_nextn_predict_layers": 2})
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "topk_method": "softmax_topk"}))  # and no weights
+    with pytest.raises(ValueError, match="topk_method='softmax_topk'"):
+        from_hf(tmp_path)
+
+
+def test_tensor_parallelism_refuses_moe_families_with_a_reason() -> None:
+    from fdecode.models.parallel import parallelize_pair
+
+    target = from_hf(hf_glm())
+    with pytest.raises(ValueError, match="tensor parallelism is not implemented for mixture-of-experts"):
+        parallelize_pair(target, target, "model", tp=None)
