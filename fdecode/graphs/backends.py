@@ -282,7 +282,8 @@ def choose_attention(
     latent: `latent_reason` of the models; where set, only the reference can read their cache."""
 
     def why(kernel: str) -> str | None:
-        return ATTENTION_ELIGIBILITY[kernel](cfg, shapes) or (None if kernel == "torch" else latent)
+        unmet = [ATTENTION_ELIGIBILITY[kernel](cfg, shapes), None if kernel == "torch" else latent]
+        return "; ".join(r for r in unmet if r) or None
 
     if cfg.attention == "auto":
         device_kernel = DEVICE_ATTENTION.get(cfg.device_type)
