@@ -31,7 +31,7 @@ PATTERNS = {
 }
 
 
-def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], **overrides) -> transformers.Qwen3_5TextConfig:
+def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], config_class=None, **overrides):
     base = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # GQA 2:1, rotary dim 4 of 16
@@ -41,14 +41,27 @@ def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], **overrides) -> transfor
         eos_token_id=None, bos_token_id=None, pad_token_id=None,
     )
     base.update(overrides)
-    return transformers.Qwen3_5TextConfig(**base)
+    return (config_class or transformers.Qwen3_5TextConfig)(**base)
+
+
+# The MoE hybrids (issue 17): 4 experts, 2 per token, a shared expert of another width; Qwen3-Next
+# with a dense MLP on layer 1 (`mlp_only_layers`), so both kinds of feed-forward run.
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+FAMILIES = {
+    "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, {}),
+    "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
+                   {**MOE, "mlp_only_layers": [1], "norm_topk_prob": True}),
+    "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM, MOE),
+}
 
 
 @functools.lru_cache(maxsize=None)
-def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, **overrides) -> transformers.Qwen3_5ForCausalLM:
-    """A random Qwen3.5 whose every weight is drawn afresh (transformers' init zeroes the norms)."""
+def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, family: str = "qwen3_5", **overrides):
+    """A random Qwen3.5 (or Qwen3-Next, Qwen3.5-MoE: `FAMILIES`) whose every weight is drawn afresh
+    (transformers' init zeroes the norms)."""
+    config_class, model_class, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    model = transformers.Qwen3_5ForCausalLM(hf_config(PATTERNS[pattern], **dict(overrides))).eval()
+    model = model_class(hf_config(PATTERNS[pattern], config_class, **{**extra, **dict(overrides)})).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -76,8 +89,9 @@ NEW = 12
 
 
 @functools.lru_cache(maxsize=None)
-def hf_greedy(prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW) -> list[int]:
-    out = hf_hybrid(pattern).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+def hf_greedy(prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW,
+              family: str = "qwen3_5") -> list[int]:
+    out = hf_hybrid(pattern, family=family).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
                                       eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
@@ -137,19 +151,39 @@ CHECKPOINT_MTP = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.
                   "layers.": "layers.", "norm.": "norm."}
 
 
-def save_with_mtp(folder, *, fc_columns: int | None = None, layers: int = 1, declared: int | None = None) -> None:
+def checkpoint_names(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An MTP head's tensor under its checkpoint name(s): Qwen3.5 / Qwen3-Next `mtp.*` names, and stacked
+    experts split per expert (`mtp.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`), as real checkpoints
+    and transformers' save_pretrained write them."""
+    prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
+    name = "mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix):]
+    if name.endswith("experts.gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        return {f"{base}{e}.{proj}.weight": part.contiguous() for e, expert in enumerate(tensor)
+                for proj, part in zip(("gate_proj", "up_proj"), expert.chunk(2))}
+    if name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return {f"{base}{e}.down_proj.weight": expert.contiguous() for e, expert in enumerate(tensor)}
+    return {name: tensor.contiguous()}
+
+
+def save_with_mtp(folder, *, fc_columns: int | None = None, layers: int = 1, declared: int | None = None,
+                  family: str = "qwen3_5", drop: str | None = None) -> None:
     """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head of `layers`
-    layers (Qwen3.5 names) and `mtp_num_hidden_layers` (`declared`, default `layers`) in config.json.
-    fc_columns: give `mtp.fc` another input width (a bad head)."""
-    hf = hf_hybrid("full-lin-lin-full")
+    layers (Qwen3.5 names) and its depth (`declared`, default `layers`) in config.json, named as the
+    family's checkpoints name it. fc_columns: give `mtp.fc` another input width (a bad head); drop: leave
+    out this checkpoint key (a missing tensor)."""
+    hf = hf_hybrid("full-lin-lin-full", family=family)
     hf.save_pretrained(folder)
     head = HybridMTPHead.random(from_hf(hf).config.replace(mtp_num_layers=layers), seed=3, std=0.3)
     weights = load_file(str(folder / "model.safetensors"))
     for name, tensor in head.state_dict().items():
-        prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
-        weights["mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix):]] = tensor.contiguous()
+        weights.update(checkpoint_names(name, tensor))
     if fc_columns is not None:
         weights["mtp.fc.weight"] = torch.zeros(weights["mtp.fc.weight"].shape[0], fc_columns)
+    if drop is not None:
+        del weights[drop]
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": declared or layers}))
+    depth_key = "num_nextn_predict_layers" if family == "qwen3_next" else "mtp_num_hidden_layers"
+    (folder / "config.json").write_text(json.dumps({**config, depth_key: declared or layers}))

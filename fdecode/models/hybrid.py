@@ -1,7 +1,7 @@
 """Hybrid decoder LM (Qwen3.5): Gated DeltaNet and gated full-attention layers, by `layer_types`.
 
 Every layer is pre-norm residual, `x + mixer(norm(x))` then `+ mlp(norm(.))`, with `OffsetRMSNorm`s
-and the SwiGLU `MLP`; the mixer is `GatedAttention` over the paged KV (full-attention layers, KV
+and the SwiGLU `MLP`, or the MoE block (`fdecode.models.moe`) where `HybridConfig.sparse_mlp` says; the mixer is `GatedAttention` over the paged KV (full-attention layers, KV
 layer = its rank among them) or `GatedDeltaNet` over the recurrent state (linear-attention layers).
 
 The module owns weights only. The paged KV is an argument written in place, as for `LlamaModel`;
@@ -22,15 +22,16 @@ from fdecode.models.deltanet import FusedGatedDeltaNet, GatedDeltaNet
 from fdecode.models.gated_attention import GatedAttention
 from fdecode.models.hybrid_config import FULL, HybridConfig
 from fdecode.models.layers import MLP, init_random_
+from fdecode.models.moe import moe_block
 from fdecode.models.norms import OffsetRMSNorm
 from fdecode.models.partial_rope import PartialRotaryEmbedding
 from fdecode.ops.attention import PagedContext, paged_context
 
 
 class _Block(nn.Module):
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, index: int) -> None:
         super().__init__()
-        self.mlp = MLP(cfg)
+        self.mlp = moe_block(cfg, cfg.moe) if cfg.sparse_mlp(index) else MLP(cfg)  # index: the layer's number
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -42,8 +43,8 @@ class _Block(nn.Module):
 class AttentionBlock(_Block):
     """Full-attention layer; the call signature of `layers.DecoderLayer` (so `MTPHead` can hold one)."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: HybridConfig, index: int) -> None:
+        super().__init__(cfg, index)
         self.self_attn = GatedAttention(cfg)
 
     def forward(
@@ -63,8 +64,8 @@ class AttentionBlock(_Block):
 class DeltaNetBlock(_Block):
     """Linear-attention layer: returns the output and its states after the rows (see `GatedDeltaNet`)."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: HybridConfig, index: int) -> None:
+        super().__init__(cfg, index)
         self.linear_attn = (FusedGatedDeltaNet if cfg.fused_qkvz else GatedDeltaNet)(cfg)
 
     def forward(
@@ -94,7 +95,9 @@ class HybridModel(DecoderLM):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(AttentionBlock(cfg) if t == FULL else DeltaNetBlock(cfg) for t in cfg.layer_types)
+        self.layers = nn.ModuleList(
+            (AttentionBlock if t == FULL else DeltaNetBlock)(cfg, i) for i, t in enumerate(cfg.layer_types)
+        )
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = PartialRotaryEmbedding(cfg, cfg.rotary_dim)

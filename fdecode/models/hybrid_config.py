@@ -2,8 +2,8 @@
 
 A hybrid decoder (Qwen3.5, Qwen3-Next) interleaves *linear attention* layers (Gated DeltaNet: a
 recurrent state per lane, no KV) with *full attention* layers (paged KV, as every fdecode model).
-`HybridConfig` is a `ModelConfig` (frozen, hashable, baked into graphs) with the layer pattern and
-the DeltaNet shapes; `kv_shape` counts only the full-attention layers, so the paged KV leaf holds
+`HybridConfig` is a `ModelConfig` (frozen, hashable, baked into graphs) with the layer pattern, the
+DeltaNet shapes and which layers' feed-forward is an MoE (`sparse_mlp`, Qwen3-Next / Qwen3.5-MoE); `kv_shape` counts only the full-attention layers, so the paged KV leaf holds
 exactly those, numbered in order (`kv_layer`).
 
 Recurrent state of one lane, per linear-attention layer (`fdecode.state.recurrent` holds B lanes):
@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fdecode.models.config import ModelConfig
+from fdecode.models.moe_config import MoEConfig
 
 LINEAR, FULL = "linear_attention", "full_attention"
-HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class HybridConfig(ModelConfig):
     partial_rotary_factor: float = 1.0  # only the first head_dim * factor dims of q and k rotate
     fused_qkvz: bool = False  # Qwen3-Next: DeltaNet projections in_proj_qkvz / in_proj_ba, per key head
     mtp_num_layers: int = 0  # MTP decoder layers in the checkpoint (0: none); draft forward j runs layer j mod n
+    moe: MoEConfig | None = None  # the MoE feed-forward of the sparse layers (None: every MLP is dense)
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen3-Next: layers that keep the dense MLP
+    decoder_sparse_step: int = 1  # Qwen3-Next: every decoder_sparse_step-th layer is sparse
 
     def __post_init__(self) -> None:
         if self.model_type not in HYBRID_MODEL_TYPES:
@@ -49,8 +53,18 @@ class HybridConfig(ModelConfig):
                 f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                 f"linear_num_key_heads ({self.linear_num_key_heads})"
             )
+        if self.moe is None and self.intermediate_size <= 0:
+            raise ValueError("a hybrid model without MoE layers needs intermediate_size > 0")
+        if self.decoder_sparse_step < 1 or self.mtp_num_layers < 0:
+            raise ValueError(f"decoder_sparse_step ({self.decoder_sparse_step}) must be >= 1 and mtp_num_hidden_layers "
+                             f"({self.mtp_num_layers}) >= 0")
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}")
+
+    def sparse_mlp(self, layer: int) -> bool:
+        """Whether layer `layer` (of the decoder, or of the MTP head: vLLM numbers those from 0 too) has
+        the MoE feed-forward: transformers' Qwen3-Next rule, every layer for Qwen3.5-MoE."""
+        return self.moe is not None and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     @property
     def rotary_dim(self) -> int:

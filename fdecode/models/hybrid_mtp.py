@@ -43,7 +43,7 @@ class HybridMTPHead(MTPHead):
         self.enorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.layers = nn.ModuleList(AttentionBlock(cfg) for _ in range(n))
+        self.layers = nn.ModuleList(AttentionBlock(cfg, i) for i in range(n))
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = PartialRotaryEmbedding(cfg, cfg.rotary_dim)
         self._shared = None

@@ -1,4 +1,4 @@
-"""The Qwen3.5 family: config mapping, checkpoint key mapping and layer pattern (`loading.Family`).
+"""The Qwen3.5 and Qwen3.5-MoE families: config mapping, checkpoint key mapping and layer pattern (`loading.Family`).
 
 - Config: `model_type` "qwen3_5_text" (Qwen3_5ForCausalLM), or "qwen3_5" (the multimodal checkpoint,
   whose text part sits under `text_config`). Which layer is which: `layer_types`, else every
@@ -7,6 +7,8 @@
 - Keys: `model.language_model.*` (multimodal) or `model.*` -> `*`; `model.visual.*` ignored; the MTP
   head's `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.N.*` (N <
   `mtp_num_hidden_layers`), `mtp.norm` -> `HybridMTPHead`.
+- Qwen3.5-MoE (`qwen3_5_moe_text`, `qwen3_5_moe`): the same, every feed-forward the Qwen MoE
+  (`moe.QwenMoE`, the MTP head's too), per-expert checkpoint keys stacked by the loader.
 - Modules: `HybridModel` and `HybridMTPHead`.
 """
 
@@ -16,8 +18,10 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.hybrid_mtp import HybridMTPHead
 from fdecode.models.loading import Family
+from fdecode.models.moe_config import softmax_moe_from_hf
 
 QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5")
+QWEN3_5_MOE_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 _DEFAULT_PARTIAL_ROTARY = 0.25  # Qwen3_5TextConfig's default
 # The MTP head's shared parts; its layers keep their names (mtp.layers.N.*), like mtp.norm.
 _MTP_NAMES = {"mtp.fc.": "mtp.eh_proj.", "mtp.pre_fc_norm_embedding.": "mtp.enorm.", "mtp.pre_fc_norm_hidden.": "mtp.hnorm."}
@@ -90,6 +94,14 @@ def config_from_hf(hf: dict[str, object]) -> HybridConfig:
     return HybridConfig(**hybrid_fields(text_part(hf, "qwen3_5_text")), model_type="qwen3_5_text")
 
 
+def moe_config_from_hf(hf: dict[str, object]) -> HybridConfig:
+    """HybridConfig of a Qwen3.5-MoE text or multimodal checkpoint: Qwen3.5 with the Qwen MoE as every
+    layer's feed-forward (its router always renormalises the top-k weights; the config has no switch)."""
+    text = text_part(hf, "qwen3_5_moe_text")
+    return HybridConfig(**hybrid_fields(text), model_type="qwen3_5_moe_text",
+                        moe=softmax_moe_from_hf(text, norm_topk_prob=True))
+
+
 def rename(hf_key: str, num_layers: int) -> str | None:
     """fdecode name of a Qwen3.5 checkpoint key, None for keys deliberately ignored."""
     if hf_key.startswith(("model.visual.", "visual.")) or hf_key.endswith("rotary_emb.inv_freq"):
@@ -104,3 +116,4 @@ def rename(hf_key: str, num_layers: int) -> str | None:
 
 
 QWEN3_5 = Family(config_from_hf, rename, HybridModel, HybridMTPHead)
+QWEN3_5_MOE = Family(moe_config_from_hf, rename, HybridModel, HybridMTPHead)
