@@ -31,13 +31,29 @@ class NgramDraft(torch.nn.Module):
         self.kv_config = None  # set by `bound`: the target's KV layout with no layers
 
     def bound(self, target: torch.nn.Module) -> NgramDraft:
-        """The step's copy for `target`: its draft KV has no layers (an empty leaf of the target's layout)."""
+        """The step's copy for `target` (its `kv_config` is a `NoKV` of the target's attention shape)."""
         draft = NgramDraft(self.max_n, self.min_n)
-        draft.kv_config = dataclasses.replace(target.kv_config, num_layers=0)
+        kv = target.kv_config
+        draft.kv_config = NoKV(kv.num_heads, kv.num_kv_heads, kv.head_dim)
         return draft
 
     def extra_repr(self) -> str:
         return f"max_n={self.max_n}, min_n={self.min_n}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NoKV:
+    """The draft-KV layout of a draft without KV: attention shapes for the kernel checks, no layers, and
+    a one-element placeholder leaf. Not an empty tensor: a step tells its KV pools apart by the storage
+    address of their leaves (`fdecode.state.ownership`), and every empty tensor has address 0."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int = 0
+
+    def new_kv(self, num_slots: int, *, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        return torch.zeros(1, dtype=dtype, device=device)
 
 
 def is_ngram(draft: object) -> bool:
