@@ -91,23 +91,52 @@ _DEEPSEEK_MTP = {"enorm.": "enorm.", "hnorm.": "hnorm.", "eh_proj.": "eh_proj.",
                  "layer.": ""}
 
 
-def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0, copies: bool = True) -> None:
-    """transformers' save_pretrained of the target, plus an MTP layer in DeepSeek's layout:
-    `model.layers.{N}.{enorm, hnorm, eh_proj, shared_head.norm, <decoder layer>}` (and, with `copies`,
-    the embed_tokens / shared_head.head copies real checkpoints carry), `num_nextn_predict_layers` = 1."""
+def deepseek_checkpoint_names(head_state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """An fdecode MTP head's tensors under DeepSeek's names, `model.layers.{num_layers}.*`, with the routed
+    experts written one by one (`mlp.experts.N.{gate,up,down}_proj.weight`) as real checkpoints are."""
+    out = {}
+    for name, tensor in head_state.items():
+        prefix = next(p for p in _DEEPSEEK_MTP if name.startswith(p))
+        key = f"model.layers.{num_layers}." + _DEEPSEEK_MTP[prefix] + name[len(prefix):]
+        if key.endswith("mlp.experts.gate_up_proj"):
+            for n, fused in enumerate(tensor):
+                gate, up = fused.chunk(2)
+                out[key.replace("gate_up_proj", f"{n}.gate_proj.weight")] = gate.contiguous()
+                out[key.replace("gate_up_proj", f"{n}.up_proj.weight")] = up.contiguous()
+        elif key.endswith("mlp.experts.down_proj"):
+            for n, down in enumerate(tensor):
+                out[key.replace("down_proj", f"{n}.down_proj.weight")] = down.contiguous()
+        else:
+            out[key] = tensor.contiguous()
+    return out
+
+
+def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0) -> None:
+    """transformers' save_pretrained of the target, plus an MTP layer in DeepSeek's layout in a second
+    shard (`model.safetensors.index.json` names both): `model.layers.{N}.{enorm, hnorm, eh_proj,
+    shared_head.norm, <decoder layer>}` and the embed_tokens / shared_head.head copies real checkpoints
+    carry; `num_nextn_predict_layers` = 1 in config.json."""
     hf = hf_deepseek(seed)
     hf.save_pretrained(folder)
     n = hf.config.num_hidden_layers
-    weights = load_file(str(folder / "model.safetensors"))
-    for name, tensor in head_state.items():
-        prefix = next(p for p in _DEEPSEEK_MTP if name.startswith(p))
-        weights[f"model.layers.{n}." + _DEEPSEEK_MTP[prefix] + name[len(prefix):]] = tensor.contiguous()
-    if copies:
-        weights[f"model.layers.{n}.embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
-        weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"].clone()
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    target = load_file(str(folder / "model.safetensors"))
+    mtp = deepseek_checkpoint_names(head_state, n)
+    mtp[f"model.layers.{n}.embed_tokens.weight"] = target["model.embed_tokens.weight"].clone()
+    mtp[f"model.layers.{n}.shared_head.head.weight"] = target["lm_head.weight"].clone()
+    save_file(mtp, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
+    weight_map = {**dict.fromkeys(target, "model.safetensors"), **dict.fromkeys(mtp, "model-mtp.safetensors")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+
+def random_mtp_state(seed: int = 3, std: float = 0.3, **overrides) -> dict[str, torch.Tensor]:
+    """A random DeepSeek MTP head's tensors (fdecode names) for the target `hf_deepseek(**overrides)`."""
+    from fdecode.models.deepseek_v3 import mtp_head
+
+    head = mtp_head(from_hf(hf_deepseek(**overrides)).config)
+    head.init_random_(seed=seed, std=std)
+    return head.state_dict()
 
 
 def deepseek_target(seed: int = 0, **overrides):

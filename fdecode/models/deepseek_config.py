@@ -52,6 +52,11 @@ class DeepseekV3Config(ModelConfig):
         sizes = {"kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim, "v_head_dim": self.v_head_dim}
         if self.q_lora_rank is not None:
             sizes["q_lora_rank"] = self.q_lora_rank
+        if self.mtp_num_layers > 1:
+            raise ValueError(
+                f"the checkpoint has {self.mtp_num_layers} MTP layers (num_nextn_predict_layers): fdecode's "
+                "DeepSeek-V3 MTP head holds 1"
+            )
         bad = {k: v for k, v in sizes.items() if v < 1}
         if bad or self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
             raise ValueError(f"MLA sizes must be positive and qk_rope_head_dim even, got {bad or sizes} and {self.qk_rope_head_dim}")

@@ -9,7 +9,8 @@
   cache and, by index, the SwiGLU `MLP` (dense) or `DeepseekMoE`; the model is `LlamaModel`'s forward
   over these layers (`RotaryEmbedding` over the `qk_rope_head_dim` channels).
 - Keys: `model.*` -> `*`; the MTP layer at `model.layers.{num_hidden_layers}.*` (layout (b) of
-  `loading`); per-expert `mlp.experts.N.*` are stacked by the loader.
+  `loading`) -> `NextNMTPHead` around decoder layer `num_hidden_layers` (MLA + MoE); per-expert
+  `mlp.experts.N.*` are stacked by the loader.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from torch import nn
 
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.layers import MLP, DecoderLayer, RMSNorm
+from fdecode.models.layers import DecoderLayer, RMSNorm
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import Family, _rename, _rope_from_hf
 from fdecode.models.mla import MLAttention
-from fdecode.models.moe import moe_block
+from fdecode.models.moe import feed_forward
 from fdecode.models.moe_config import sigmoid_moe_from_hf
-from fdecode.models.mtp import MTPHead
+from fdecode.models.nextn_mtp import NextNMTPHead
 from fdecode.models.rope import RotaryEmbedding, rope_inv_freq
 
 # transformers' DeepseekV3Config defaults for the MoE fields a config.json may leave out.
@@ -36,8 +37,8 @@ _MOE_DEFAULTS = {
 
 def decoder_layer(cfg: DeepseekV3Config, index: int) -> DecoderLayer:
     """Layer `index` (the MTP layer is index `num_layers`): MLA, then the dense MLP or the MoE."""
-    moe = cfg.moe is not None and index >= cfg.first_k_dense_replace
-    return DecoderLayer(cfg, attention=MLAttention(cfg), mlp=moe_block(cfg, cfg.moe) if moe else MLP(cfg))
+    mlp = feed_forward(cfg, cfg.moe, index, first_dense=cfg.first_k_dense_replace)
+    return DecoderLayer(cfg, attention=MLAttention(cfg), mlp=mlp)
 
 
 class DeepseekV3Model(LlamaModel):
@@ -88,10 +89,16 @@ def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
         rope_interleave=bool(hf.get("rope_interleave", True)),
         moe=sigmoid_moe_from_hf(hf, defaults=_MOE_DEFAULTS),  # also the MTP layer's (index num_layers)
         first_k_dense_replace=first_dense,
-        mtp_num_layers=int(hf.get("num_nextn_predict_layers") or 0),
+        mtp_num_layers=int(hf.get("num_nextn_predict_layers") or hf.get("num_mtp_layers") or 0),
     )
     rope_inv_freq(cfg)  # refuse unsupported RoPE types now rather than at the first forward
     return cfg
 
 
-DEEPSEEK_V3 = Family(config_from_hf, _rename, DeepseekV3Model, MTPHead)
+def mtp_head(cfg: DeepseekV3Config) -> NextNMTPHead:
+    """The MTP head of DeepSeek's layout: its decoder layer is layer `num_layers` (MLA, and the MoE
+    where the config has one), its RoPE the target's."""
+    return NextNMTPHead(cfg, layer=decoder_layer(cfg, cfg.num_layers), rotary=RotaryEmbedding(cfg))
+
+
+DEEPSEEK_V3 = Family(config_from_hf, _rename, DeepseekV3Model, mtp_head)

@@ -1,0 +1,178 @@
+"""The decode step on DeepSeek-V3 (issue 17): MLA over the latent cache, MoE, the DeepSeek MTP head.
+
+Lossless greedy against transformers' generate with the MTP head loaded from a sharded checkpoint
+folder in DeepSeek's layout (K = 3) and with the target as its own draft (K = 2, every draft
+accepted), eager and inductor; exact-distribution sampling; the Engine; inspect; context buckets;
+the baselines; backend, kernel and tensor-parallel refusals; a bad MTP layer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fdecode
+from fdecode.models.deepseek_config import DeepseekV3Config
+from fdecode.models.deepseek_v3 import DeepseekV3Model
+from fdecode.models.dense import dense_forward
+from fdecode.models.moe_config import MoEConfig
+from fdecode.models.nextn_mtp import NextNMTPHead
+from deepseek_models import (
+    NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
+)
+
+
+def run(step, prompts=PROMPTS, new=NEW):
+    """Committed tokens per prompt and the accepted length of every (lane, step) of a live lane."""
+    state = step.prefill([list(p) for p in prompts], max_new_tokens=new)
+    outs, lengths, out, first = [[] for _ in prompts], [], state.step_output, True
+    while True:
+        for lane in range(len(prompts)):
+            n = int(out.num_tokens[lane])
+            outs[lane] += out.tokens[lane, :n].tolist()
+            if n and not first:
+                lengths.append(n)
+        if bool(out.finished[: len(prompts)].all()):
+            return outs, lengths
+        state, out = step(state)
+        first = False
+
+
+def test_target_as_its_own_draft_accepts_every_draft() -> None:
+    target = deepseek_target()
+    outs, lengths = run(compiled(target, target, 2))
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert lengths.count(3) >= len(lengths) - len(PROMPTS) and all(n <= 3 for n in lengths)
+
+
+def test_mtp_head_from_a_sharded_checkpoint_folder_is_lossless(tmp_path) -> None:
+    save_with_mtp(tmp_path, random_mtp_state())
+    step = compiled(str(tmp_path), "mtp", 3)
+    assert isinstance(step.draft, NextNMTPHead) and step.draft_kind == "mtp"
+    assert step.draft.kv_config.kv_shape(8) == (1, 1, 8, 1, 24)  # one MLA layer: its own latent cache
+    assert type(step.draft.layer.mlp).__name__ == "DeepseekMoE"  # layer num_hidden_layers >= first_k_dense_replace
+    outs, _ = run(step)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_an_mtp_layer_of_the_wrong_shape_is_refused(tmp_path) -> None:
+    state = random_mtp_state()
+    state["layer.self_attn.kv_b_proj.weight"] = torch.zeros(4 * 20, 16)  # Dn + Dv = 20, the target's is 22
+    save_with_mtp(tmp_path, state)
+    with pytest.raises(ValueError, match=r"mtp\.layer\.self_attn\.kv_b_proj\.weight"):
+        compiled(str(tmp_path), "mtp", 2)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 2}))
+    with pytest.raises(ValueError, match="2 MTP layers"):
+        compiled(str(tmp_path), "mtp", 2)
+
+
+@pytest.mark.slow
+def test_inductor_mtp_head_is_lossless(tmp_path) -> None:
+    save_with_mtp(tmp_path, random_mtp_state())
+    outs, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"))
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_inspect_one_graph_no_breaks_no_syncs() -> None:
+    target = deepseek_target()
+    step = compiled(target, target, 2, backend="aot_eager")
+    state = step.prefill([list(PROMPTS[0]), list(PROMPTS[1])], max_new_tokens=NEW, temperature=[0.0, 0.8],
+                         top_k=[0, 5])
+    report = fdecode.inspect(step, state)
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert report.host_syncs == []
+
+
+def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:
+    """Two lanes, four requests arriving over time: lanes re-primed mid-flight next to a live lane."""
+    target = deepseek_target()
+    engine = fdecode.Engine(compiled(target, target, 2, max_batch=2))
+    arrivals = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 3: [PROMPTS[2][:3]]}
+    budgets = iter([5, 9, 6, 7])
+    want, got, tick = {}, {}, 0
+    while tick <= max(arrivals) or engine.has_work():
+        for prompt in arrivals.get(tick, []):
+            budget = next(budgets)
+            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(prompt)[:budget]
+        for event in engine.step():
+            got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
+        tick += 1
+        assert tick < 200
+    assert got == want
+
+
+def test_context_buckets_and_the_baselines() -> None:
+    """The latent cache is read through a context window that changes as lanes grow; the before loop
+    and target-only decoding (what the benchmark compares against) give transformers' tokens too."""
+    from fdecode.baseline import BeforeLoop, TargetOnly
+
+    target = deepseek_target()
+    step = compiled(target, target, 2, context_buckets=(8, 16, 24))
+    want = [hf_greedy(p) for p in PROMPTS]
+    assert generate(step) == want
+    assert len(step.compile_seconds) >= 2, step.compile_seconds  # more than one window ran
+    before, iterations = BeforeLoop(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
+    assert before == want and iterations < NEW
+    only, _ = TargetOnly(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
+    assert only == want
+
+
+SAMPLING_V = 5
+TINY_MLA = DeepseekV3Config(
+    vocab_size=SAMPLING_V, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2, num_kv_heads=2,
+    head_dim=4, model_type="deepseek_v3", q_lora_rank=6, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+    v_head_dim=4, first_k_dense_replace=1,
+    moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1, routed_scaling_factor=1.5),
+)
+
+
+@pytest.mark.slow
+def test_random_sampling_follows_the_filtered_target() -> None:
+    """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs,
+    K = 2 with another random DeepSeek as the draft: a chi-square test against the exact distribution."""
+    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+
+    target = DeepseekV3Model.random(TINY_MLA, seed=11, std=0.6)
+    draft = DeepseekV3Model.random(TINY_MLA, seed=12, std=0.6)
+    lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
+    step = compiled(target, draft, 2, max_batch=lanes, max_seq_len=8)
+
+    def dist(seq):
+        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
+        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+
+    p1 = dist(prompt)
+    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(SAMPLING_V)]).flatten()
+    samples = torch.cat([
+        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, progress=False,
+                                      seed=[lanes * b + i for i in range(lanes)], **params))
+        for b in range(8)
+    ])
+    counts = torch.bincount(samples[:, 0] * SAMPLING_V + samples[:, 1], minlength=SAMPLING_V**2)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+
+
+def test_backends_kernels_and_tensor_parallelism_state_what_they_refuse() -> None:
+    from fdecode.graphs.backends import ELIGIBILITY, choose_attention, latent_reason
+    from fdecode.models.parallel import TPGroup, parallelize_pair
+
+    target = deepseek_target()
+    assert "MLA latent cache" in latent_reason(target, target)
+    for kernel, device in (("flash_attn", "cuda"), ("npu_fused_infer_attention", "npu")):
+        cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=512, block_size=256, device=device,
+                                   dtype=torch.bfloat16, attention=kernel)
+        with pytest.raises(ValueError, match="MLA latent cache"):
+            choose_attention(cfg, ((4, 4, 8),), latent=latent_reason(target, target))
+        auto = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=512, device=device)
+        kernel_run, reason = choose_attention(auto, ((4, 4, 8),), latent=latent_reason(target, target))
+        assert kernel_run == "torch" and kernel in reason
+    # Graph replay holds the latent leaves as it holds any KV leaf: no MLA-specific refusal.
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device="cuda", dtype=torch.float16)
+    assert "MLA" not in (ELIGIBILITY["cudagraphs"](cfg, target, target, "model") or "")
+    with pytest.raises(ValueError, match="tensor parallelism is not implemented for MLA"):
+        parallelize_pair(target, target, "model", TPGroup(group=None, rank=0, size=2))
