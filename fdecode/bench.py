@@ -79,6 +79,30 @@ def qwen3_5(vocab: int, hidden: int, layers: int, seed: int):
     return target
 
 
+def deepseek_v3(vocab: int, hidden: int, layers: int, seed: int):
+    """A random DeepSeek-V3-shaped model with a random MTP head: MLA over the latent cache with DeepSeek's
+    ratios scaled to `hidden` (heads of 64: Dn = v = 64, Dr = 32, kv_lora_rank = hidden / 2, q_lora_rank =
+    3 hidden / 4), a dense first layer, then MoE layers (16 experts of hidden / 4, top 4 within 2 of 4
+    groups, one shared expert)."""
+    from fdecode.models.deepseek_config import DeepseekV3Config
+    from fdecode.models.deepseek_v3 import DeepseekV3Model, mtp_head
+    from fdecode.models.moe_config import MoEConfig
+
+    heads = max(hidden // 64, 2)
+    cfg = DeepseekV3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_layers=layers, num_heads=heads,
+        num_kv_heads=heads, head_dim=32, model_type="deepseek_v3", q_lora_rank=hidden * 3 // 4,
+        kv_lora_rank=hidden // 2, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, first_k_dense_replace=1,
+        moe=MoEConfig(num_experts=16, top_k=4, moe_intermediate_size=hidden // 4, n_group=4, topk_group=2,
+                      routed_scaling_factor=2.5),
+    )
+    target = DeepseekV3Model.random(cfg, seed=seed, std=0.05)
+    head = mtp_head(cfg)
+    head.init_random_(seed=seed + 1, std=0.05)
+    target.mtp = head.bind(target)
+    return target
+
+
 def _synchronize() -> None:
     """Wait for the accelerator (if any), so a timed run includes the work it launched."""
     accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
@@ -263,13 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, "real-vocab"],
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *MLA_WORKLOADS, "real-vocab"],
         help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
         "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
         "draft 128x1, against the greedy-only graph (fdecode/bench_sampling.py); qwen3_5-mtp / qwen3_5-self (not "
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
-        "with its random MTP head / as its own draft",
+        "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
+        "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
+        "--target HIDDENxLAYERS) with its random MTP head / as its own draft",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -301,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             continue
         target, draft, prompts = _workload(name, args.vocab, (th, tl), (dh, dl))
-        hf = None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS else _hf_pair(target, draft)
+        hf = None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS + MLA_WORKLOADS else _hf_pair(target, draft)
         for batch in args.batch:
             for k in args.k:
                 print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
@@ -325,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
 WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
 HYBRID_WORKLOADS = ("qwen3_5-mtp", "qwen3_5-self")
+MLA_WORKLOADS = ("deepseek_v3-mtp", "deepseek_v3-self")
 
 
 def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: tuple[int, int]):
@@ -340,12 +367,17 @@ def _workload(name: str, vocab: int, target_size: tuple[int, int], draft_size: t
     if name in HYBRID_WORKLOADS:
         target = qwen3_5(vocab, *target_size, seed=1)
         return target, ("mtp" if name == "qwen3_5-mtp" else target), None
+    if name in MLA_WORKLOADS:
+        target = deepseek_v3(vocab, *target_size, seed=1)
+        return target, ("mtp" if name == "deepseek_v3-mtp" else target), None
     target = llama(vocab, *target_size, seed=1)
     return target, (target if name == "draft=target" else llama(vocab, *draft_size, seed=2)), None
 
 
 def _target_of(name: str) -> str:
     """Which target a workload runs (workloads with the same one share its target-only figures)."""
+    if name in MLA_WORKLOADS:
+        return "deepseek_v3"
     return "bundled" if name.startswith("bundled") else "qwen3_5" if name in HYBRID_WORKLOADS else "llama"
 
 
