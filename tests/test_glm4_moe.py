@@ -86,11 +86,10 @@ def test_target_as_its_own_draft_accepts_every_draft() -> None:
 
 
 @pytest.mark.slow
-def test_inductor_target_as_its_own_draft_is_lossless() -> None:
-    target = from_hf(hf_glm())
-    outs, lengths = _run(_compiled(target, target, 2, backend="inductor"), PROMPTS)
+def test_inductor_mtp_head_from_a_checkpoint_folder_is_lossless(tmp_path) -> None:
+    save_glm(tmp_path)
+    outs, _ = _run(_compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS)
     assert outs == [hf_greedy(p) for p in PROMPTS]
-    assert lengths.count(3) >= len(lengths) - len(PROMPTS)
 
 
 def test_a_sharded_folder_is_read_one_tensor_at_a_time(tmp_path, monkeypatch) -> None:
@@ -150,3 +149,60 @@ def test_tensor_parallelism_refuses_moe_families_with_a_reason() -> None:
     target = from_hf(hf_glm())
     with pytest.raises(ValueError, match="tensor parallelism is not implemented for mixture-of-experts"):
         parallelize_pair(target, target, "model", tp=None)
+
+
+@pytest.mark.slow
+def test_inspect_one_graph_no_breaks_no_syncs() -> None:
+    """The MoE step with its MTP head: one graph, no break, no host sync (the routers' top-k and the
+    experts' gathers included), the fused prepare op once."""
+    target = from_hf(hf_glm())
+    target.mtp = Glm4MoeMTPHead.random(target.config, seed=4, std=0.3).bind(target)
+    step = _compiled(target, "mtp", 2, backend="aot_eager")
+    state = step.prefill(list(PROMPTS[:2]), max_new_tokens=NEW, temperature=[0.0, 0.8], top_k=[0, 5])
+    report = fdecode.inspect(step, state)
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert report.host_syncs == []
+
+
+@pytest.mark.slow
+def test_random_sampling_follows_the_filtered_target() -> None:
+    """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs of
+    the GLM MoE target with its MTP head, K = 2: a chi-square test against the exact distribution."""
+    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+
+    from fdecode.models.glm4_moe import Glm4MoeConfig
+    from fdecode.models.moe_config import MoEConfig
+
+    v = 5
+    cfg = Glm4MoeConfig(vocab_size=v, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2, num_kv_heads=1,
+                        head_dim=8, attention_bias=True, model_type="glm4_moe", mtp_num_layers=1,
+                        moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1))
+    target = Glm4MoeModel.random(cfg, seed=11, std=0.6)
+    target.mtp = Glm4MoeMTPHead.random(cfg, seed=12, std=0.6).bind(target)
+    lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
+    step = fdecode.compile(target, "mtp", fdecode.DecodeConfig(num_draft_tokens=2, max_batch=lanes, max_seq_len=8,
+                                                                block_size=4, backend="eager"))
+
+    def dist(seq):
+        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
+        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+
+    p1 = dist(prompt)
+    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(v)]).flatten()
+    samples = torch.cat([
+        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
+                                      **params))
+        for b in range(8)
+    ])
+    counts = torch.bincount(samples[:, 0] * v + samples[:, 1], minlength=v**2)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+
+
+def test_save_hf_refuses_glm_and_says_how_to_save_it(tmp_path) -> None:
+    from fdecode.models import save_hf
+
+    with pytest.raises(ValueError, match="Glm4MoeForCausalLM.save_pretrained"):
+        save_hf(from_hf(hf_glm()), tmp_path)
+    assert not any(tmp_path.iterdir())

@@ -277,8 +277,8 @@ def save_hf(model: LlamaModel, folder: str | os.PathLike, *, mtp: bool = True) -
     cfg = model.config
     if cfg.model_type not in ARCHITECTURES:
         raise ValueError(
-            f"save_hf writes Llama-family checkpoints ({sorted(ARCHITECTURES)}), not {cfg.model_type!r}: save a "
-            "Qwen3.5 model with transformers (Qwen3_5ForCausalLM.save_pretrained), which from_hf reads back"
+            f"save_hf writes Llama-family checkpoints ({sorted(ARCHITECTURES)}), not {cfg.model_type!r}: save it "
+            "with transformers (e.g. Qwen3_5ForCausalLM / Glm4MoeForCausalLM.save_pretrained), which from_hf reads back"
         )
     if cfg.model_type == "qwen2" and not cfg.attention_bias:
         raise ValueError("a qwen2 checkpoint always has q/k/v biases; this model has none")

@@ -19,8 +19,8 @@ Cost follows the experts the tokens use, not E: for the P = N * K (token, slot) 
 picked, the block gathers those experts' weight matrices and runs one batched matmul per projection
 (`Experts.forward`); E only sizes the router's logits. No capacity, no token dropped, no host sync, no
 data-dependent shape: the decode step (N = B * (K+1) rows) computes exactly what transformers does.
-Rows are processed in chunks whose gathered weights stay under `GATHER_BUDGET` elements (a long
-prefill never gathers more at once).
+Rows are processed in chunks whose gathered weights stay under `GATHER_BUDGET` elements, or of one
+row where a row's K experts alone exceed it (a long prefill never gathers more at once).
 
 Sums are float32: each expert's output (model dtype) times its float32 weight, summed over the K
 slots, cast back once; transformers accumulates per expert in the model dtype (the same in float32).
