@@ -103,8 +103,9 @@ def per_head_context_nodes(graphs, *, window: int, heads: int, nope: int, rope: 
 
 
 def test_decode_attention_never_materialises_per_head_keys_over_the_context() -> None:
-    """The captured step (verify, draft forwards over a 40-token window): no tensor over the window has a
-    per-head key or value width; the detector itself flags the expanded form (kv_b_proj over the latents)."""
+    """The captured step (verify, draft forwards over a 40-token window) is one graph, no break, no host
+    sync, the fused op once, and no tensor over the window has a per-head key or value width; the
+    detector itself flags the expanded form (kv_b_proj over the latents)."""
     cfg = DeepseekV3Config(**GRAPH_MLA)
     model = DeepseekV3Model.random(cfg, seed=3, std=0.3)
     step = fdecode.compile(model, model, fdecode.DecodeConfig(
@@ -112,7 +113,8 @@ def test_decode_attention_never_materialises_per_head_keys_over_the_context() ->
         dtype=torch.float32, backend="aot_eager"))
     state = step.prefill([[1, 2, 3, 4, 5], [6, 7]], max_new_tokens=4)
     report = fdecode.inspect(step, state, context=40)
-    assert report.graph_count == 1 and report.host_syncs == []
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+    assert report.host_syncs == [] and report.op_counts["fdecode::prepare_next_draft"] == 1
     dims = dict(window=40, heads=4, nope=14, rope=8, value=6)
     assert per_head_context_nodes(report.graphs, **dims) == []
     assert report.op_counts.get("aten::bmm", 0) > 0  # the latent products are in the graph
@@ -137,5 +139,7 @@ def test_config_errors_are_clear() -> None:
         config_from_hf({**hf, "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="topk_method"):
         config_from_hf({**hf, "topk_method": "group_limited_greedy"})
+    with pytest.raises(ValueError, match="quantized checkpoints are not supported"):
+        config_from_hf({**hf, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
     with pytest.raises(ValueError, match="RoPE type"):
         config_from_hf({**hf, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}})

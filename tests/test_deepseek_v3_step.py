@@ -2,8 +2,9 @@
 
 Lossless greedy against transformers' generate with the MTP head loaded from a sharded checkpoint
 folder in DeepSeek's layout (K = 3) and with the target as its own draft (K = 2, every draft
-accepted), eager and inductor; exact-distribution sampling; the Engine; inspect; context buckets;
-the baselines; backend, kernel and tensor-parallel refusals; a bad MTP layer.
+accepted), eager and inductor; exact-distribution sampling; the Engine; context buckets;
+the baselines; backend, kernel and tensor-parallel refusals; a bad MTP layer. (`fdecode.inspect` of
+the step: tests/test_deepseek_v3.py, with the check that no per-head keys are formed.)
 """
 
 from __future__ import annotations
@@ -22,27 +23,12 @@ from fdecode.models.nextn_mtp import NextNMTPHead
 from deepseek_models import (
     NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
 )
-
-
-def run(step, prompts=PROMPTS, new=NEW):
-    """Committed tokens per prompt and the accepted length of every (lane, step) of a live lane."""
-    state = step.prefill([list(p) for p in prompts], max_new_tokens=new)
-    outs, lengths, out, first = [[] for _ in prompts], [], state.step_output, True
-    while True:
-        for lane in range(len(prompts)):
-            n = int(out.num_tokens[lane])
-            outs[lane] += out.tokens[lane, :n].tolist()
-            if n and not first:
-                lengths.append(n)
-        if bool(out.finished[: len(prompts)].all()):
-            return outs, lengths
-        state, out = step(state)
-        first = False
+from hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
 
 
 def test_target_as_its_own_draft_accepts_every_draft() -> None:
     target = deepseek_target()
-    outs, lengths = run(compiled(target, target, 2))
+    outs, lengths, _ = run(compiled(target, target, 2), PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
     assert lengths.count(3) >= len(lengths) - len(PROMPTS) and all(n <= 3 for n in lengths)
 
@@ -53,7 +39,7 @@ def test_mtp_head_from_a_sharded_checkpoint_folder_is_lossless(tmp_path) -> None
     assert isinstance(step.draft, NextNMTPHead) and step.draft_kind == "mtp"
     assert step.draft.kv_config.kv_shape(8) == (1, 1, 8, 1, 24)  # one MLA layer: its own latent cache
     assert type(step.draft.layer.mlp).__name__ == "DeepseekMoE"  # layer num_hidden_layers >= first_k_dense_replace
-    outs, _ = run(step)
+    outs, _, _ = run(step, PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
 
@@ -72,19 +58,8 @@ def test_an_mtp_layer_of_the_wrong_shape_is_refused(tmp_path) -> None:
 @pytest.mark.slow
 def test_inductor_mtp_head_is_lossless(tmp_path) -> None:
     save_with_mtp(tmp_path, random_mtp_state())
-    outs, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"))
+    outs, _, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
-
-
-def test_inspect_one_graph_no_breaks_no_syncs() -> None:
-    target = deepseek_target()
-    step = compiled(target, target, 2, backend="aot_eager")
-    state = step.prefill([list(PROMPTS[0]), list(PROMPTS[1])], max_new_tokens=NEW, temperature=[0.0, 0.8],
-                         top_k=[0, 5])
-    report = fdecode.inspect(step, state)
-    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
-    assert report.op_counts["fdecode::prepare_next_draft"] == 1
-    assert report.host_syncs == []
 
 
 def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:

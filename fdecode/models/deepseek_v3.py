@@ -61,6 +61,13 @@ def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
     """DeepseekV3Config from a config.json dict of a DeepSeek-V3 checkpoint (transformers 4 or 5 names)."""
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    quant = hf.get("quantization_config")
+    if quant:  # DeepSeek-V3's own release: fp8 weights with per-block weight_scale_inv tensors
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ValueError(
+            f"quantized checkpoints are not supported (quantization_config {method!r}): fdecode reads float "
+            "weights; dequantize the checkpoint to bf16 first"
+        )
     num_layers, heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
     first_dense = int(hf.get("first_k_dense_replace") if hf.get("first_k_dense_replace") is not None else 3)
     rope_theta, rope_scaling = _rope_from_hf(hf)
