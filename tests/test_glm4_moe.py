@@ -14,6 +14,7 @@ from fdecode.models.checkpoint import CheckpointTensors
 from fdecode.models.dense import dense_forward
 from fdecode.models.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
 from glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
+from hybrid_models import compiled, run
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -47,40 +48,19 @@ def test_incremental_decode_through_the_paged_cache_matches_transformers(chunk: 
         start = stop
 
 
-def _compiled(target, draft, k: int, backend: str = "eager"):
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=4, max_seq_len=64, block_size=4, backend=backend)
-    return fdecode.compile(target, draft, cfg)
-
-
-def _run(step, prompts):
-    """Committed tokens per prompt and the accepted length of every decode step of a live lane."""
-    state = step.prefill(list(prompts), max_new_tokens=NEW)
-    outs, lengths, out, first = [[] for _ in prompts], [], state.step_output, True
-    while True:
-        for lane in range(len(prompts)):
-            n = int(out.num_tokens[lane])
-            outs[lane] += out.tokens[lane, :n].tolist()
-            if n and not first:
-                lengths.append(n)
-        if bool(out.finished[: len(prompts)].all()):
-            return outs, lengths
-        state, out = step(state)
-        first = False
-
-
 def test_mtp_head_from_a_sharded_checkpoint_in_glm_layout_is_lossless(tmp_path) -> None:
     weight_map = save_glm(tmp_path)
     assert len(set(weight_map.values())) > 2 and "model.layers.3.mlp.experts.7.down_proj.weight" in weight_map
-    step = _compiled(str(tmp_path), "mtp", 3)
+    step = compiled(str(tmp_path), "mtp", 3)
     assert isinstance(step.draft, Glm4MoeMTPHead) and step.draft_kind == "mtp"
     assert step.draft.layer.mlp.__class__.__name__ == "DeepseekMoE"  # the MTP layer is an MoE layer
-    outs, _ = _run(step, PROMPTS)
+    outs, _, _ = run(step, PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
 
 def test_target_as_its_own_draft_accepts_every_draft() -> None:
     target = from_hf(hf_glm())
-    outs, lengths = _run(_compiled(target, target, 2), PROMPTS)
+    outs, lengths, _ = run(compiled(target, target, 2), PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
     assert lengths.count(3) >= len(lengths) - len(PROMPTS) and all(n <= 3 for n in lengths)
 
@@ -88,7 +68,7 @@ def test_target_as_its_own_draft_accepts_every_draft() -> None:
 @pytest.mark.slow
 def test_inductor_mtp_head_from_a_checkpoint_folder_is_lossless(tmp_path) -> None:
     save_glm(tmp_path)
-    outs, _ = _run(_compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS)
+    outs, _, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
 
@@ -157,7 +137,7 @@ def test_inspect_one_graph_no_breaks_no_syncs() -> None:
     experts' gathers included), the fused prepare op once."""
     target = from_hf(hf_glm())
     target.mtp = Glm4MoeMTPHead.random(target.config, seed=4, std=0.3).bind(target)
-    step = _compiled(target, "mtp", 2, backend="aot_eager")
+    step = compiled(target, "mtp", 2, backend="aot_eager")
     state = step.prefill(list(PROMPTS[:2]), max_new_tokens=NEW, temperature=[0.0, 0.8], top_k=[0, 5])
     report = fdecode.inspect(step, state)
     assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
@@ -169,7 +149,7 @@ def test_inspect_one_graph_no_breaks_no_syncs() -> None:
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs of
     the GLM MoE target with its MTP head, K = 2: a chi-square test against the exact distribution."""
-    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+    from test_sampling import assert_two_new_tokens_follow_the_target
 
     from fdecode.models.glm4_moe import Glm4MoeConfig
     from fdecode.models.moe_config import MoEConfig
@@ -181,23 +161,8 @@ def test_random_sampling_follows_the_filtered_target() -> None:
     target = Glm4MoeModel.random(cfg, seed=11, std=0.6)
     target.mtp = Glm4MoeMTPHead.random(cfg, seed=12, std=0.6).bind(target)
     lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
-    step = fdecode.compile(target, "mtp", fdecode.DecodeConfig(num_draft_tokens=2, max_batch=lanes, max_seq_len=8,
-                                                                block_size=4, backend="eager"))
-
-    def dist(seq):
-        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
-        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
-
-    p1 = dist(prompt)
-    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(v)]).flatten()
-    samples = torch.cat([
-        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
-                                      **params))
-        for b in range(8)
-    ])
-    counts = torch.bincount(samples[:, 0] * v + samples[:, 1], minlength=v**2)
-    assert chi2_pvalue(counts, expected) > ALPHA
-    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+    step = compiled(target, "mtp", 2, max_batch=lanes, max_seq_len=8)
+    assert_two_new_tokens_follow_the_target(step, target, prompt, params, vocab=v, lanes=lanes)
 
 
 def test_save_hf_refuses_glm_and_says_how_to_save_it(tmp_path) -> None:

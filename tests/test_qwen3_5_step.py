@@ -14,7 +14,6 @@ import transformers
 
 import fdecode
 from fdecode.models import from_hf
-from fdecode.models.dense import dense_forward
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.hybrid_mtp import HybridMTPHead
@@ -141,27 +140,13 @@ TINY_HYBRID = HybridConfig(
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lanes-runs,
     K = 2 with a draft that agrees only partly: a chi-square test against the exact distribution."""
-    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+    from test_sampling import assert_two_new_tokens_follow_the_target
 
     target = HybridModel.random(TINY_HYBRID, seed=11, std=0.6)
     draft = near_copy(target, noise=0.6)
     lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
     step = compiled(target, draft, 2, max_batch=lanes, max_seq_len=8)
-
-    def dist(seq):
-        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
-        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
-
-    p1 = dist(prompt)
-    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(SAMPLING_V)]).flatten()
-    samples = torch.cat([
-        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
-                                      **params))
-        for b in range(8)
-    ])
-    counts = torch.bincount(samples[:, 0] * SAMPLING_V + samples[:, 1], minlength=SAMPLING_V**2)
-    assert chi2_pvalue(counts, expected) > ALPHA
-    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+    assert_two_new_tokens_follow_the_target(step, target, prompt, params, vocab=SAMPLING_V, lanes=lanes)
 
 
 @pytest.mark.slow

@@ -180,6 +180,29 @@ def reference_filter(logits, temperature, top_k, top_p, min_p):
     return probs / probs.sum()
 
 
+def assert_two_new_tokens_follow_the_target(step, target, prompt, params, *, vocab: int, lanes: int, runs: int = 8):
+    """Two new tokens after `prompt`, from `runs` x `lanes` seeded lane-runs of `step` (lanes <= its max_batch),
+    against the exact filtered distribution of `target` over the vocab**2 outcomes (enumerated with
+    whole-sequence forwards): a chi-square test, and no outcome the filters exclude."""
+    import fdecode
+    from fdecode.models.dense import dense_forward
+
+    def dist(seq):
+        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
+        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+
+    p1 = dist(prompt)
+    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(vocab)]).flatten()
+    samples = torch.cat([
+        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
+                                      **params))
+        for b in range(runs)
+    ])
+    counts = torch.bincount(samples[:, 0] * vocab + samples[:, 1], minlength=vocab**2)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+
+
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p", "min_p"),
     [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.2), (0.5, 5, 0.6, 0.05), (1.0, 100, 0.95, 0.0)],

@@ -21,7 +21,7 @@ from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers import DecoderLayer, RMSNorm
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import Family, _rename, _rope_from_hf
+from fdecode.models.loading import Family, _rename, _rope_from_hf, shape_fields
 from fdecode.models.moe import feed_forward
 from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
 from fdecode.models.nextn_mtp import NextNMTPHead
@@ -67,15 +67,8 @@ def config_from_hf(hf: dict[str, object]) -> Glm4MoeConfig:
     rope = dict(hf.get("rope_parameters") or {})
     partial = float(rope.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or _DEFAULT_PARTIAL_ROTARY)
     rope_theta, rope_scaling = _rope_from_hf({**hf, "rope_parameters": rope})
-    heads = int(hf["num_attention_heads"])
     cfg = Glm4MoeConfig(
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=int(hf["hidden_size"]),
-        intermediate_size=int(hf["intermediate_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+        **shape_fields(hf),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,

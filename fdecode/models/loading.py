@@ -60,17 +60,9 @@ def config_from_hf(hf: dict[str, object]) -> ModelConfig:
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
     if hf.get("mlp_bias") or hf.get("use_sliding_window"):
         raise ValueError("mlp_bias and sliding-window attention are not supported")
-    heads = int(hf["num_attention_heads"])
-    head_dim = hf.get("head_dim") or (_QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else None)
     rope_theta, rope_scaling = _rope_from_hf(hf)
     cfg = ModelConfig(
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=int(hf["hidden_size"]),
-        intermediate_size=int(hf["intermediate_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim or int(hf["hidden_size"]) // heads),
+        **shape_fields(hf, default_head_dim=_QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else None),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
@@ -83,6 +75,22 @@ def config_from_hf(hf: dict[str, object]) -> ModelConfig:
     )
     rope_inv_freq(cfg)  # refuse unsupported RoPE types now rather than at the first forward
     return cfg
+
+
+def shape_fields(hf: dict[str, object], *, default_head_dim: int | None = None) -> dict[str, int]:
+    """The ModelConfig sizes every decoder family reads alike from config.json: vocabulary, hidden and MLP
+    sizes, layers, heads (KV heads default to the query heads), head_dim (`default_head_dim`, else
+    hidden_size / heads, where config.json has none)."""
+    heads = int(hf["num_attention_heads"])
+    return dict(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or default_head_dim or int(hf["hidden_size"]) // heads),
+    )
 
 
 def _rope_from_hf(hf: dict[str, object]) -> tuple[float, tuple[tuple[str, object], ...] | None]:
