@@ -3,8 +3,8 @@
     python examples/local_checkpoint.py TARGET_DIR [--draft DRAFT_DIR | --draft mtp] [--prompt TEXT]
     python examples/local_checkpoint.py fdecode/assets/tiny-stdlib --draft fdecode/assets/tiny-stdlib-draft
 
-Compiles the step up front (it says so: tens of seconds per attention window on a CPU, cached for
-later runs), generates, and prints the text, the speed and the mean accepted length (tokens each
+Compiles the step up front (it says so, with a progress bar: tens of seconds on a CPU for the one
+graph that serves every attention window, cached for later runs), generates, and prints the text, the speed and the mean accepted length (tokens each
 step commits: 1 .. K + 1).
 
 TARGET_DIR: config.json + *.safetensors (+ tokenizer files) of a Llama / Qwen2 / Qwen3 model; with

@@ -52,6 +52,9 @@ class DecodeConfig:
     # Attention windows (tokens) with a graph each; a step attends over the smallest window that holds every
     # position it can touch. None: 256, 512, ... up to max_seq_len. Rounded up to whole blocks.
     context_buckets: tuple[int, ...] | None = None
+    # One graph per sampling plan for every window of 2 blocks or more (the window's width a symbolic size),
+    # where the backend can (`fdecode.graphs.backends.DYNAMIC_WINDOW`); False: a graph per window everywhere.
+    dynamic_window: bool = True
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
@@ -73,6 +76,8 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
         if isinstance(self.top_k_candidates, bool) or not isinstance(self.top_k_candidates, int) or self.top_k_candidates < 0:
             raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
+        if not isinstance(self.dynamic_window, bool):
+            raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.torchair_mode not in TORCHAIR_MODES:

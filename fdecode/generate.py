@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tqdm.auto import tqdm
-
 from fdecode.params import PerPrompt, SamplingParams, request_params
 from fdecode.prefill import Prompts, check_prompt, prompt_rows
+from fdecode.progress import bar as progress_bar
 from fdecode.runtime.engine import Engine
 
 # Show a progress bar by default when a call may commit at least this many tokens.
@@ -59,7 +58,7 @@ def generate(
     outputs = {rid: [] for rid in ids}
     total = sum(engine._requests[rid].budget for rid in ids)  # noqa: SLF001 - the budgets it checked
     show = progress if progress is not None else total >= PROGRESS_MIN_TOKENS
-    with tqdm(total=total, disable=not show, unit="tok", desc="fdecode") as bar:
+    with progress_bar(total=total, disable=not show, unit="tok", desc="fdecode") as bar:
         for event in engine.stream():
             outputs[event.request_id].extend(event.new_tokens)
             bar.update(len(event.new_tokens))

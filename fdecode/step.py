@@ -25,7 +25,7 @@ from fdecode.models.mtp import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
-from fdecode.ops.paging import slot_of
+from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.random import uniform
@@ -53,19 +53,21 @@ def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def decode_step(
-    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | None = None,
+    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
     plan: SamplingPlan | None = None,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
 
     context_blocks: attend over the first `context_blocks` blocks of each lane only (a context bucket,
     `DecodeConfig.bucket_for`); it must hold every position up to max(base_pos) + 2K. None: whole lanes.
+    Or a [n, 0] tensor whose length n is the window (`fdecode.ops.paging.window_columns`): the one graph
+    of every window reads n as a symbolic size.
     plan: the sampling code to run (`fdecode.ops.plan`); it must be exact for every active lane's
     parameters. None: `general_plan(cfg)`.
     """
     plan = general_plan(cfg) if plan is None else plan
     window = cfg.W
-    context = state.block_tables[:, :context_blocks]  # [B, context_blocks]: what attention reads
+    context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]: what attention reads
     positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
     slots = torch.where(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
@@ -144,12 +146,12 @@ def advance(
     remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
     finished: torch.Tensor,  # [B] bool
     overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
-    context_blocks: int | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
+    context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
 ) -> DecodeState:
     """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
     batch, window = accepted.shape
-    context = state.block_tables[:, :context_blocks]  # [B, context_blocks]
+    context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]
     bs = cfg.block_size
     width = hidden.shape[-1]
     placeholder = hidden.new_zeros(width)

@@ -4,7 +4,9 @@ The window is picked on the host from `state.max_position`, an upper bound it
 tracks without reading the device. These tests pin that the choice is never
 too small (an attention read cut short would silently change the output), that
 outputs equal transformers' greedy output across windows and across a switch in
-the middle of a generation, and that each window is one graph that never recompiles.
+the middle of a generation, that one graph serves every window (nothing compiles
+after the first token) or, with `dynamic_window=False`, that each window is one
+graph that never recompiles, and that every compile is announced.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 import fdecode
 from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
+from torch._dynamo.utils import counters
 
 BUCKETS = (16, 32, 48)  # tokens; max_seq_len 100 adds the whole lane (100) as the last window
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
@@ -126,14 +129,16 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     # Greedy-only: one plan, so one graph per window (each sampling plan adds a graph per window).
-    step = fdecode.compile(target, draft, config(2, backend="aot_eager", sampling=False), warmup=True)
+    cfg = config(2, backend="aot_eager", sampling=False, dynamic_window=False)
+    step = fdecode.compile(target, draft, cfg, warmup=True)
+    assert not step.dynamic_window and len(step._graphs) == 4
     times = step.compile_seconds
     assert set(times) == set(step.buckets) == {16, 32, 48, 100}
     state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
     for context in step.buckets:
         report = fdecode.inspect(step, state, context=context)
         assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
-        assert report.context == context
+        assert report.context == context and not report.dynamic_window
         assert report.op_counts["fdecode::prepare_next_draft"] == 1
         # The attention masks [B, 1, Q, S] (Q = W rows of the verify, 2 of the first draft forward, 1 after)
         # have exactly `context` key columns.
@@ -202,3 +207,90 @@ def test_prefill_attends_over_the_prompts_window_not_the_lane(monkeypatch) -> No
     engine.add_request([3, 4], max_new_tokens=8)
     engine.step()  # the step (48) and the admission of [3, 4] (16)
     assert 16 in widths and 100 not in widths, widths
+
+
+def compiles() -> int:
+    """Dynamo graphs compiled in this process so far (a recompile counts as one more)."""
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(dynamic) -> None:
+    """One graph for every window: the stream's first token waits for its one compile, and crossing
+    into the 48- and 100-token windows compiles nothing. With a graph per window (dynamic_window=False,
+    what every backend did before) each crossing compiles, which this count sees."""
+    target = fdecode_target(2)
+    step = fdecode.compile(
+        target, independent_draft("partial", target), config(2, backend="aot_eager", sampling=False, dynamic_window=dynamic)
+    )
+    assert step.dynamic_window is dynamic
+    calls = recording(step)
+    engine = fdecode.Engine(step)
+    engine.add_request(list(PROMPTS[2]), max_new_tokens=40)
+    before, first, tokens = compiles(), None, []
+    for event in engine.stream():
+        tokens += event.new_tokens
+        if first is None and tokens:
+            first = compiles()  # the count when the first token arrives
+    assert tokens == hf_greedy(PROMPTS[2], 40)
+    windows = sorted({w for _, w in calls})
+    assert windows == [32, 48, 100], windows  # it crossed two windows after its first
+    assert first - before == 1
+    if dynamic:
+        assert compiles() == first and len(step._graphs) == 1
+        state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
+        for context in (16, 100):  # the smallest window and the whole lane: the same graph
+            report = fdecode.inspect(step, state, context=context)
+            assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+            assert report.dynamic_window and report.recompiles == 0
+            assert report.op_counts["fdecode::prepare_next_draft"] == 1
+            # The attention masks' key columns are a symbol: block_size times the window's blocks.
+            key_columns = {
+                str(n.meta["val"].shape[-1])
+                for g in report.graphs for n in g.graph.nodes
+                if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
+                and n.meta["val"].dim() == 4 and n.meta["val"].shape[2] in (3, 2, 1)
+            }
+            assert len(key_columns) == 1 and not key_columns.pop().isdigit()
+    else:
+        assert compiles() - first == 2 and len(step._graphs) == 3
+
+
+def test_a_window_of_one_block_has_a_graph_of_its_own() -> None:
+    """Dynamo specializes sizes 0 and 1, so a 1-block window cannot share the symbolic graph; a step with
+    fewer than two windows of 2+ blocks has nothing to share."""
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    step = fdecode.compile(target, draft, config(backend="aot_eager", block_size=16, context_buckets=(16, 32, 64)))
+    assert step.dynamic_window and [step.graph_window(n) for n in step.config.bucket_blocks] == [1, None, None, None]
+    one = fdecode.compile(target, draft, config(backend="aot_eager", block_size=16, context_buckets=(16,)))
+    assert one.config.bucket_blocks == (1, 7) and not one.dynamic_window
+    assert not fdecode.compile(target, draft, config(backend="eager")).dynamic_window  # eager compiles nothing
+    with pytest.raises(ValueError, match="dynamic_window"):
+        config(dynamic_window="yes")
+
+
+def test_every_compile_is_announced_in_one_line(capsys) -> None:
+    """A graph's first call says it compiles (stderr, one line); running it in another window says
+    nothing more; announce=False is silent; warm-up shows a progress bar over the windows."""
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    step = fdecode.compile(target, draft, config(backend="aot_eager", sampling=False))
+    state = step.prefill([list(PROMPTS[2])], max_new_tokens=40)
+    state, _ = step(state)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "fdecode: compiling the decode step (aot_eager, greedy sampling plan, one graph for every window up to 100 "
+        "tokens); the first call waits for it, once per process (step.warmup() compiles every graph up front)"
+    ]
+    while step.config.bucket_for(state.max_position) * 4 == 32:  # on into the next window: nothing compiles
+        state, _ = step(state)
+    state, _ = step(state)
+    assert len(step.compile_seconds) == 2 and capsys.readouterr().err == ""
+    step.warmup()  # the other windows only run: a bar over the 4 windows, no compile line
+    err = capsys.readouterr().err
+    assert "fdecode: compiling" in err and "4/4" in err and "the first call waits" not in err
+    quiet = fdecode.compile(target, draft, config(backend="aot_eager", sampling=False), announce=False)
+    quiet.warmup()
+    assert capsys.readouterr().err == ""

@@ -38,6 +38,11 @@ PREFERENCE = ("cudagraphs", "torchair", "inductor", "eager")
 DEVICE_BOUND = {"cudagraphs": "cuda", "torchair": "npu"}
 # Backends that replay captured graphs: their KV leaves keep one address (marked static: no copy, no re-record).
 STATIC_KV = frozenset({"cudagraphs", "torchair"})
+# Backends that compile one graph for every attention window (`DecodeConfig.dynamic_window`): the window's
+# width is a symbolic size (`torch._dynamo.mark_dynamic`), so crossing into a wider window compiles nothing;
+# CUDA graph trees record one replay per window width. torchair keeps a graph per window: GE graphs need
+# static shapes, and the NPU attention kernel takes the window's length as a host integer.
+DYNAMIC_WINDOW = frozenset({"aot_eager", "inductor", "cudagraphs"})
 
 Check = Callable[[DecodeConfig, torch.nn.Module, torch.nn.Module, str], "str | None"]
 

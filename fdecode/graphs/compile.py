@@ -10,13 +10,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.graphs.backends import STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend
+from fdecode.graphs.backends import (
+    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend,
+)
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, new_kv, prefill
+from fdecode.progress import bar, notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves
@@ -28,6 +31,32 @@ def fresh_code(fn: Callable, name: str) -> Callable:
     up to `cache_size_limit`) per code object; giving every Step its own means two steps with
     different configs never evict each other or count as each other's recompiles."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def pure_step(target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan) -> Callable:
+    """The pure step for a window of `blocks` blocks, or (None) for any window: then it takes the window
+    as a second argument, a [blocks, 0] tensor (`window_width`) whose length the graph reads as a symbolic
+    size. A code object of its own (`fresh_code`) per window and plan."""
+    name = "".join(c if c.isalnum() else "_" for c in plan.name)
+    if blocks is None:
+
+        def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
+            return decode_step(target, draft, config, state, context_blocks=width, plan=plan)
+
+        return fresh_code(any_window, f"fdecode_step_any_window_{name}")
+
+    def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
+        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan)
+
+    return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
+
+
+def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
+    """The window argument of the graph of every window: [blocks, 0] (no memory) on the step's device,
+    its length marked dynamic from 2 blocks to the whole lane, so one compile serves every window."""
+    width = torch.empty((blocks, 0), dtype=torch.int8, device=config.device)
+    torch._dynamo.mark_dynamic(width, 0, min=2, max=config.blocks_per_lane)
+    return width
 
 
 class Step:
@@ -45,14 +74,19 @@ class Step:
     Context buckets and sampling plans: a step attends over the smallest window that holds every
     position it can touch, chosen on the host from `state.max_position` (an upper bound the host
     tracks without reading the device), and runs the cheapest sampling plan exact for its lanes
-    (`plan_for`, from the host's record of their parameters, `state.lane_sampling`). Each (window,
-    plan) is a graph of its own, compiled on first use (or all at once by `warmup()`); switching
-    picks another graph and never recompiles one.
+    (`plan_for`, from the host's record of their parameters, `state.lane_sampling`). Each plan is a
+    graph of its own, compiled on first use (or all at once by `warmup()`); switching plans picks
+    another graph and never recompiles one. Where `dynamic_window` is True (`DecodeConfig.dynamic_window`
+    and a backend in `DYNAMIC_WINDOW`), one graph per plan serves every window of 2 blocks or more: its
+    window width is a symbolic size, so a stream crossing into a wider window compiles nothing (a
+    window of 1 block has a graph of its own: Dynamo specializes sizes 0 and 1). Elsewhere each
+    (window, plan) is a graph. `announce` (default True): each compile says so on stderr in one line,
+    and `warmup()` shows a progress bar.
     """
 
     def __init__(
         self, target, draft, config: DecodeConfig, *, draft_kind: str, backend: str, fallback_reason: str | None,
-        attention_reason: str | None = None,
+        attention_reason: str | None = None, announce: bool = True,
     ):
         self.target = target
         self.draft = draft
@@ -65,14 +99,21 @@ class Step:
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
-        self._graphs: dict[tuple[int, SamplingPlan], Callable] = {}
+        self.announce = announce
+        # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
+        self.dynamic_window = (
+            config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
+        )
+        # (window in blocks, or None: the graph of every window of 2+ blocks; plan) -> what runs
+        self._graphs: dict[tuple[int | None, SamplingPlan], Callable] = {}
+        self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = self._pure(config.blocks_per_lane, general_plan(config))
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """Attention windows, in tokens, that this step has a graph for (compiled lazily)."""
+        """Attention windows, in tokens, that this step can attend over (their graphs compiled lazily)."""
         return tuple(n * self.config.block_size for n in self.config.bucket_blocks)
 
     @property
@@ -91,31 +132,57 @@ class Step:
             return general_plan(cfg)
         return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates)
 
-    def _pure(self, blocks: int, plan: SamplingPlan) -> Callable:
-        target, draft, config = self.target, self.draft, self.config
+    def graph_window(self, blocks: int) -> int | None:
+        """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
+        else `blocks` (a graph of its own)."""
+        return None if self.dynamic_window and blocks >= 2 else blocks
 
-        def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan)
+    def _pure(self, blocks: int | None, plan: SamplingPlan) -> Callable:
+        return pure_step(self.target, self.draft, self.config, blocks, plan)
 
-        # A code object per window and plan: each is its own Dynamo cache entry, never a recompile of another.
-        name = "".join(c if c.isalnum() else "_" for c in plan.name)
-        return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
+    def window_width(self, blocks: int) -> torch.Tensor:
+        """The dynamic graph's window argument for `blocks` blocks (`window_width`), made once."""
+        width = self._widths.get(blocks)
+        if width is None:
+            width = self._widths[blocks] = window_width(self.config, blocks)
+        return width
 
     def _graph(self, blocks: int, plan: SamplingPlan) -> Callable:
         """The step for a window of `blocks` blocks and a sampling plan, captured on first use."""
-        graph = self._graphs.get((blocks, plan))
+        key = self.graph_window(blocks)
+        graph = self._graphs.get((key, plan))
         if graph is None:
-            graph = self._graphs[blocks, plan] = capture(self.backend, self._pure(blocks, plan), self.config)
-        return graph
+            graph = self._graphs[key, plan] = capture(self.backend, self._pure(key, plan), self.config)
+        if key is not None:
+            return graph
+        width = self.window_width(blocks)
+        return lambda state: graph(state, width)
+
+    def _announce_compile(self, blocks: int, plan: SamplingPlan) -> None:
+        """One line on stderr before a graph compiles (its first call), so a pause is never silent."""
+        if self.backend == "eager" or (self.graph_window(blocks), plan) in self._graphs:
+            return
+        windows = (
+            f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
+            else f"the {blocks * self.config.block_size}-token window's graph"
+        )
+        notice(
+            f"compiling the decode step ({self.backend}, {plan.name} sampling plan, {windows}); "
+            "the first call waits for it, once per process (step.warmup() compiles every graph up front)"
+        )
 
     def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
         self.check_state(state)
         return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state))
 
-    def _run(self, state: DecodeState, blocks: int, plan: SamplingPlan) -> tuple[DecodeState, StepOutput]:
+    def _run(
+        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False
+    ) -> tuple[DecodeState, StepOutput]:
         cfg = self.config
         window = blocks * cfg.block_size
         first = (window, plan.name) not in self.plan_compile_seconds
+        if self.announce and not quiet:
+            self._announce_compile(blocks, plan)
         start = time.perf_counter()
         with torch.no_grad():
             new_state, out = self._graph(blocks, plan)(state)
@@ -128,19 +195,25 @@ class Step:
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
 
-    def warmup(self, plans: Sequence[SamplingPlan] | None = None) -> dict[int, float]:
+    def warmup(self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None) -> dict[int, float]:
         """Capture every window's graph for each of `plans` (None: all of `self.plans`) now, on a
         throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
+        progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
-        captured with (graph replay records nothing new).
+        captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
+        first window and its other windows only run (CUDA graph trees record a replay for each).
         """
         cfg = self.config
+        runs = [(blocks, plan) for plan in (self.plans if plans is None else plans) for blocks in cfg.bucket_blocks]
+        show = (self.announce if progress is None else progress) and self.backend != "eager"
         state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
-        for blocks in cfg.bucket_blocks:
-            for plan in self.plans if plans is None else plans:
-                state, _ = self._run(state, blocks, plan)
+        with bar(total=len(runs), desc="fdecode: compiling", unit="window", disable=not show) as shown:
+            for blocks, plan in runs:
+                shown.set_postfix_str(f"{plan.name}, {blocks * cfg.block_size}-token window")
+                state, _ = self._run(state, blocks, plan, quiet=True)
+                shown.update(1)
         return dict(self.compile_seconds)
 
     def _new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,6 +314,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     fallback: bool = False,
     tp_group: torch.distributed.ProcessGroup | None = None,
     warmup: bool = False,
+    announce: bool = True,
 ) -> Step:
     """Bind `target` and `draft` to `config` and capture the decode step.
 
@@ -249,7 +323,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     The models are left as they are: `config.dtype="auto"` / `config.device=None` take the target's
     own (`step.config` holds the resolved values); the step shares each parameter that already has
     its dtype and device and converts a copy of any other (`fdecode.models.resolve.owned`).
-    warmup: capture every context window's graph now (`Step.warmup`) instead of on first use.
+    warmup: capture every context window's graph now (`Step.warmup`, with a progress bar) instead of
+        on first use.
+    announce: say on stderr (one line) when a graph compiles, and show warm-up's progress bar.
     fallback: run the best eligible backend (and say why in `step.fallback_reason`) instead of
         raising when the requested backend cannot capture this configuration.
     tp_group: the process group of a tensor-parallel step (`config.tp_size` ranks, one step per
@@ -273,7 +349,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     step = Step(
         target_model, draft_model, config, draft_kind=kind, backend=backend,
-        fallback_reason=reason, attention_reason=attention_reason,
+        fallback_reason=reason, attention_reason=attention_reason, announce=announce,
     )
     if warmup:
         step.warmup()

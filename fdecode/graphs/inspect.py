@@ -30,10 +30,9 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fdecode.graphs.compile import fresh_code
-from fdecode.state import DecodeState, StepOutput
+from fdecode.graphs.compile import fresh_code, pure_step, window_width
+from fdecode.state import DecodeState
 from fdecode.ops.plan import SamplingPlan
-from fdecode.step import decode_step
 
 # ATen ops whose kernels read a device value on the host (scalar reads, data-dependent output shapes).
 SYNC_OPS = frozenset(
@@ -64,6 +63,8 @@ class GraphReport:
 
     backend: what the step runs with.
     context: attention window (tokens) of the inspected graph, one of `step.buckets`.
+    dynamic_window: the graph serves every window of 2 blocks or more (its width a symbolic size); it was
+        traced with `context`'s width as the example.
     plan: name of the inspected graph's sampling plan (`fdecode.ops.plan`), one of `step.plans`.
     graph_count, graph_break_count, break_reasons: Dynamo graphs of the traced step, breaks between them.
     op_counts: qualified op name ("aten::index_put", "fdecode::prepare_next_draft") -> nodes.
@@ -86,6 +87,7 @@ class GraphReport:
 
     backend: str
     context: int
+    dynamic_window: bool
     plan: str
     graph_count: int
     graph_break_count: int
@@ -120,7 +122,7 @@ class GraphReport:
         return dict(counts)
 
     def __repr__(self) -> str:
-        shown = ("backend", "context", "plan", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
+        shown = ("backend", "context", "dynamic_window", "plan", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
                  "recompiles", "cudagraph_skips")
         # Not a constructor call (aten_ops and custom_ops are properties): <GraphReport name=value ...>.
         return f"<GraphReport {' '.join(f'{name}={getattr(self, name)!r}' for name in shown)}>"
@@ -137,17 +139,6 @@ def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
     return target if hasattr(target, "_schema") else None
 
 
-def pure_step(step, blocks: int, plan: SamplingPlan | None = None) -> Callable[[DecodeState], tuple[DecodeState, StepOutput]]:
-    """The pure function `inspect` traces: `step`'s decode step over a window of `blocks` blocks, with
-    sampling `plan` (None: the plan exact for any lanes, `fdecode.step.general_plan`)."""
-    target, draft, cfg = step.target, step.draft, step.config
-
-    def traced(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, cfg, state, context_blocks=blocks, plan=plan)
-
-    return traced
-
-
 def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
     """`state` with every leaf a fake tensor of the leaf's shape, strides, dtype and device: no memory."""
     return DecodeState(**{f.name: mode.from_tensor(getattr(state, f.name)) for f in dataclasses.fields(state)})
@@ -160,7 +151,8 @@ def inspect(
     real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.
 
     context: which attention window's graph (tokens, one of `step.buckets`); None: the one `step`
-    would run for `state`.
+    would run for `state`. Where one graph serves every window (`step.dynamic_window`), that graph is
+    traced as the step compiles it, the window's width a symbolic size (`GraphReport.dynamic_window`).
     plan: which sampling plan's graph (a `SamplingPlan` or its name, one of `step.plans`); None: the
     one `step` would run for `state` (`step.plan_for`).
     """
@@ -194,13 +186,15 @@ def inspect(
 
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
-    fresh = fresh_code(pure_step(step, blocks, plan), "fdecode_inspect")
+    key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
+    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan), "fdecode_inspect")
+    window = () if key is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
     # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     breaks_before = Counter(counters["graph_break"])
     with torch.no_grad():
-        torch.compile(fresh, backend=capture, fullgraph=False, dynamic=False)(fake_state(state, mode))
+        torch.compile(fresh, backend=capture, fullgraph=False, dynamic=False)(fake_state(state, mode), *window)
     new_breaks = Counter(counters["graph_break"]) - breaks_before
 
     op_counts: Counter[str] = Counter()
@@ -222,6 +216,7 @@ def inspect(
     return GraphReport(
         backend=step.backend,
         context=blocks * cfg.block_size,
+        dynamic_window=key is None,
         plan=plan.name,
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
@@ -239,7 +234,8 @@ def inspect(
 def step_graphs(step, blocks: int) -> list[Callable]:
     """The callables the step runs for a window of `blocks` blocks (one per sampling plan it has run)."""
     graphs = getattr(step, "_graphs", {})
-    return [graph for key, graph in graphs.items() if (key[0] if isinstance(key, tuple) else key) == blocks]
+    window = step.graph_window(blocks)  # None: the graph of every window
+    return [graph for key, graph in graphs.items() if (key[0] if isinstance(key, tuple) else key) == window]
 
 
 def real_backend_facts(step, blocks: int) -> tuple[int, list[str], list[str]]:

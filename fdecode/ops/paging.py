@@ -26,3 +26,18 @@ def slot_of(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int
     block = block_tables.gather(1, block_idx.clamp(0, max_blocks - 1))
     ok = in_range & (block >= 0)
     return torch.where(ok, block * block_size + positions % block_size, torch.zeros_like(positions))
+
+
+
+def window_columns(block_tables: torch.Tensor, blocks: int | torch.Tensor | None) -> torch.Tensor:
+    """The first `blocks` columns of the block tables, [B, blocks]: the attention window (None: all).
+
+    blocks may also be a [n, 0] tensor whose length n is the window: what the one graph of every window
+    takes (`fdecode.graphs.compile.Step`), n a symbolic size there. Then the columns are gathered, not
+    sliced: a slice's strides tell the whole lane (contiguous) from a narrower window (strided), which
+    the graph would guard on and compile again for the last window."""
+    if blocks is None:
+        return block_tables
+    if isinstance(blocks, torch.Tensor):
+        return block_tables.index_select(1, torch.arange(blocks.shape[0], device=block_tables.device))
+    return block_tables[:, :blocks]
