@@ -141,3 +141,21 @@ def test_bad_routing_configs_are_refused(fields, message):
           "topk_group": 2, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_shared_experts": 1, **fields}
     with pytest.raises(ValueError, match=message):
         sigmoid_moe_from_hf(hf, defaults={})
+
+
+def test_expert_work_follows_the_chosen_experts_not_their_number():
+    """The MoE block's matmul FLOPs at E = 8 and E = 64 (same top-k, same expert sizes) differ by the
+    router's [N, H] x [H, E] logits alone: the experts' work is N * K expert-MLPs whatever E is."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(num_experts: int) -> int:
+        moe = MoEConfig(num_experts=num_experts, top_k=2, moe_intermediate_size=8, n_shared_experts=1)
+        block = moe_block(ModelConfig(8, H, 1, 1, 1, 1, H), moe)
+        _randomise_(block, seed=13)
+        with FlopCounterMode(display=False) as counter:
+            block(_hidden(14))
+        return counter.get_total_flops()
+
+    n = 24  # rows of _hidden
+    assert flops(64) - flops(8) == 2 * n * H * (64 - 8)
+    assert flops(8) > 2 * n * H * 8  # the experts' matmuls are counted too
