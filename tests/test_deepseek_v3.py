@@ -23,6 +23,7 @@ VARIANTS = {
     "q_lora": {},
     "no_q_lora": {"q_lora_rank": None},
     "plain_rope_layout": {"rope_interleave": False, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+    "bias_tied": {"attention_bias": True, "tie_word_embeddings": True, "q_lora_rank": None},
 }
 
 
