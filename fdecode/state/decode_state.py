@@ -123,7 +123,7 @@ class DecodeState:
     tokens: torch.Tensor  # [B, W] int64: t then K drafts
     base_pos: torch.Tensor  # [B] int64: position of t; the target KV holds positions < base_pos
     block_tables: torch.Tensor  # [B, max_blocks] int64: KV block of each lane, -1 = unallocated
-    target_kv: torch.Tensor  # [L_t, 2, num_slots, Hkv_t, D_t] target paged KV (block 0 = scratch)
+    target_kv: torch.Tensor  # [L_t, 2, num_slots, Hkv_t, D_t] target paged KV (block 0 = scratch); MLA: [L_t, 1, num_slots, 1, R + Dr] latents (`fdecode.ops.latent_kv`)
     draft_kv: torch.Tensor  # [L_d, 2, num_slots, Hkv_d, D_d] draft paged KV (block 0 = scratch)
     # Recurrent state of linear-attention layers (hybrid models; 0 layers otherwise), `fdecode.state.recurrent`:
     target_conv: torch.Tensor  # [B, Lr_t, 1, conv_dim, k-1] conv windows after the positions < base_pos
