@@ -7,6 +7,9 @@ Paged KV cache layout, shared by every model in fdecode:
 
     kv: Tensor  # [num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]
                 # kv[l, 0] = keys, kv[l, 1] = values of layer l; slot s = block * block_size + offset
+
+(An MLA model, DeepSeek-V3, caches one latent per token instead, in the same paged layout with one
+kind and one head: `DeepseekV3Config.kv_shape`, `fdecode.ops.latent_kv`.)
 """
 
 from __future__ import annotations
