@@ -10,6 +10,9 @@ the fair version of that loop on an accelerator: per iteration one packed device
 read into a pinned buffer (the one wait) and one packed pinned upload with
 `non_blocking=True` (`fdecode.staging`), not a synchronous pageable copy per input.
 
+With an n-gram draft (`draft="ngram"`) the host does the prompt lookup itself (`lookup_list`, the
+same rule as the step's) between the read and the upload, as vLLM, SGLang and transformers do.
+
 `TargetOnly` is plain greedy autoregressive decoding with the target, compiled, one
 token per step, device-resident (the host only launches).
 """
@@ -24,6 +27,8 @@ from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
+from fdecode.models.ngram import is_ngram
+from fdecode.ops.ngram import lookup_list
 from fdecode.models.mtp import depth_kwargs, mtp_layer
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
@@ -40,9 +45,9 @@ class BeforeLoop:
 
         # A hybrid model's recurrent state goes in and its states after the rows come out (None otherwise):
         # the rollback to the accepted prefix is the step's (`fdecode.state.recurrent`), from host-known L.
-        def validate(tokens, positions, slots, kv, tables, recurrent):
-            return forward_rows(target, tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention,
-                                recurrent=recurrent, snapshots=True)
+        def validate(tokens, positions, slots, kv, tables, recurrent):  # a draft id < 0 (n-gram: none) runs as 0
+            return forward_rows(target, tokens.clamp_min(0), positions, slots, kv, tables, block_size=bs,
+                                attention=cfg.attention, recurrent=recurrent, snapshots=True)
 
         def draft_forward(tokens, positions, slots, kv, tables, hidden, recurrent, valid, j):  # j: forward index
             return forward_rows(draft, tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden,
@@ -126,6 +131,18 @@ class BeforeLoop:
                     counts.append(n)
                     base[b] = pos
                     active[b] = active[b] and remaining[b] > 0
+                if is_ngram(self.step.draft):  # prompt lookup on the host, as every peer does it; no draft forward
+                    ngram = self.step.draft
+                    proposals = [
+                        (lookup_list(list(prompts[b]) + outputs[b], k, ngram.max_n, ngram.min_n) if b < len(outputs)
+                         and live[b] else []) for b in range(batch)
+                    ]
+                    rows = [[lasts[b], *p, *[-1] * (k - len(p))] for b, p in enumerate(proposals)]
+                    tokens, counts, positions, slots = uploads(torch.tensor(rows), torch.tensor(counts), *validate_inputs())
+                    if snapshots is not None:
+                        commit_verify((state.target_conv, state.target_rec), snapshots, counts)
+                    iterations += 1
+                    continue
                 # Draft forwards j >= 1 and the next validation: positions and slots [K - 1, B, 1].
                 later_pos = [[[base[b] + j] for b in range(batch)] for j in range(1, k)]
                 later_slot = [[[slot(b, base[b] + j) if live[b] else 0] for b in range(batch)] for j in range(1, k)]

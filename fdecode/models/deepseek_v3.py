@@ -15,11 +15,8 @@
 
 from __future__ import annotations
 
-from torch import nn
-
-from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.layers import DecoderLayer, RMSNorm
+from fdecode.models.layers import DecoderLayer
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import Family, _rename, _rope_from_hf
 from fdecode.models.mla import MLAttention
@@ -42,19 +39,11 @@ def decoder_layer(cfg: DeepseekV3Config, index: int) -> DecoderLayer:
 
 
 class DeepseekV3Model(LlamaModel):
-    """`LlamaModel`'s forward (embed, layers, norm, LM head) over DeepSeek-V3 layers."""
+    """`LlamaModel`'s forward (embed, layers, norm, LM head) over DeepSeek-V3 layers; its RoPE is
+    `RotaryEmbedding(cfg)` (head_dim = qk_rope_head_dim: the rotated channels only)."""
 
     def __init__(self, cfg: DeepseekV3Config) -> None:
-        DecoderLM.__init__(self)  # LlamaModel's layers are Llama blocks; these are MLA (+ MoE) blocks
-        self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(decoder_layer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg)  # head_dim = qk_rope_head_dim: the rotated channels only
-        self.tie_weights_()
-        self.mtp = None  # set by the loader when the checkpoint has an MTP layer
-        self.requires_grad_(False)
+        super().__init__(cfg, layer=decoder_layer)
 
 
 def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:

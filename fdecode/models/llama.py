@@ -9,6 +9,7 @@ Submodule names mirror HF's `model.*` / `lm_head` so checkpoints map 1:1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,14 +26,24 @@ if TYPE_CHECKING:
 
 
 class LlamaModel(DecoderLM):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """`layer(cfg, i)` / `rotary`: the decoder layer i and the RoPE of a family built on this forward
+    (DeepSeek-V3: MLA + MoE layers; default the Llama `DecoderLayer` and `RotaryEmbedding(cfg)`)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        layer: Callable[[ModelConfig, int], nn.Module] | None = None,
+        rotary: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        make = (lambda c, _: DecoderLayer(c)) if layer is None else layer
+        self.layers = nn.ModuleList(make(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg)
+        self.rotary = RotaryEmbedding(cfg) if rotary is None else rotary
         self.tie_weights_()
         # Set by the loader when the checkpoint carries a multi-token-prediction head.
         self.mtp: MTPHead | None = None
