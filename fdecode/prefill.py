@@ -7,7 +7,8 @@ For each prompt p[0 .. n-1] the host
    gives the first new token g (argmax for a greedy lane, a sample from the
    filtered distribution for a random one, with the lane's counter 0),
 4. runs the draft over the prompt (for an MTP head, the token at p is paired
-   with the target hidden from p - 1; position 0 gets the zero placeholder),
+   with the target hidden from p - 1; position 0 gets the zero placeholder);
+   an n-gram draft runs nothing, the prompt goes into its lane's history row,
 5. hands `step.advance` the one-token accepted run [g] with base_pos = n - 1:
    the same prepare + draft path as every step, so the new window is
    [g, d'1 .. d'K] at base_pos = n.
