@@ -164,3 +164,19 @@ def test_random_lanes_follow_the_filtered_target(k, params):
     counts = torch.bincount(cells, minlength=V**3)
     assert chi2_pvalue(counts, expected) > ALPHA
     assert expected[counts > 0].min() > 0
+
+
+def test_the_before_loop_looks_up_on_the_host_and_matches():
+    """The bench's before loop with an n-gram draft (host lookup between its read and its upload) commits
+    transformers' greedy tokens in as many iterations as the step takes steps."""
+    from fdecode.baseline import BeforeLoop
+
+    prompts = grounded_prompts()
+    step = ngram_step(max_batch=3)
+    got, iterations = BeforeLoop(step, backend="eager").generate(prompts, max_new_tokens=NEW)
+    assert got == [hf_greedy(p, NEW) for p in prompts]
+    state, steps = step.prefill(prompts, max_new_tokens=NEW), 0
+    while not bool(state.step_output.finished[:3].all()):
+        state, _ = step(state)
+        steps += 1
+    assert iterations == steps
