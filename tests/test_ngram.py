@@ -15,8 +15,7 @@ import fdecode
 from conftest import fdecode_target, hf_greedy
 from fdecode.ops.ngram import lookup, lookup_list
 from test_lossless import run
-from test_random_step import LANES, PROMPT, V, exact_distribution, sampled_sequences, tiny_target
-from test_sampling import ALPHA, chi2_pvalue
+from test_random_step import LANES, PROMPT, check_follows_the_target, tiny_target
 
 NEW = 20
 BASE = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
@@ -158,12 +157,7 @@ def test_random_lanes_follow_the_filtered_target(k, params):
     proposed = (state.tokens[:, 1] >= 0).float().mean()
     _, out = step(state)
     assert 0.2 < proposed < 1 and (out.num_tokens > 1).any()  # proposals, some accepted, and lanes without
-    samples = sampled_sequences(step, params, batches=40)
-    cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
-    expected = exact_distribution(target, params)
-    counts = torch.bincount(cells, minlength=V**3)
-    assert chi2_pvalue(counts, expected) > ALPHA
-    assert expected[counts > 0].min() > 0
+    check_follows_the_target(step, target, params)
 
 
 def test_the_before_loop_looks_up_on_the_host_and_matches():
