@@ -174,3 +174,16 @@ def test_the_before_loop_looks_up_on_the_host_and_matches():
         state, _ = step(state)
         steps += 1
     assert iterations == steps
+
+
+def test_a_hybrid_target_with_ngram_drafts_equals_transformers():
+    """Qwen3.5 (Gated DeltaNet + gated attention): the verify's recurrent rollback works with lookup drafts
+    (a prompt that repeats itself, so drafts are accepted and rejected)."""
+    import hybrid_models
+
+    first = hybrid_models.hf_greedy(hybrid_models.PROMPTS[0])
+    prompts = [hybrid_models.PROMPTS[0] + tuple(first) + hybrid_models.PROMPTS[0], hybrid_models.PROMPTS[2]]
+    step = hybrid_models.compiled(hybrid_models.hybrid_target(), "ngram", 3)
+    outs, lengths, _ = hybrid_models.run(step, prompts)
+    assert outs == [hybrid_models.hf_greedy(p) for p in prompts]
+    assert max(lengths) > 1 and min(lengths) == 1
