@@ -5,6 +5,8 @@
                         rejection sampling), cut at stop ids and budgets
           --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`)
           --draft-----> K draft forwards -> next window [last, d'1 .. d'K]
+                        (an n-gram draft: a lookup in the lane's token history instead,
+                        -1 where nothing is proposed; `fdecode.ops.ngram`)
 
 Nothing here reads a tensor value on the host: every per-lane quantity stays a
 tensor, so the whole function captures as one graph with fixed shapes. The KV
