@@ -57,8 +57,10 @@ class BeforeLoop:
         self._draft = capture(backend, fresh_code(draft_forward, "before_draft"), cfg)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int) -> tuple[list[list[int]], int]:
-        """Returns the new tokens of each prompt and the number of iterations."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, max_iterations: int | None = None
+    ) -> tuple[list[list[int]], int]:
+        """Returns the new tokens of each prompt and the number of iterations (at most `max_iterations`)."""
         cfg = self.step.config
         batch, window, k, bs = cfg.max_batch, cfg.W, cfg.K, cfg.block_size
         state = self.step.prefill(prompts, max_new_tokens=max_new_tokens)  # same priming as fdecode
@@ -95,7 +97,7 @@ class BeforeLoop:
         positions, slots = uploads(*validate_inputs())
         hybrid_target, hybrid_draft = is_hybrid(self.step.target), is_hybrid(self.step.draft)
         iterations = 0
-        while any(active):
+        while any(active) and (max_iterations is None or iterations < max_iterations):
             # The host knows every position exactly, so it attends over the same window the step would.
             context = state.block_tables[:, : cfg.bucket_for(max(p for p, a in zip(base, active) if a))]
             with record_function("before/validate"):

@@ -33,18 +33,23 @@ def test_quick_bench_writes_every_field(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_profile_writes_traces_and_a_timeline(tmp_path, capsys):
+def test_profile_writes_traces_and_a_timeline(tmp_path, capfd):
+    """On the bundled model with its MTP head: both rows hold the same iterations, per-token times are
+    printed, and the profiler's start/stop lines (C++, on fd 2) do not get out."""
     from fdecode.profile import main as profile_main
 
-    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "--target", "64x2", "--vocab", "256", "-k", "2"]) == 0
-    for name in ("before.json", "fdecode.json"):
+    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "-k", "2"]) == 0
+    counts = {}
+    for name, label in (("before.json", "before/validate"), ("fdecode.json", "fdecode/step")):
         trace = json.loads((tmp_path / name).read_text())
-        labels = {e.get("name", "") for e in trace["traceEvents"]}
-        assert any(label.startswith(("before/", "fdecode/")) for label in labels)
+        counts[name] = sum(e.get("name") == label and e.get("ph") == "X" for e in trace["traceEvents"])
+    assert counts == {"before.json": 3, "fdecode.json": 3}, counts
     png = (tmp_path / "timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    out = capsys.readouterr().out
-    assert "host round trip" in out and "fdecode step" in out
+    out, err = capfd.readouterr()
+    assert "host round trip" in out and "fdecode step" in out and out.count("ms per token") == 2
+    assert "3 iterations each" in out and "MTP head" in out
+    assert "profiler_start" not in err and "Completed Stage" not in err, err
 
 
 def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch):
