@@ -32,28 +32,46 @@ def by_hand(head: HybridMTPHead, tokens: list[int], hiddens: torch.Tensor, layer
     return lm_head(out)[0, -1], out[0, -1]
 
 
-@pytest.mark.parametrize("k", [3])
-def test_drafts_after_priming_follow_the_hand_chain(tmp_path, k: int) -> None:
-    """n = 2, K = 3: forwards 0, 1, 2 run layers 0, 1, 0 (layer 0 reused); each proposal equals the
-    hand chain's argmax. The layers differ, so running layer 0 throughout would propose other tokens."""
+def test_drafts_follow_the_hand_chain_across_steps(tmp_path) -> None:
+    """n = 2, K = 3: forwards 0, 1, 2 run layers 0, 1, 0 (layer 0 reused). After priming and after each
+    step, every lane's proposals equal the hand chain's argmaxes over the rows its draft has seen: row p
+    pairs the token at p with the hidden the step gave it (the target's of p - 1 for prompt, repair and
+    current rows; the previous forward's normed output for chained rows, which accepted drafts keep).
+    The layers differ, so running layer 0 throughout would propose other tokens."""
     save_with_mtp(tmp_path, layers=2)
+    k = 3
     step = compiled(str(tmp_path), "mtp", k)
     head = step.draft
     assert isinstance(head, HybridMTPHead) and head.num_mtp_layers == 2
     assert tuple(step.empty_state().draft_kv.shape[:2]) == (2, 2)  # two KV layers: one per MTP layer
-    state = step.prefill([list(p) for p in PROMPTS], max_new_tokens=8)
-    other_layer_differs = False
-    for lane, prompt in enumerate(PROMPTS):
-        first = int(state.step_output.tokens[lane, 0])
-        _, target_hidden = dense_forward(step.target, torch.tensor([list(prompt) + [first]]))
-        tokens, hiddens = list(prompt) + [first], shift_hidden(target_hidden)[0]  # row p: token p, hidden p - 1
-        drafts = state.tokens[lane, 1:].tolist()
-        for j in range(k):
-            logits, out = by_hand(head, tokens, hiddens, j % 2)
-            assert int(logits.argmax()) == drafts[j], (lane, j)
-            other_layer_differs |= int(by_hand(head, tokens, hiddens, (j + 1) % 2)[0].argmax()) != drafts[j]
-            tokens, hiddens = tokens + [drafts[j]], torch.cat([hiddens, out[None]])  # chains the normed output
-    assert other_layer_differs  # the test tells the layers apart
+    state = step.prefill([list(p) for p in PROMPTS], max_new_tokens=10)
+    seqs = [list(p) for p in PROMPTS]
+    rows: dict[int, tuple[list[int], torch.Tensor]] = {}  # lane -> tokens, hiddens of its rows 0, 1, ...
+    out, other_layer_differs, checked = state.step_output, False, 0
+    for _ in range(3):
+        for lane, seq in enumerate(seqs):
+            new = out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+            if not new or bool(out.finished[lane]):
+                continue
+            committed = seq + new
+            p = len(committed) - 1  # P: the position of the last committed token, the current row
+            hidden = shift_hidden(dense_forward(step.target, torch.tensor([committed]))[1])[0]  # row q: hidden q - 1
+            if lane not in rows:  # priming: the prompt rows, then the current row
+                tokens, hiddens = committed, hidden
+            else:
+                tokens, hiddens = rows[lane]
+                keep = p if len(new) < k + 1 else p - 1  # L = W: d'K's repair row at P - 1 replaces the chain's
+                tokens, hiddens = tokens[:keep] + committed[keep:], torch.cat([hiddens[:keep], hidden[keep:]])
+            drafts = state.tokens[lane, 1:].tolist()
+            for j in range(k):
+                logits, normed = by_hand(head, tokens, hiddens, j % 2)
+                assert int(logits.argmax()) == drafts[j], (lane, j)
+                other_layer_differs |= int(by_hand(head, tokens, hiddens, (j + 1) % 2)[0].argmax()) != drafts[j]
+                tokens, hiddens = tokens + [drafts[j]], torch.cat([hiddens, normed[None]])  # the chained row
+            rows[lane], seqs[lane] = (tokens, hiddens), committed
+            checked += 1
+        state, out = step(state)
+    assert checked >= 6 and other_layer_differs  # lanes checked after steps too; the test tells the layers apart
 
 
 @pytest.mark.parametrize("k", [1, 3])
