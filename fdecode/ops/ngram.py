@@ -10,7 +10,7 @@ verification never accepts (`fdecode.ops.sampling`).
 
 No host sync, no data-dependent shapes: every n is one comparison of the history with itself
 shifted, the latest match is a max over positions, and nothing but compares, ands, gathers and
-max reductions is used (no bitwise xor or shifts: every op has an Ascend GE converter).
+max reductions is used (no bitwise xor or shifts, which Ascend GE has no converters for).
 """
 
 from __future__ import annotations
