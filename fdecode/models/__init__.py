@@ -1,4 +1,5 @@
-"""Llama-family and Qwen3.5 (hybrid) target models, the MTP draft heads, and HF checkpoint loading."""
+"""Target models (Llama family; hybrid Qwen3.5, Qwen3.5-MoE, Qwen3-Next; DeepSeek-V3; GLM-4.5), the MTP draft
+heads, and HF checkpoint loading (`loading.family_of` names the module of each model_type)."""
 
 from __future__ import annotations
 
