@@ -130,6 +130,23 @@ def run(step, prompts, new=NEW, **kwargs):
 PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4))]
 
 
+def staggered(engine, arrivals, budgets, greedy) -> tuple[dict, dict]:
+    """Feed `engine` the requests `arrivals` ({tick: [prompt, ...]}) with the budgets `budgets` (in arrival
+    order) and step it until it has no work; returns ({request id: tokens got}, {request id: the first
+    `budget` tokens of greedy(prompt)}), which a test compares."""
+    budgets = iter(budgets)
+    want, got, tick = {}, {}, 0
+    while tick <= max(arrivals) or engine.has_work():
+        for prompt in arrivals.get(tick, []):
+            budget = next(budgets)
+            want[engine.add_request(list(prompt), max_new_tokens=budget)] = greedy(prompt)[:budget]
+        for event in engine.step():
+            got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
+        tick += 1
+        assert tick < 200
+    return got, want
+
+
 def compiled(target, draft, k: int, backend: str = "eager", **changes):
     cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
                                   "backend": backend, **changes})

@@ -14,7 +14,7 @@ from fdecode.models.checkpoint import CheckpointTensors
 from fdecode.models.dense import dense_forward
 from fdecode.models.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
 from glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
-from hybrid_models import compiled, run
+from hybrid_models import compiled, run, staggered
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -70,6 +70,16 @@ def test_inductor_mtp_head_from_a_checkpoint_folder_is_lossless(tmp_path) -> Non
     save_glm(tmp_path)
     outs, _, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_engine_staggered_arrivals_equal_one_at_a_time_decoding(tmp_path) -> None:
+    """Two lanes, five requests arriving over time (lanes re-primed mid-flight next to a live lane), the
+    MTP head drafting: every request's tokens equal transformers' greedy continuation."""
+    save_glm(tmp_path)
+    engine = fdecode.Engine(compiled(str(tmp_path), "mtp", 2, max_batch=2))
+    arrivals = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 3: [PROMPTS[2]], 4: [PROMPTS[0][:3]]}
+    got, want = staggered(engine, arrivals, [5, 9, 6, 10, 7], hf_greedy)
+    assert got == want
 
 
 def test_a_sharded_folder_is_read_one_tensor_at_a_time(tmp_path, monkeypatch) -> None:

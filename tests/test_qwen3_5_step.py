@@ -18,7 +18,7 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.hybrid_mtp import HybridMTPHead
 from hybrid_models import (
-    NEW, PROMPTS, VOCAB, compiled, hf_greedy, hybrid_target, near_copy, run, save_with_mtp, scratch_states,
+    NEW, PROMPTS, VOCAB, compiled, hf_greedy, hybrid_target, near_copy, run, save_with_mtp, scratch_states, staggered,
 )
 
 
@@ -113,16 +113,7 @@ def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:
     target = hybrid_target()
     engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2))
     arrivals = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 3: [PROMPTS[2]], 4: [PROMPTS[0][:3]]}
-    budgets = iter([5, 9, 6, 12, 7])
-    want, got, tick = {}, {}, 0
-    while tick <= max(arrivals) or engine.has_work():
-        for prompt in arrivals.get(tick, []):
-            budget = next(budgets)
-            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(prompt)[:budget]
-        for event in engine.step():
-            got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
-        tick += 1
-        assert tick < 200
+    got, want = staggered(engine, arrivals, [5, 9, 6, 12, 7], hf_greedy)
     assert got == want
 
 
