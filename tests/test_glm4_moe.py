@@ -181,3 +181,14 @@ def test_save_hf_refuses_glm_and_says_how_to_save_it(tmp_path) -> None:
     with pytest.raises(ValueError, match="Glm4MoeForCausalLM.save_pretrained"):
         save_hf(from_hf(hf_glm()), tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_router_correction_bias_stays_float32_in_a_bfloat16_model() -> None:
+    """As in transformers (`_keep_in_fp32_modules_strict`): the bias that picks the experts is not rounded."""
+    hf = hf_glm()
+    model = from_hf(hf, dtype=torch.bfloat16)
+    bias = model.layers[1].mlp.gate.e_score_correction_bias
+    assert model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16 and bias.dtype == torch.float32
+    assert torch.equal(bias, hf.model.layers[1].mlp.gate.e_score_correction_bias)
+    step = compiled(model, model, 2)  # the step's copy keeps it too (`resolve.owned` keeps buffer dtypes)
+    assert step.target.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32

@@ -210,6 +210,7 @@ def _build(
         if has_mtp:
             model.mtp = family.mtp(cfg)
     shapes = {k: t.shape for k, t in model.state_dict().items()}
+    buffers = {k for k, _ in model.named_buffers()}
     expected = set(shapes) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
     # Per-expert checkpoint tensors make the stacked ones the MoE block holds (`expert_weights`).
     stacked = expert_parts(sources.keys(), shapes)
@@ -234,7 +235,10 @@ def _build(
                 whose = " (the MTP layer must have the target's decoder-layer shapes)" if name.startswith("mtp.") else ""
                 raise ValueError(f"{sources[name]} ({name}): shape {tuple(t.shape)} in the checkpoint, the model "
                                  f"expects {tuple(shapes[name])}{whose}")
-            state[name] = t.to(device=device or t.device, dtype=dtype or t.dtype)
+            # Persistent buffers (the MoE routers' e_score_correction_bias) stay float32, as in transformers
+            # (`_keep_in_fp32_modules_strict`) and as `resolve.owned` keeps buffers: the bias picks experts.
+            want = torch.float32 if name in buffers and t.is_floating_point() else dtype or t.dtype
+            state[name] = t.to(device=device or t.device, dtype=want)
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # shape mismatches
