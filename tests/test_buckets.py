@@ -52,6 +52,17 @@ def recording(step) -> list[tuple[int, int]]:
     return calls
 
 
+def mask_key_columns(report) -> set[str]:
+    """Key columns of the attention masks [B, 1, Q, S] in the inspected graphs (Q = W rows of the verify,
+    2 of the first draft forward, 1 after), as strings: a number, or a symbolic size."""
+    return {
+        str(n.meta["val"].shape[-1])
+        for g in report.graphs for n in g.graph.nodes
+        if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
+        and n.meta["val"].dim() == 4 and n.meta["val"].shape[2] in (3, 2, 1)
+    }
+
+
 def test_default_buckets_are_powers_of_two_up_to_the_lane() -> None:
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=5000)
     assert cfg.bucket_blocks == (16, 32, 64, 128, 256, 313)
@@ -140,15 +151,7 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
         assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
         assert report.context == context and not report.dynamic_window
         assert report.op_counts["fdecode::prepare_next_draft"] == 1
-        # The attention masks [B, 1, Q, S] (Q = W rows of the verify, 2 of the first draft forward, 1 after)
-        # have exactly `context` key columns.
-        key_columns = {
-            tuple(n.meta["val"].shape)[-1]
-            for g in report.graphs for n in g.graph.nodes
-            if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
-            and n.meta["val"].dim() == 4 and n.meta["val"].shape[2] in (3, 2, 1)
-        }
-        assert key_columns == {context}
+        assert mask_key_columns(report) == {str(context)}  # exactly `context` key columns
     with pytest.raises(ValueError, match="not one of"):
         fdecode.inspect(step, state, context=20)
     calls = recording(step)
@@ -245,13 +248,7 @@ def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(
             assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
             assert report.dynamic_window and report.recompiles == 0
             assert report.op_counts["fdecode::prepare_next_draft"] == 1
-            # The attention masks' key columns are a symbol: block_size times the window's blocks.
-            key_columns = {
-                str(n.meta["val"].shape[-1])
-                for g in report.graphs for n in g.graph.nodes
-                if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
-                and n.meta["val"].dim() == 4 and n.meta["val"].shape[2] in (3, 2, 1)
-            }
+            key_columns = mask_key_columns(report)  # a symbol: block_size times the window's blocks
             assert len(key_columns) == 1 and not key_columns.pop().isdigit()
     else:
         assert compiles() - first == 2 and len(step._graphs) == 3
