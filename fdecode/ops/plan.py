@@ -10,8 +10,9 @@ that is exact for the lanes that may be active, without reading the device:
 - otherwise the full-vocabulary graph, with the exact top-k and top-p threshold
   searches only where some random lane uses them (min-p costs one max, always in).
 
-Each plan is a graph of its own per attention window; switching plans picks a
-graph and never recompiles one.
+Each plan is a graph of its own (one for every attention window where the backend
+takes a symbolic window width, else one per window: `fdecode.graphs.compile.Step`);
+switching plans picks a graph and never recompiles one.
 """
 
 from __future__ import annotations
