@@ -130,6 +130,17 @@ def run(step, prompts, new=NEW, **kwargs):
 PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4))]
 
 
+
+def assert_prefill_logits_match(model, hf, seqs) -> None:
+    """fdecode's whole-sequence logits of each sequence equal transformers' (fp32, 1e-4), and are not near zero."""
+    from fdecode.models.dense import dense_forward
+
+    for seq in seqs:
+        expected = hf(seq[None]).logits[0]
+        logits, _ = dense_forward(model, seq[None])
+        assert expected.abs().max() > 1.0  # the comparison is not between near-zero logits
+        torch.testing.assert_close(logits[0], expected, rtol=0, atol=1e-4)
+
 def staggered(engine, arrivals, budgets, greedy) -> tuple[dict, dict]:
     """Feed `engine` the requests `arrivals` ({tick: [prompt, ...]}) with the budgets `budgets` (in arrival
     order) and step it until it has no work; returns ({request id: tokens got}, {request id: the first
