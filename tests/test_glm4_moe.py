@@ -187,3 +187,17 @@ def test_router_correction_bias_stays_float32_in_a_bfloat16_model() -> None:
     assert torch.equal(bias, hf.model.layers[1].mlp.gate.e_score_correction_bias)
     step = compiled(model, model, 2)  # the step's copy keeps it too (`resolve.owned` keeps buffer dtypes)
     assert step.target.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
+
+
+def test_shards_without_an_index_load_and_a_missing_shard_is_named(tmp_path) -> None:
+    save_glm(tmp_path, mtp=False)
+    index = tmp_path / "model.safetensors.index.json"
+    listed = json.loads(index.read_text())
+    index.unlink()  # the keys then come from every *.safetensors file's header
+    assert len(CheckpointTensors(tmp_path)) == len(listed["weight_map"])
+    torch.testing.assert_close(from_hf(tmp_path).state_dict(), from_hf(hf_glm()).state_dict(), rtol=0, atol=0)
+    index.write_text(json.dumps(listed))
+    lost = sorted(set(listed["weight_map"].values()))[1]
+    (tmp_path / lost).unlink()
+    with pytest.raises(FileNotFoundError, match=f"names shard\\(s\\) the folder lacks: {lost}"):
+        from_hf(tmp_path)
