@@ -349,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             real = real or smollm2.load()
             hf_model, tokenizer = real
+            # Every system decodes --new-tokens tokens, as on the random models: no EOS stop anywhere (target-only
+            # and the before loop have none, and transformers' min_new_tokens would mask EOS instead).
+            hf_model.generation_config.eos_token_id = None
             prompts = smollm2.chat_ids(tokenizer, getattr(smollm2, REAL_WORKLOADS[name]))
             for prompt_index, prompt in enumerate(prompts):  # batch 1, one row per prompt
                 for k in args.k:
