@@ -17,13 +17,12 @@ import torch
 import fdecode
 from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.deepseek_v3 import DeepseekV3Model
-from fdecode.models.dense import dense_forward
 from fdecode.models.moe_config import MoEConfig
 from fdecode.models.nextn_mtp import NextNMTPHead
 from deepseek_models import (
     NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
 )
-from hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
+from hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 
 def test_target_as_its_own_draft_accepts_every_draft() -> None:
@@ -67,16 +66,7 @@ def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:
     target = deepseek_target()
     engine = fdecode.Engine(compiled(target, target, 2, max_batch=2))
     arrivals = {0: [PROMPTS[0], PROMPTS[2]], 1: [PROMPTS[1]], 3: [PROMPTS[2][:3]]}
-    budgets = iter([5, 9, 6, 7])
-    want, got, tick = {}, {}, 0
-    while tick <= max(arrivals) or engine.has_work():
-        for prompt in arrivals.get(tick, []):
-            budget = next(budgets)
-            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(prompt)[:budget]
-        for event in engine.step():
-            got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
-        tick += 1
-        assert tick < 200
+    got, want = staggered(engine, arrivals, [5, 9, 6, 7], hf_greedy)
     assert got == want
 
 
@@ -109,27 +99,14 @@ TINY_MLA = DeepseekV3Config(
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs,
     K = 2 with another random DeepSeek as the draft: a chi-square test against the exact distribution."""
-    from test_sampling import ALPHA, chi2_pvalue, reference_filter
+    from test_sampling import assert_two_new_tokens_follow_the_target
 
     target = DeepseekV3Model.random(TINY_MLA, seed=11, std=0.6)
     draft = DeepseekV3Model.random(TINY_MLA, seed=12, std=0.6)
     lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)
     step = compiled(target, draft, 2, max_batch=lanes, max_seq_len=8)
 
-    def dist(seq):
-        logits = dense_forward(target, torch.tensor([seq]))[0][0, -1]
-        return reference_filter(logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"])
-
-    p1 = dist(prompt)
-    expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(SAMPLING_V)]).flatten()
-    samples = torch.cat([
-        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, progress=False,
-                                      seed=[lanes * b + i for i in range(lanes)], **params))
-        for b in range(8)
-    ])
-    counts = torch.bincount(samples[:, 0] * SAMPLING_V + samples[:, 1], minlength=SAMPLING_V**2)
-    assert chi2_pvalue(counts, expected) > ALPHA
-    assert expected[counts > 0].min() > 0  # nothing the filters exclude
+    assert_two_new_tokens_follow_the_target(step, target, prompt, params, vocab=SAMPLING_V, lanes=lanes)
 
 
 def test_backends_kernels_and_tensor_parallelism_state_what_they_refuse() -> None:
