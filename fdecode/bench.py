@@ -4,7 +4,9 @@ Systems (greedy, independent draft):
   target-only   compiled target, one token per step (TargetOnly)
   before        the host-round-trip speculative loop (BeforeLoop, compiled forwards)
   fdecode-eager the fdecode step, uncompiled
-  fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs)
+  fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs); with
+                n-gram drafts, gated as an Engine runs it (first-row steps while drafts fail, `fdecode.runtime.gate`)
+  fdecode-ungated  n-gram drafts: the compiled step verifying K + 1 rows every step
   hf-generate   transformers `generate`, batch 1 only
   hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
   hf-prompt-lookup  transformers prompt lookup (`prompt_lookup_num_tokens` = K), batch 1, n-gram workloads
@@ -35,6 +37,7 @@ from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.models import LlamaModel, ModelConfig
 from fdecode.models.ngram import is_ngram
+from fdecode.runtime.gate import DraftGate
 
 
 @dataclass
@@ -124,18 +127,27 @@ def _median_run(fn, reps: int) -> tuple[float, float, float, object]:
     return statistics.median(times), min(times), max(times), result
 
 
-def fdecode_loop(step, prompts, new_tokens, steps: int | None = None):
+def fdecode_loop(step, prompts, new_tokens, steps: int | None = None, gate: DraftGate | None = None):
     """Prefill, then `steps` steps (None: until every lane finished, reading each output);
     returns outputs and the number of steps. With `steps` given the loop is device-resident:
-    the outputs are read once at the end, as an async host loop would overlap them."""
+    the outputs are read once at the end, as an async host loop would overlap them.
+    gate: decide per step whether to verify the drafts, from the outputs read one step behind, as an
+    `Engine` on a gated step does (`fdecode.runtime.gate`)."""
     state = step.prefill(prompts, max_new_tokens=new_tokens)
     outs = [[] for _ in prompts]
     packed = [state.output]
-    done = 0
+    done, pending = 0, None  # pending: the previous step's output, if it verified its drafts
     while (steps is None and not bool(state.step_output.finished[: len(prompts)].all())) or (
         steps is not None and done < steps
     ):
-        state, out = step(state)
+        if gate is None:
+            state, out = step(state)
+        else:
+            speculate = gate.speculate()
+            state, out = step(state, speculate=speculate)
+            if pending is not None:  # read one step behind, as the Engine does
+                gate.observe_output(pending.cpu())
+            pending = out.packed if speculate else None
         packed.append(out.packed.clone())  # a CUDA-graph replay reuses its output buffer: keep a copy (no sync)
         done += 1
     steps = done
@@ -219,6 +231,9 @@ def run_workload(
         "fdecode-eager": lambda: fdecode_loop(eager, prompts, new_tokens, needed),
         "fdecode": lambda: fdecode_loop(compiled, prompts, new_tokens, needed),
     }
+    if compiled.gated:  # n-gram drafts: what an Engine runs (the gate), beside every step verified
+        systems["fdecode-ungated"] = systems.pop("fdecode")
+        systems["fdecode"] = lambda: fdecode_loop(compiled, prompts, new_tokens, gate=DraftGate(k))
     if hf_pair is not None and batch == 1:
         hf_target, hf_draft = hf_pair
         ids = torch.tensor(prompts)

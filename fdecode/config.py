@@ -55,6 +55,10 @@ class DecodeConfig:
     # One graph per sampling plan for every window of 2 blocks or more (the window's width a symbolic size),
     # where the backend can (`fdecode.graphs.backends.DYNAMIC_WINDOW`); False: a graph per window everywhere.
     dynamic_window: bool = True
+    # n-gram drafts: an `Engine` on the step stops verifying drafts while they are not being accepted, running
+    # steps that verify one row instead of K + 1, and tries them again after a pause that doubles while they
+    # keep failing (`fdecode.runtime.gate`). Lossless either way; False: every step verifies K + 1 rows.
+    draft_gate: bool = True
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
@@ -78,6 +82,8 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
+        if not isinstance(self.draft_gate, bool):
+            raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.torchair_mode not in TORCHAIR_MODES:

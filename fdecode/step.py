@@ -56,7 +56,7 @@ def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
 
 def decode_step(
     target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
-    plan: SamplingPlan | None = None,
+    plan: SamplingPlan | None = None, speculate: bool = True,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
 
@@ -66,9 +66,14 @@ def decode_step(
     of every window reads n as a symbolic size.
     plan: the sampling code to run (`fdecode.ops.plan`); it must be exact for every active lane's
     parameters. None: `general_plan(cfg)`.
+    speculate: False runs the target over the window's first row only and commits its one token, as
+    target-only decoding would; the window's drafts are not verified, and the next window is drafted as
+    usual. For n-gram drafts, whose proposals cost nothing to make (`fdecode.runtime.gate` decides when).
+    A lane without a proposal commits the same token either way (its rejection draws from p itself).
     """
     plan = general_plan(cfg) if plan is None else plan
     window = cfg.W
+    rows = window if speculate else 1
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]: what attention reads
     positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
     slots = torch.where(
@@ -76,14 +81,17 @@ def decode_step(
     )
     committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
     logits, hidden, snapshots = forward_rows(  # a draft id < 0 (nothing proposed) runs as id 0, never accepted
-        target, state.tokens.clamp_min(0), positions, slots, state.target_kv, context, block_size=cfg.block_size,
-        attention=cfg.attention, recurrent=committed, snapshots=True,
-    )  # [B, W, V], [B, W, H], recurrent states after each row (None: no linear-attention layers)
-    if plan.random:
-        noise, accept_u, draft_u = transition_randoms(state, cfg.K)
+        target, state.tokens[:, :rows].clamp_min(0), positions[:, :rows], slots[:, :rows], state.target_kv, context,
+        block_size=cfg.block_size, attention=cfg.attention, recurrent=committed, snapshots=True,
+    )  # [B, rows, V], [B, rows, H], recurrent states after each row (None: no linear-attention layers)
+    noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
+    if not speculate:
+        accepted, length = first_row(state, logits, noise, plan, window)
+        hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], window - 1, hidden.shape[2])], dim=1)
+    elif plan.random:
         accepted, length = verify(state, logits, noise, accept_u, plan)
     else:  # greedy-only graph: no filters, no random numbers
-        (accepted, length), draft_u = greedy_accept(state.tokens, logits), None
+        accepted, length = greedy_accept(state.tokens, logits)
     if cfg.broadcast_accepted:  # rank 0's run, before the stops, budgets or next draft derive from it
         accepted = rank0_tokens(accepted, target.tp)
         length = (accepted >= 0).sum(dim=1)
@@ -109,6 +117,22 @@ def verify(
     sampled, sampled_len = speculative_accept(state.tokens, state.draft_probs, probs, accept_u, noise, ids)
     random_lane = state.temperature > 0
     return torch.where(random_lane[:, None], sampled, greedy), torch.where(random_lane, sampled_len, greedy_len)
+
+
+def first_row(
+    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor | None, plan: SamplingPlan, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-only decoding of the window's first row: accepted [B, W] (one token, -1 padded), length [B] = 1.
+
+    logits: [B, 1, V]. Greedy lanes take the argmax; random lanes draw from their filtered p with `noise`,
+    the draw `speculative_accept` makes when the first draft is rejected or was never proposed."""
+    token = logits[:, 0].argmax(dim=-1)
+    if plan.random:
+        probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
+        drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1]), noise)
+        token = torch.where(state.temperature > 0, drawn, token)
+    padding = torch.full((token.shape[0], window - 1), -1, dtype=token.dtype, device=token.device)
+    return torch.cat([token[:, None], padding], dim=1), torch.ones_like(token)
 
 
 def propose(

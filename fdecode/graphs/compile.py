@@ -33,22 +33,29 @@ def fresh_code(fn: Callable, name: str) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def pure_step(target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan) -> Callable:
+def pure_step(
+    target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan, speculate: bool = True
+) -> Callable:
     """The pure step for a window of `blocks` blocks, or (None) for any window: then it takes the window
     as a second argument, a [blocks, 0] tensor (`window_width`) whose length the graph reads as a symbolic
-    size. A code object of its own (`fresh_code`) per window and plan."""
-    name = "".join(c if c.isalnum() else "_" for c in plan.name)
+    size. A code object of its own (`fresh_code`) per window, plan and `speculate` (see `decode_step`)."""
+    name = "".join(c if c.isalnum() else "_" for c in plan.name) + ("" if speculate else "_first_row")
     if blocks is None:
 
         def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=width, plan=plan)
+            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, speculate=speculate)
 
         return fresh_code(any_window, f"fdecode_step_any_window_{name}")
 
     def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan)
+        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, speculate=speculate)
 
     return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
+
+
+def graph_name(plan: SamplingPlan, speculate: bool) -> str:
+    """A step graph's name in messages and `Step.plan_compile_seconds`: the plan's, marked for first-row graphs."""
+    return plan.name if speculate else f"{plan.name} (first row only)"
 
 
 def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
@@ -104,8 +111,8 @@ class Step:
         self.dynamic_window = (
             config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
         )
-        # (window in blocks, or None: the graph of every window of 2+ blocks; plan) -> what runs
-        self._graphs: dict[tuple[int | None, SamplingPlan], Callable] = {}
+        # (window in blocks, or None: the graph of every window of 2+ blocks; plan; speculate) -> what runs
+        self._graphs: dict[tuple[int | None, SamplingPlan, bool], Callable] = {}
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
@@ -137,8 +144,14 @@ class Step:
         else `blocks` (a graph of its own)."""
         return None if self.dynamic_window and blocks >= 2 else blocks
 
-    def _pure(self, blocks: int | None, plan: SamplingPlan) -> Callable:
-        return pure_step(self.target, self.draft, self.config, blocks, plan)
+    def _pure(self, blocks: int | None, plan: SamplingPlan, speculate: bool = True) -> Callable:
+        return pure_step(self.target, self.draft, self.config, blocks, plan, speculate)
+
+    @property
+    def gated(self) -> bool:
+        """Whether an `Engine` on this step pauses verifying drafts that do not pay (`fdecode.runtime.gate`):
+        `DecodeConfig.draft_gate` with an n-gram draft. Its first-row graphs compile too (`warmup` included)."""
+        return self.config.draft_gate and self.draft_kind == "ngram"
 
     def window_width(self, blocks: int) -> torch.Tensor:
         """The dynamic graph's window argument for `blocks` blocks (`window_width`), made once."""
@@ -147,47 +160,55 @@ class Step:
             width = self._widths[blocks] = window_width(self.config, blocks)
         return width
 
-    def _graph(self, blocks: int, plan: SamplingPlan) -> Callable:
-        """The step for a window of `blocks` blocks and a sampling plan, captured on first use."""
+    def _graph(self, blocks: int, plan: SamplingPlan, speculate: bool) -> Callable:
+        """The step for a window of `blocks` blocks, a sampling plan and `speculate`, captured on first use."""
         key = self.graph_window(blocks)
-        graph = self._graphs.get((key, plan))
+        graph = self._graphs.get((key, plan, speculate))
         if graph is None:
-            graph = self._graphs[key, plan] = capture(self.backend, self._pure(key, plan), self.config)
+            graph = self._graphs[key, plan, speculate] = capture(
+                self.backend, self._pure(key, plan, speculate), self.config
+            )
         if key is not None:
             return graph
         width = self.window_width(blocks)
         return lambda state: graph(state, width)
 
-    def _announce_compile(self, blocks: int, plan: SamplingPlan) -> None:
+    def _announce_compile(self, blocks: int, plan: SamplingPlan, speculate: bool) -> None:
         """One line on stderr before a graph compiles (its first call), so a pause is never silent."""
-        if self.backend == "eager" or (self.graph_window(blocks), plan) in self._graphs:
+        if self.backend == "eager" or (self.graph_window(blocks), plan, speculate) in self._graphs:
             return
         windows = (
             f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
         notice(
-            f"compiling the decode step ({self.backend}, {plan.name} sampling plan, {windows}); "
+            f"compiling the decode step ({self.backend}, {graph_name(plan, speculate)} sampling plan, {windows}); "
             "the first call waits for it, once per process (step.warmup() compiles every graph up front)"
         )
 
-    def __call__(self, state: DecodeState) -> tuple[DecodeState, StepOutput]:
+    def __call__(self, state: DecodeState, *, speculate: bool = True) -> tuple[DecodeState, StepOutput]:
+        """One step. speculate=False verifies only the window's first row: every lane commits one token, as
+        target-only decoding would, and the next window is drafted as usual (`decode_step`); cheaper where
+        the drafts are not being accepted. Its graphs are others (compiled on first use, or by `warmup`)."""
+        if not isinstance(speculate, bool):
+            raise TypeError(f"speculate must be True or False, got {speculate!r}")
         self.check_state(state)
-        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state))
+        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state), speculate=speculate)
 
     def _run(
-        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False
+        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False, speculate: bool = True
     ) -> tuple[DecodeState, StepOutput]:
         cfg = self.config
         window = blocks * cfg.block_size
-        first = (window, plan.name) not in self.plan_compile_seconds
+        name = graph_name(plan, speculate)
+        first = (window, name) not in self.plan_compile_seconds
         if self.announce and not quiet:
-            self._announce_compile(blocks, plan)
+            self._announce_compile(blocks, plan, speculate)
         start = time.perf_counter()
         with torch.no_grad():
-            new_state, out = self._graph(blocks, plan)(state)
+            new_state, out = self._graph(blocks, plan, speculate)(state)
         if first:
-            seconds = self.plan_compile_seconds[window, plan.name] = time.perf_counter() - start
+            seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
         new_state.record_sampling(state.lane_sampling)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
@@ -198,6 +219,7 @@ class Step:
     def warmup(self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None) -> dict[int, float]:
         """Capture every window's graph for each of `plans` (None: all of `self.plans`) now, on a
         throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
+        A `gated` step (n-gram drafts) also captures each plan's first-row graphs, which its Engine runs.
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
@@ -206,13 +228,16 @@ class Step:
         first window and its other windows only run (CUDA graph trees record a replay for each).
         """
         cfg = self.config
-        runs = [(blocks, plan) for plan in (self.plans if plans is None else plans) for blocks in cfg.bucket_blocks]
+        runs = [
+            (blocks, plan, speculate) for plan in (self.plans if plans is None else plans)
+            for speculate in ((True, False) if self.gated else (True,)) for blocks in cfg.bucket_blocks
+        ]
         show = (self.announce if progress is None else progress) and self.backend != "eager"
         state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
         with bar(total=len(runs), desc="fdecode: compiling", unit="window", disable=not show) as shown:
-            for blocks, plan in runs:
-                shown.set_postfix_str(f"{plan.name}, {blocks * cfg.block_size}-token window")
-                state, _ = self._run(state, blocks, plan, quiet=True)
+            for blocks, plan, speculate in runs:
+                shown.set_postfix_str(f"{graph_name(plan, speculate)}, {blocks * cfg.block_size}-token window")
+                state, _ = self._run(state, blocks, plan, quiet=True, speculate=speculate)
                 shown.update(1)
         return dict(self.compile_seconds)
 

@@ -30,7 +30,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fdecode.graphs.compile import fresh_code, pure_step, window_width
+from fdecode.graphs.compile import fresh_code, graph_name, pure_step, window_width
 from fdecode.state import DecodeState
 from fdecode.ops.plan import SamplingPlan
 
@@ -145,7 +145,8 @@ def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
 
 
 def inspect(
-    step, state: DecodeState, *, context: int | None = None, plan: SamplingPlan | str | None = None
+    step, state: DecodeState, *, context: int | None = None, plan: SamplingPlan | str | None = None,
+    speculate: bool = True,
 ) -> GraphReport:
     """Trace `step` on fake tensors of `state`'s leaves and report what it captures and what the step's
     real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.
@@ -155,6 +156,7 @@ def inspect(
     traced as the step compiles it, the window's width a symbolic size (`GraphReport.dynamic_window`).
     plan: which sampling plan's graph (a `SamplingPlan` or its name, one of `step.plans`); None: the
     one `step` would run for `state` (`step.plan_for`).
+    speculate: False traces the first-row graph (`Step.__call__`'s `speculate=False`).
     """
     cfg = step.config
     if plan is None:
@@ -187,7 +189,7 @@ def inspect(
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
     key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
-    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan), "fdecode_inspect")
+    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, speculate), "fdecode_inspect")
     window = () if key is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
     # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
@@ -217,7 +219,7 @@ def inspect(
         backend=step.backend,
         context=blocks * cfg.block_size,
         dynamic_window=key is None,
-        plan=plan.name,
+        plan=graph_name(plan, speculate),
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
         break_reasons=sorted(new_breaks),

@@ -39,6 +39,7 @@ import torch
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
+from fdecode.runtime.gate import DraftGate
 from fdecode.staging import Fence, Uploads, host_buffer
 
 
@@ -109,6 +110,9 @@ class Engine:
         self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched
         self._primed_lanes: list[int] = []
         self._cancelled: list[Event] = []  # final events of cancelled requests, emitted by the next step()
+        # n-gram drafts (`Step.gated`): first-row steps while the drafts are not being accepted.
+        self.gate = DraftGate(cfg.K) if getattr(step, "gated", False) else None
+        self._out_speculated = True  # whether the pending step verified its drafts
 
     # ------------------------------------------------------------------ requests
 
@@ -191,13 +195,18 @@ class Engine:
         launched = None
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
-            self.state, out = self.step_fn(self.state)
+            if self.gate is None:
+                speculate, (self.state, out) = True, self.step_fn(self.state)
+            else:
+                speculate = self.gate.speculate()
+                self.state, out = self.step_fn(self.state, speculate=speculate)
             launched = out.packed
             self.steps += 1
         events, self._cancelled = self._cancelled + self._drain(), []
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
+            self._out_speculated = speculate
         self._admit()
         self._extend()
         if launched is not None or self._primed_lanes:
@@ -229,6 +238,8 @@ class Engine:
         self.host_waits += 1
         events: list[Event] = []
         if self._out_lanes is not None:
+            if self.gate is not None and self._out_speculated:
+                self.gate.observe_output(self._out_host)
             events += self._read(self._out_host, self._out_lanes, range(len(self._out_lanes)))
             self._out_lanes = None
         if self._primed_lanes:
@@ -322,6 +333,8 @@ class Engine:
             admitted.append(request)
         if not admitted:
             return
+        if self.gate is not None:
+            self.gate.reset()  # a new prompt may be worth drafting from
         cfg = self.config
         table = block_table([r.blocks for r in admitted], cfg)
         for request in admitted:

@@ -1,0 +1,74 @@
+"""`DraftGate`: when an `Engine` stops verifying n-gram drafts, and when it tries them again.
+
+A step's shapes are fixed, so every lane verifies K + 1 rows, proposal or not: the price of a
+draft that is not accepted is K extra target rows. Prompt lookup proposes wherever some earlier
+n-gram matches, which in free text is often and mostly wrong. The host cannot see a proposal in
+time (it reads outputs one step behind, and reading the window would sync the device), but it
+sees how many drafts each verified step accepted. So the gate keeps a running mean of the most
+drafts any running lane accepted per verified step; while that mean is below `threshold` the
+Engine runs first-row steps (`Step(..., speculate=False)`: one target row, one token per lane,
+the next window still proposed), for a pause that doubles each time a trial step fails again, up
+to `max_pause`. A trial that accepts enough resets the pause. Admitting a request resets it all
+(a new prompt may be worth drafting from).
+
+Lossless either way: a first-row step commits what target-only decoding would, and a lane
+without a proposal commits the same token in both kinds of step. The schedule depends only on
+the outputs, so a run is reproducible; but a random lane's draws then depend on its batch (the
+schedule is the batch's), which `DecodeConfig(draft_gate=False)` avoids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class DraftGate:
+    """Decides, per launch, whether the next step verifies its drafts (`speculate()`), from what the
+    verified steps accepted (`observe`), read one step behind."""
+
+    def __init__(self, num_draft_tokens: int, *, threshold: float = 0.5, weight: float = 0.25, max_pause: int = 32):
+        if not 0 < weight <= 1:
+            raise ValueError(f"DraftGate weight must be in (0, 1], got {weight!r}")
+        if max_pause < 1:
+            raise ValueError(f"DraftGate max_pause must be >= 1, got {max_pause!r}")
+        self.num_draft_tokens = num_draft_tokens
+        self.threshold, self.weight, self.max_pause = threshold, weight, max_pause
+        self.verified = 0  # steps launched that verify their drafts
+        self.first_row = 0  # steps launched that verify the first row only
+        self.reset()
+
+    def reset(self) -> None:
+        """Trust the drafts again (a request was admitted): the mean starts at K, no pause."""
+        self.rate = float(self.num_draft_tokens)  # running mean of drafts accepted per verified step
+        self.pause = 1  # first-row steps in the next pause
+        self.left = 0  # first-row steps left in this pause
+
+    def speculate(self) -> bool:
+        """Whether the next launched step verifies its drafts (and counts it)."""
+        if self.left:
+            self.left -= 1
+            self.first_row += 1
+            return False
+        self.verified += 1
+        return True
+
+    def observe(self, drafts_accepted: int) -> None:
+        """A verified step's output was read: the most drafts any running lane accepted in it."""
+        self.rate += self.weight * (drafts_accepted - self.rate)
+        if self.rate >= self.threshold:
+            self.pause = 1
+        elif not self.left:
+            self.left, self.pause = self.pause, min(2 * self.pause, self.max_pause)
+
+    def observe_output(self, packed: torch.Tensor) -> None:
+        """`observe` a verified step's packed output (`StepOutput.packed`, read on the host): the lanes still
+        running after it; none running (all finished or free) tells nothing."""
+        counts = packed[:, -2][packed[:, -1] == 0]
+        if counts.numel():
+            self.observe(int(counts.max()) - 1)
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftGate(rate={self.rate:.2f}, threshold={self.threshold}, pause={self.pause}, "
+            f"verified={self.verified}, first_row={self.first_row})"
+        )

@@ -1,0 +1,136 @@
+"""First-row steps and the Engine's draft gate (`fdecode.runtime.gate`): n-gram drafts stop being verified
+while they are not accepted, losslessly. transformers' greedy `generate` is the oracle for the tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdecode
+from conftest import hf_greedy
+from fdecode.runtime.gate import DraftGate
+from test_ngram import NEW, grounded_prompts, ngram_step
+from test_random_step import LANES, PROMPT, check_follows_the_target, tiny_target
+
+
+def test_first_row_steps_commit_the_target_only_tokens():
+    """Steps alternating verified / first row: one token per lane in a first-row step, whole runs in
+    verified ones (lane 0 copies out of its prompt), transformers' tokens in every lane."""
+    prompts = grounded_prompts()
+    step = ngram_step()
+    state = step.prefill(prompts, max_new_tokens=NEW)
+    outs = [state.step_output.tokens[b, : state.step_output.num_tokens[b]].tolist() for b in range(3)]
+    longest = {True: 0, False: 0}
+    for i in range(40):
+        if bool(state.step_output.finished[:3].all()):
+            break
+        speculate = i % 2 == 1
+        state, out = step(state, speculate=speculate)
+        counts = out.num_tokens[:3].tolist()
+        longest[speculate] = max(longest[speculate], *counts)
+        for b in range(3):
+            outs[b] += out.tokens[b, : counts[b]].tolist()
+    assert outs == [hf_greedy(p, NEW) for p in prompts]
+    assert longest == {True: step.config.W, False: 1}
+
+
+def test_a_lane_without_a_proposal_commits_the_same_token_either_way():
+    """Random lanes over one state copied: where nothing was proposed, the verified step's rejection draws
+    from p with the noise the first-row step draws with, so both commit the same token."""
+    step = ngram_step(max_batch=3)
+    state = step.prefill(grounded_prompts(), max_new_tokens=8, temperature=0.05, seed=[1, 2, 3])
+    none = (state.tokens[:, 1] < 0).tolist()
+    assert any(none) and not all(none)
+    _, verified = step(state.clone())
+    _, first = step(state, speculate=False)
+    assert first.num_tokens.tolist() == [1, 1, 1]
+    for lane in range(3):
+        if none[lane]:
+            assert verified.num_tokens[lane] == 1
+            assert verified.tokens[lane, 0] == first.tokens[lane, 0]
+    with pytest.raises(TypeError, match="speculate must be True or False"):
+        step(state, speculate=1)
+
+
+class Alternating:
+    """A step whose every other call verifies the first row only, for the distribution test."""
+
+    def __init__(self, step):
+        self.step, self.calls = step, 0
+        self.config, self.target, self.draft, self.seeds = step.config, step.target, step.draft, step.seeds
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+    def __call__(self, state, speculate=True):
+        self.calls += 1
+        return self.step(state, speculate=speculate and self.calls % 2 == 0)
+
+
+@pytest.mark.slow
+def test_random_lanes_with_first_row_steps_follow_the_filtered_target():
+    params = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.0)
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager",
+                               draft_gate=False)
+    step = Alternating(fdecode.compile(target, fdecode.NgramDraft(max_n=2, min_n=1), cfg))
+    check_follows_the_target(step, target, params)
+    assert step.calls > 0
+
+
+def test_the_gate_pauses_doubling_and_resets():
+    gate = DraftGate(3, threshold=0.5, weight=0.5, max_pause=4)
+    assert [gate.speculate() for _ in range(3)] == [True] * 3  # trusted at first
+    schedule = []
+    for _ in range(30):
+        speculate = gate.speculate()
+        schedule.append(speculate)
+        if speculate:
+            gate.observe(0)  # nothing accepted, ever
+    # The mean falls 3 -> 1.5 -> 0.75 -> 0.375 (< 0.5): pauses of 1, 2, 4, 4, ... first-row steps, one trial between.
+    pauses = [len(run) for run in "".join("v" if s else "." for s in schedule).split("v") if run]
+    assert pauses[:5] == [1, 2, 4, 4, 4], schedule
+    assert (gate.verified, gate.first_row) == (3 + schedule.count(True), schedule.count(False))
+    gate.observe(3)  # a trial that pays ends the pausing
+    gate.left = 0
+    assert gate.rate >= 0.5 and gate.pause == 1 and gate.speculate()
+    gate.observe(0)
+    gate.reset()
+    assert gate.rate == 3 and gate.speculate()
+    assert "DraftGate(rate=3.00" in repr(gate)
+    with pytest.raises(ValueError, match="weight"):
+        DraftGate(3, weight=0)
+
+
+def test_the_engine_pauses_drafts_that_do_not_pay_and_stays_lossless():
+    """One lane of fresh random tokens (its drafts are seldom right at first) with the gate: first-row steps,
+    transformers' tokens. A lane copying out of its prompt keeps its drafts verified. draft_gate=False
+    verifies every step."""
+    gen = torch.Generator().manual_seed(5)
+    fresh = tuple(torch.randint(0, 100, (6,), generator=gen).tolist())
+    copying = grounded_prompts()[0]
+    for prompts, paused in (([fresh], True), ([copying], False)):
+        step = ngram_step(max_batch=1, backend="aot_eager")
+        engine = fdecode.Engine(step)
+        rid = engine.add_request(list(prompts[0]), max_new_tokens=48)
+        assert engine.run()[rid] == hf_greedy(prompts[0], 48)
+        gate = engine.gate
+        assert gate.verified + gate.first_row == engine.steps
+        if paused:  # (the random model falls into loops later, which the drafts then copy)
+            assert gate.first_row >= 5, gate
+        else:
+            assert gate.first_row == 0, gate
+    off = fdecode.Engine(ngram_step(max_batch=1, backend="aot_eager", draft_gate=False))
+    assert off.gate is None and not off.step_fn.gated
+    assert "draft_gate" in str(pytest.raises(ValueError, fdecode.DecodeConfig, num_draft_tokens=1, max_batch=1,
+                                             max_seq_len=8, draft_gate=1).value)
+
+
+def test_the_first_row_graph_is_one_graph_without_host_syncs():
+    step = ngram_step()
+    state = step.prefill(grounded_prompts(), max_new_tokens=NEW)
+    for plan in (None, step.plans[1]):
+        report = fdecode.inspect(step, state, plan=plan, speculate=False)
+        assert report.graph_count == 1 and report.graph_break_count == 0, report
+        assert not report.host_syncs, report.host_syncs
+        assert report.plan.endswith("(first row only)")
