@@ -29,6 +29,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs import torchair as npu
+from fdecode.graphs.cpu_matmul import weight_stationary
 from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.state.recurrent import is_hybrid
 
@@ -207,6 +208,9 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
     if backend == "torchair":
         return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
+    if backend == "inductor" and cfg.device_type == "cpu":  # few-row matmuls streamed as the weight's rows
+        options = {"post_grad_custom_pre_pass": weight_stationary}
+        return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options)
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
 
 

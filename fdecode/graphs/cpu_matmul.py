@@ -1,0 +1,78 @@
+"""`weight_stationary`: an Inductor pass that runs the few-row matmuls of a CPU step as weight @ rows^T.
+
+A linear over a few rows lowers to mm(x [M, k], w^T [k, n]). With M = 2 .. 64 rows (a verify's K + 1
+per lane) and the CPU's BLAS at one or two threads, that call costs 1.6x-1.8x one row's matrix-vector
+product, which streams the weight once: measured on this project's 2-core CI machine (MKL, float32,
+SmolLM2-135M's 30 layers of shapes, one thread: 64 ms for one row, 104-114 ms for four). The same
+product computed the other way round, (w [n, k] @ x^T [k, M])^T, streams the weight as the single row
+does and costs 67-95 ms for 2-8 rows. That difference is most of a CPU verify's price over a one-token
+step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
+already) and more than `MAX_ROWS` rows are left alone. The result is the same product: only the
+summation order inside the BLAS call may differ, by float rounding.
+
+Only the CPU's Inductor graphs get it (`fdecode.graphs.backends.capture`): GPU and NPU matmul
+libraries pick their own tiles for few rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+aten = torch.ops.aten
+MAX_ROWS = 64  # a verify of 16 lanes at K = 3; measured no slower than mm(x, w^T) up to here
+TRANSPOSES = (aten.permute.default, aten.t.default)
+
+
+def _rows(node: torch.fx.Node) -> int | None:
+    value = node.meta.get("val")
+    if value is None or value.dim() != 2 or value.device.type != "cpu":
+        return None
+    rows = value.shape[0]
+    return rows if isinstance(rows, int) else None
+
+
+def _weight(node: torch.fx.Node) -> torch.fx.Node | None:
+    """w where `node` is w^T, a transpose of a 2-D tensor, else None."""
+    if node.op != "call_function" or node.target not in TRANSPOSES:
+        return None
+    if node.target is aten.permute.default and list(node.args[1]) != [1, 0]:
+        return None
+    return node.args[0]
+
+
+def _call(graph: torch.fx.Graph, op, *args) -> torch.fx.Node:
+    """A new node computing op(*args), with the fake value Inductor's lowering reads."""
+    node = graph.call_function(op, args)
+    node.meta["val"] = op(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args))
+    return node
+
+
+class WeightStationary(CustomGraphPass):
+    """Rewrites mm(x, w^T) as (w @ x^T)^T, and addmm(b, x, w^T) as (w @ x^T)^T + b, for 2..MAX_ROWS rows."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+                continue
+            bias, x, wt = (None, *node.args[:2]) if node.target is aten.mm.default else node.args[:3]
+            if node.kwargs or not isinstance(x, torch.fx.Node) or not isinstance(wt, torch.fx.Node):
+                continue
+            rows, weight = _rows(x), _weight(wt)
+            if weight is None or rows is None or not 2 <= rows <= MAX_ROWS:
+                continue
+            with graph.inserting_before(node):
+                xt = _call(graph, aten.permute.default, x, [1, 0])
+                product = _call(graph, aten.mm.default, weight, xt)
+                out = _call(graph, aten.permute.default, product, [1, 0])
+                if bias is not None:
+                    out = _call(graph, aten.add.Tensor, out, bias)
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+        graph.eliminate_dead_code()
+
+    def uuid(self) -> str:
+        return f"fdecode-weight-stationary-{MAX_ROWS}-v1"
+
+
+weight_stationary = WeightStationary()
