@@ -86,18 +86,20 @@ def generate(step, prompts=PROMPTS, new: int = NEW) -> list[list[int]]:
     return fdecode.generate(step, [list(p) for p in prompts], max_new_tokens=new, progress=False)
 
 
-# fdecode MTP-head names -> DeepSeek's names under model.layers.{num_hidden_layers}.
+# fdecode MTP-module names -> DeepSeek's names under model.layers.{num_hidden_layers + k}.
 _DEEPSEEK_MTP = {"enorm.": "enorm.", "hnorm.": "hnorm.", "eh_proj.": "eh_proj.", "norm.": "shared_head.norm.",
                  "layer.": ""}
 
 
 def deepseek_checkpoint_names(head_state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """An fdecode MTP head's tensors under DeepSeek's names, `model.layers.{num_layers}.*`, with the routed
-    experts written one by one (`mlp.experts.N.{gate,up,down}_proj.weight`) as real checkpoints are."""
+    """A `NextNMTPHead`'s tensors (`layers.k.*`) under DeepSeek's (and GLM's) names, module k at
+    `model.layers.{num_layers + k}.*`, with the routed experts written one by one
+    (`mlp.experts.N.{gate,up,down}_proj.weight`) as real checkpoints are."""
     out = {}
     for name, tensor in head_state.items():
-        prefix = next(p for p in _DEEPSEEK_MTP if name.startswith(p))
-        key = f"model.layers.{num_layers}." + _DEEPSEEK_MTP[prefix] + name[len(prefix):]
+        _, k, rest = name.split(".", 2)
+        prefix = next(p for p in _DEEPSEEK_MTP if rest.startswith(p))
+        key = f"model.layers.{num_layers + int(k)}." + _DEEPSEEK_MTP[prefix] + rest[len(prefix):]
         if key.endswith("mlp.experts.gate_up_proj"):
             for n, fused in enumerate(tensor):
                 gate, up = fused.chunk(2)
@@ -111,30 +113,33 @@ def deepseek_checkpoint_names(head_state: dict[str, torch.Tensor], num_layers: i
     return out
 
 
-def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0) -> None:
-    """transformers' save_pretrained of the target, plus an MTP layer in DeepSeek's layout in a second
-    shard (`model.safetensors.index.json` names both): `model.layers.{N}.{enorm, hnorm, eh_proj,
-    shared_head.norm, <decoder layer>}` and the embed_tokens / shared_head.head copies real checkpoints
-    carry; `num_nextn_predict_layers` = 1 in config.json."""
+def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0, declared: int | None = None) -> None:
+    """transformers' save_pretrained of the target, plus the MTP modules of `head_state` in DeepSeek's
+    layout in a second shard (`model.safetensors.index.json` names both): module k at
+    `model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm, <decoder layer>}` with the
+    embed_tokens / shared_head.head copies real checkpoints carry; `num_nextn_predict_layers` in
+    config.json = `declared`, default the number of modules."""
     hf = hf_deepseek(seed)
     hf.save_pretrained(folder)
     n = hf.config.num_hidden_layers
     target = load_file(str(folder / "model.safetensors"))
     mtp = deepseek_checkpoint_names(head_state, n)
-    mtp[f"model.layers.{n}.embed_tokens.weight"] = target["model.embed_tokens.weight"].clone()
-    mtp[f"model.layers.{n}.shared_head.head.weight"] = target["lm_head.weight"].clone()
+    modules = len({name.split(".")[1] for name in head_state})
+    for k in range(modules):
+        mtp[f"model.layers.{n + k}.embed_tokens.weight"] = target["model.embed_tokens.weight"].clone()
+        mtp[f"model.layers.{n + k}.shared_head.head.weight"] = target["lm_head.weight"].clone()
     save_file(mtp, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
     weight_map = {**dict.fromkeys(target, "model.safetensors"), **dict.fromkeys(mtp, "model-mtp.safetensors")}
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": declared or modules}))
 
 
-def random_mtp_state(seed: int = 3, std: float = 0.3, **overrides) -> dict[str, torch.Tensor]:
-    """A random DeepSeek MTP head's tensors (fdecode names) for the target `hf_deepseek(**overrides)`."""
+def random_mtp_state(seed: int = 3, std: float = 0.3, layers: int = 1, **overrides) -> dict[str, torch.Tensor]:
+    """A random DeepSeek MTP head of `layers` modules (fdecode names) for the target `hf_deepseek(**overrides)`."""
     from fdecode.models.deepseek_v3 import mtp_head
 
-    head = mtp_head(from_hf(hf_deepseek(**overrides)).config)
+    head = mtp_head(from_hf(hf_deepseek(**overrides)).config.replace(mtp_num_layers=layers))
     head.init_random_(seed=seed, std=std)
     return head.state_dict()
 

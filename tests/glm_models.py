@@ -15,6 +15,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+from deepseek_models import deepseek_checkpoint_names
 from fdecode.models import from_hf
 from fdecode.models.glm4_moe import Glm4MoeMTPHead
 
@@ -67,36 +68,30 @@ def hf_greedy(prompt: tuple[int, ...], variant: str = "bias-qknorm-grouped", new
     return out[0, len(prompt):].tolist()
 
 
-def mtp_tensors(num_layers: int, *, seed: int = 3) -> dict[str, torch.Tensor]:
-    """A random GLM MTP layer under GLM's checkpoint names: model.layers.{N}.{enorm, hnorm, eh_proj,
-    shared_head.norm, shared_head.head, embed_tokens, <decoder layer with per-expert keys>}."""
-    head = Glm4MoeMTPHead.random(from_hf(hf_glm()).config, seed=seed, std=0.3)
-    prefix = f"model.layers.{num_layers}."
-    out = {}
-    for name, t in head.state_dict().items():
-        if name.startswith("layer.mlp.experts."):
-            kind = name.rsplit(".", 1)[-1]  # gate_up_proj [E, 2I, H] or down_proj [E, H, I]
-            for n, expert in enumerate(t):
-                parts = zip(("gate_proj", "up_proj"), expert.chunk(2)) if kind == "gate_up_proj" else [("down_proj", expert)]
-                for proj, w in parts:
-                    out[f"{prefix}mlp.experts.{n}.{proj}.weight"] = w.contiguous()
-            continue
-        hf_name = {"norm.weight": "shared_head.norm.weight"}.get(name, name.removeprefix("layer."))
-        out[prefix + hf_name] = t.contiguous()
-    out[prefix + "embed_tokens.weight"] = torch.zeros(VOCAB, 32)  # copies GLM checkpoints carry; never loaded
-    out[prefix + "shared_head.head.weight"] = torch.zeros(VOCAB, 32)
+def mtp_tensors(num_layers: int, *, seed: int = 3, layers: int = 1) -> dict[str, torch.Tensor]:
+    """A random GLM MTP head of `layers` modules under GLM's checkpoint names: module k at
+    model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm, shared_head.head, embed_tokens,
+    <decoder layer with per-expert keys>}."""
+    cfg = from_hf(hf_glm()).config.replace(mtp_num_layers=layers)
+    out = deepseek_checkpoint_names(Glm4MoeMTPHead.random(cfg, seed=seed, std=0.3).state_dict(), num_layers)
+    for k in range(layers):  # copies GLM checkpoints carry; never loaded
+        out[f"model.layers.{num_layers + k}.embed_tokens.weight"] = torch.zeros(VOCAB, 32)
+        out[f"model.layers.{num_layers + k}.shared_head.head.weight"] = torch.zeros(VOCAB, 32)
     return out
 
 
-def save_glm(folder, *, mtp: bool = True, change=None) -> dict[str, str]:
-    """save_pretrained in ~3 shards with model.safetensors.index.json, the MTP layer in one more shard
-    (listed in the index); `change(tensors)` may edit the MTP shard's tensors. Returns the weight map."""
+def save_glm(folder, *, mtp: bool = True, change=None, layers: int = 1, declared: int | None = None) -> dict[str, str]:
+    """save_pretrained in ~3 shards with model.safetensors.index.json, an MTP head of `layers` modules in
+    one more shard (listed in the index; `num_nextn_predict_layers` = `declared`, default `layers`);
+    `change(tensors)` may edit the MTP shard's tensors. Returns the weight map."""
     hf = hf_glm()
     hf.save_pretrained(folder, max_shard_size="20KB")
     index_file = folder / "model.safetensors.index.json"
     index = json.loads(index_file.read_text())
     if mtp:
-        extra = mtp_tensors(hf.config.num_hidden_layers)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": declared or layers}))
+        extra = mtp_tensors(hf.config.num_hidden_layers, layers=layers)
         if change is not None:
             change(extra)
         save_file(extra, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})

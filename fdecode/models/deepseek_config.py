@@ -12,6 +12,8 @@ YaRN included) and `num_kv_heads` equals `num_heads`; the attention shapes are t
 
 Layers `first_k_dense_replace` .. have the sigmoid-routed MoE `moe` (`fdecode.models.moe`), the
 others (all of them when `moe` is None) the dense SwiGLU MLP of `intermediate_size`.
+`mtp_num_layers` (`num_nextn_predict_layers`) = n MTP modules follow at layer indices
+`num_layers` .. `num_layers + n - 1` (`fdecode.models.nextn_mtp`: any n, module j mod n in draft forward j).
 
 The paged cache holds the latent, `R + Dr` values per token and layer (`fdecode.ops.latent_kv`),
 never the per-head keys and values: `kv_shape` is `[L, 1, num_slots, 1, R + Dr]`.
@@ -39,7 +41,7 @@ class DeepseekV3Config(ModelConfig):
     rope_interleave: bool = True  # the rope channels come as interleaved pairs (x0, x1), (x2, x3), ...
     moe: MoEConfig | None = None  # the routed experts of the MoE layers; None: every layer dense
     first_k_dense_replace: int = 0  # layers before this one have a dense MLP, the others `moe`
-    mtp_num_layers: int = 0  # MTP layers in the checkpoint (`num_nextn_predict_layers`; 0: none)
+    mtp_num_layers: int = 0  # MTP modules in the checkpoint (`num_nextn_predict_layers`; 0: none)
 
     def __post_init__(self) -> None:
         if self.model_type not in DEEPSEEK_MODEL_TYPES:
@@ -52,11 +54,6 @@ class DeepseekV3Config(ModelConfig):
         sizes = {"kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim, "v_head_dim": self.v_head_dim}
         if self.q_lora_rank is not None:
             sizes["q_lora_rank"] = self.q_lora_rank
-        if self.mtp_num_layers > 1:
-            raise ValueError(
-                f"the checkpoint has {self.mtp_num_layers} MTP layers (num_nextn_predict_layers): fdecode's "
-                "DeepSeek-V3 MTP head holds 1"
-            )
         bad = {k: v for k, v in sizes.items() if v < 1}
         if bad or self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
             raise ValueError(f"MLA sizes must be positive and qk_rope_head_dim even, got {bad or sizes} and {self.qk_rope_head_dim}")

@@ -4,21 +4,22 @@
   RoPE from `rope_parameters` / `rope_scaling` (DeepSeek's YaRN with `mscale` / `mscale_all_dim`),
   `rope_interleave` (default True), the sigmoid-routed MoE (`moe_config.sigmoid_moe_from_hf`:
   noaux_tc or greedy, group-limited top-k, shared experts) from layer `first_k_dense_replace` on,
-  `num_nextn_predict_layers` MTP layers.
+  `num_nextn_predict_layers` MTP modules.
 - Layers: `DecoderLayer` (pre-norm residual, Llama RMSNorms) with `MLAttention` over the latent
   cache and, by index, the SwiGLU `MLP` (dense) or `DeepseekMoE`; the model is `LlamaModel`'s forward
   over these layers (`RotaryEmbedding` over the `qk_rope_head_dim` channels).
-- Keys: `model.*` -> `*`; the MTP layer at `model.layers.{num_hidden_layers}.*` (layout (b) of
-  `loading`) -> `NextNMTPHead` around decoder layer `num_hidden_layers` (MLA + MoE); per-expert
-  `mlp.experts.N.*` are stacked by the loader.
+- Keys: `model.*` -> `*`; MTP module k at `model.layers.{num_hidden_layers + k}.*` (layout (b) of
+  `loading`, `nextn_mtp.rename`) -> module k of `NextNMTPHead`, around decoder layer
+  `num_hidden_layers + k` (MLA + MoE); per-expert `mlp.experts.N.*` are stacked by the loader.
 """
 
 from __future__ import annotations
 
+from fdecode.models import nextn_mtp
 from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.layers import DecoderLayer
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import Family, _rename, _rope_from_hf
+from fdecode.models.loading import Family, _rope_from_hf
 from fdecode.models.mla import MLAttention
 from fdecode.models.moe import feed_forward
 from fdecode.models.moe_config import sigmoid_moe_from_hf
@@ -92,9 +93,9 @@ def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
 
 
 def mtp_head(cfg: DeepseekV3Config) -> NextNMTPHead:
-    """The MTP head of DeepSeek's layout: its decoder layer is layer `num_layers` (MLA, and the MoE
-    where the config has one), its RoPE the target's."""
-    return NextNMTPHead(cfg, layer=decoder_layer(cfg, cfg.num_layers), rotary=RotaryEmbedding(cfg))
+    """The MTP head of DeepSeek's layout: `mtp_num_layers` modules, module k's decoder layer is layer
+    `num_layers + k` (MLA, and the MoE where the config has one), its RoPE the target's."""
+    return NextNMTPHead(cfg, layer=decoder_layer, rotary=RotaryEmbedding(cfg))
 
 
-DEEPSEEK_V3 = Family(config_from_hf, _rename, DeepseekV3Model, mtp_head)
+DEEPSEEK_V3 = Family(config_from_hf, nextn_mtp.rename, DeepseekV3Model, mtp_head)

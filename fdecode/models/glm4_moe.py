@@ -5,10 +5,10 @@
   RoPE (`partial_rotary_factor`, default 0.5: the first half of each head rotates); the feed-forward
   is the dense SwiGLU for the first `first_k_dense_replace` layers, the DeepSeek-style MoE after
   (`fdecode.models.moe`: sigmoid router with e_score_correction_bias, group-limited top-k, shared experts).
-- MTP: `num_nextn_predict_layers` (= 1) DeepSeek-style head at `model.layers.{num_hidden_layers}.*`
-  (`NextNMTPHead` around one more MoE decoder layer).
-- Keys: the Llama mapping (`model.*` -> `*`, the MTP layer -> `mtp.*`); per-expert
-  `mlp.experts.N.*_proj.weight` keys are stacked by the loader.
+- MTP: `num_nextn_predict_layers` = n DeepSeek-style modules at `model.layers.{num_hidden_layers + k}.*`
+  (`NextNMTPHead`, module k around MoE decoder layer `num_hidden_layers + k`; GLM-4.5 / 4.6 ship n = 1).
+- Keys: the Llama mapping (`model.*` -> `*`), MTP module k -> `mtp.layers.k.*` (`nextn_mtp.rename`);
+  per-expert `mlp.experts.N.*_proj.weight` keys are stacked by the loader.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from fdecode.models import nextn_mtp
 from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers import DecoderLayer, RMSNorm
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import Family, _rename, _rope_from_hf, shape_fields
+from fdecode.models.loading import Family, _rope_from_hf, shape_fields
 from fdecode.models.moe import feed_forward
 from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
 from fdecode.models.nextn_mtp import NextNMTPHead
@@ -40,7 +41,7 @@ class Glm4MoeConfig(ModelConfig):
     moe: MoEConfig | None = None  # the routed layers' MoE
     first_k_dense_replace: int = 1  # layers 0 .. k-1 have the dense MLP
     partial_rotary_factor: float = _DEFAULT_PARTIAL_ROTARY  # only the first head_dim * factor dims rotate
-    mtp_num_layers: int = 0  # num_nextn_predict_layers: MTP layers the checkpoint may carry (0 or 1)
+    mtp_num_layers: int = 0  # num_nextn_predict_layers: MTP modules the checkpoint may carry
 
     def __post_init__(self) -> None:
         if self.model_type not in GLM4_MOE_TYPES:
@@ -49,11 +50,6 @@ class Glm4MoeConfig(ModelConfig):
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}")
-        if self.mtp_num_layers > 1:
-            raise ValueError(
-                f"num_nextn_predict_layers = {self.mtp_num_layers}: fdecode's DeepSeek-style MTP head holds 1 layer "
-                "(every GLM-4.5 / 4.6 checkpoint has 1)"
-            )
 
     @property
     def rotary_dim(self) -> int:
@@ -113,7 +109,7 @@ class Glm4MoeModel(LlamaModel):
 
 class Glm4MoeMTPHead(NextNMTPHead):
     def __init__(self, cfg: Glm4MoeConfig) -> None:
-        super().__init__(cfg, layer=glm_layer(cfg, cfg.num_layers), rotary=PartialRotaryEmbedding(cfg, cfg.rotary_dim))
+        super().__init__(cfg, layer=glm_layer, rotary=PartialRotaryEmbedding(cfg, cfg.rotary_dim))
 
 
-GLM4_MOE = Family(config_from_hf, _rename, Glm4MoeModel, Glm4MoeMTPHead)
+GLM4_MOE = Family(config_from_hf, nextn_mtp.rename, Glm4MoeModel, Glm4MoeMTPHead)

@@ -26,7 +26,7 @@ from torch import nn
 
 from fdecode.models.hybrid import AttentionBlock, init_hybrid_
 from fdecode.models.hybrid_config import FULL, HybridConfig
-from fdecode.models.mtp import MTPHead
+from fdecode.models.mtp import MTPHead, mtp_input, run_one_layer_writing_all
 from fdecode.models.norms import OffsetRMSNorm
 from fdecode.models.partial_rope import PartialRotaryEmbedding
 
@@ -53,11 +53,10 @@ class HybridMTPHead(MTPHead):
         init_hybrid_(self, seed=seed, std=std)
 
     def run_layers(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, ctx, depth: int
-    ) -> torch.Tensor:
-        """Layer depth mod n over x [B, Q, H]; the other layers only write their keys and values."""
-        active = depth % self.num_mtp_layers
-        for i, layer in enumerate(self.layers):
-            if i != active:
-                layer.write_kv(x, positions, slots, kv, i, ctx, self.rotary)
-        return self.layers[active](x, positions, slots, kv, active, ctx, self.rotary)
+        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+        kv: torch.Tensor, ctx, depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer depth mod n over the shared fc's x [B, Q, H]; the other layers only write their keys and values."""
+        x = mtp_input(self, embedded, hidden_in)
+        _, h = run_one_layer_writing_all(self.layers, lambda _: x, depth, positions, slots, kv, ctx, self.rotary)
+        return h, self.norm(h)

@@ -62,16 +62,23 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)  # [B, Q, Hq, D]
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        self.write(x, positions, slots, kv, layer, ctx, rotary)  # before attending: see the module docstring
+        out = paged_attention(rotary(q, positions), kv, layer, ctx)  # [B, Q, Hq, D]
+        return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))
+
+    def write(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
+        ctx: PagedContext, rotary: RotaryEmbedding,
+    ) -> None:
+        """Write the rows' keys (normed, rotated) and values [B, Q, Hkv, D] at `slots`, and nothing else."""
+        b, q_len, _ = x.shape
         k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)  # [B, Q, Hkv, D]
         v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)  # [B, Q, Hkv, D]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
-
-        write_kv(kv, layer, slots, k, v, way=ctx.kv_write)  # before attending: see the module docstring
-
-        out = paged_attention(q, kv, layer, ctx)  # [B, Q, Hq, D]
-        return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        write_kv(kv, layer, slots, rotary(k, positions), v, way=ctx.kv_write)
 
 
 class MLP(nn.Module):
@@ -115,6 +122,14 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def write_kv(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
+        ctx: PagedContext, rotary: RotaryEmbedding,
+    ) -> None:
+        """Write the keys and values `forward` would write, and nothing else (an MTP module that does not
+        run at these rows, `mtp.run_one_layer_writing_all`); the attention needs a `write` of that call."""
+        self.self_attn.write(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary)
 
 
 def init_random_(module: nn.Module, *, seed: int, std: float) -> None:

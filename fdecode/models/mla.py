@@ -68,6 +68,15 @@ class MLAttention(nn.Module):
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
         return rotary(deinterleave(x) if self.interleaved else x, positions)
 
+    def write(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
+        ctx: PagedContext, rotary: RotaryEmbedding,
+    ) -> None:
+        """Write the rows' latents `[kv_a_layernorm(c) | rotated k_pe]` at `slots`, and nothing else."""
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)  # [B, Q, R], [B, Q, Dr]
+        k_pe = self._rotate(k_pe[:, :, None], positions, rotary)[:, :, 0]  # [B, Q, Dr]
+        write_latent(kv, layer, slots, torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1), way=ctx.kv_write)
+
     def forward(
         self,
         x: torch.Tensor,  # [B, Q, H_model]
@@ -81,9 +90,7 @@ class MLAttention(nn.Module):
         b, q_len, _ = x.shape
         q = self._queries(x).view(b, q_len, self.num_heads, self.nope + self.rope)  # [B, Q, H, Dn + Dr]
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)  # [B, Q, R], [B, Q, Dr]
-        k_pe = self._rotate(k_pe[:, :, None], positions, rotary)[:, :, 0]  # [B, Q, Dr]
-        write_latent(kv, layer, slots, torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1), way=ctx.kv_write)
+        self.write(x, positions, slots, kv, layer, ctx, rotary)
 
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)  # [H, Dn + Dv, R]
         w_uk, w_uv = w[:, : self.nope], w[:, self.nope :]  # [H, Dn, R], [H, Dv, R]

@@ -11,6 +11,9 @@ The head has one decoder layer (so a 1-layer paged KV cache, `kv_config`) and
 borrows the target's embedding and LM head: `bind(target)` keeps references,
 outside the module tree, so they are neither copied nor saved twice. Its KV
 entry at position p pairs the token at p with the hidden from p - 1.
+Heads of n layers (`HybridMTPHead`, `NextNMTPHead`) override `run_layers`: draft
+forward j (`depth`) runs layer j mod n, and every other layer writes its keys and
+values of the rows (`run_one_layer_writing_all`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class MTPHead(nn.Module):
 
     # The hidden a draft forward hands the next one: the layer output (False) or its final norm (True).
     chains_normed = False
-    num_mtp_layers = 1  # decoder layers; draft forward j runs layer j mod num_mtp_layers (`HybridMTPHead`)
+    num_mtp_layers = 1  # decoder layers; draft forward j runs layer j mod this (`HybridMTPHead`, `NextNMTPHead`)
 
     @classmethod
     def random(cls, cfg: ModelConfig, *, seed: int, std: float = 0.02, dtype: torch.dtype = torch.float32) -> MTPHead:
@@ -80,17 +83,37 @@ class MTPHead(nn.Module):
         if hidden_in is None:
             raise ValueError("MTPHead needs hidden_in [B, Q, H]")
         embed_tokens, lm_head = self._shared
-        x = torch.cat([self.enorm(embed_tokens(tokens)), self.hnorm(hidden_in)], dim=-1)  # [B, Q, 2H]
         ctx = paged_context(block_tables, positions, block_size, kernel=attention)
-        h = self.run_layers(self.eh_proj(x), positions, slots, kv, ctx, depth)  # [B, Q, H]
-        out = self.norm(h)
+        h, out = self.run_layers(embed_tokens(tokens), hidden_in, positions, slots, kv, ctx, depth)  # [B, Q, H] each
         return lm_head(out).float(), out if self.chains_normed else h
 
     def run_layers(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, ctx, depth: int
-    ) -> torch.Tensor:
-        """The decoder layer over the projected rows x [B, Q, H] (one layer: `depth` does not matter)."""
-        return self.layer(x, positions, slots, kv, 0, ctx, self.rotary)
+        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+        kv: torch.Tensor, ctx, depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer output h, final norm of h) [B, Q, H] of the rows (embedded tokens, hidden_in); one
+        layer, so `depth` does not matter."""
+        h = self.layer(mtp_input(self, embedded, hidden_in), positions, slots, kv, 0, ctx, self.rotary)
+        return h, self.norm(h)
+
+
+def mtp_input(parts: nn.Module, embedded: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
+    """eh_proj([enorm(embedded); hnorm(hidden_in)]) [B, Q, H] with the `enorm`, `hnorm`, `eh_proj` of
+    `parts` (a head, or one module of a head that has several)."""
+    return parts.eh_proj(torch.cat([parts.enorm(embedded), parts.hnorm(hidden_in)], dim=-1))
+
+
+def run_one_layer_writing_all(
+    layers, inputs, depth: int, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, ctx, rotary
+) -> tuple[int, torch.Tensor]:
+    """(a, output of layers[a] over inputs(a)), a = depth mod n: the layer draft forward `depth` runs.
+    Every other layer i only writes its keys and values of inputs(i) into KV layer i (`write_kv`), so
+    each layer's KV holds an entry at every row any draft forward saw (`HybridMTPHead`, `NextNMTPHead`)."""
+    active = depth % len(layers)
+    for i, layer in enumerate(layers):
+        if i != active:
+            layer.write_kv(inputs(i), positions, slots, kv, i, ctx, rotary)
+    return active, layers[active](inputs(active), positions, slots, kv, active, ctx, rotary)
 
 
 def mtp_layer(draft: nn.Module, j: int) -> int:

@@ -1,44 +1,95 @@
-"""The DeepSeek-V3 / GLM-4.5 MTP head ("nextn"): `MTPHead` around whatever decoder layer the family has.
+"""The DeepSeek-V3 / GLM-4.5 MTP head ("nextn"): `MTPHead` of n modules around the family's decoder layer.
 
-    h      = layer(eh_proj(cat([enorm(embed(token)), hnorm(hidden_in)], -1)))   (embedding first)
-    logits = lm_head(shared_head.norm(h))
+    x_m    = eh_proj_m(cat([enorm_m(embed(token)), hnorm_m(hidden_in)], -1))   (embedding first)
+    h      = layer_a(x_a)          draft forward j runs module a = j mod n, n = `num_nextn_predict_layers`
+    logits = lm_head(norm_a(h))    (norm_m: module m's `shared_head.norm`)
 
-The checkpoint puts it after the target's layers, at `model.layers.{num_hidden_layers}.*`: `enorm`,
-`hnorm`, `eh_proj`, `shared_head.norm`, the decoder layer's own keys (`self_attn.*`, `mlp.*`, its two
-norms), and optional copies of the target's `embed_tokens` / `shared_head.head`, which the head does
-not load: it borrows the target's (`MTPHead.bind`). `loading._rename` maps the keys (layout (b)).
-As in vLLM's DeepSeek MTP, the head chains the layer output *before* the norm to its next forward.
+The checkpoint puts module k after the target's layers, at `model.layers.{num_hidden_layers + k}.*`:
+`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, the decoder layer's own keys (`self_attn.*`, `mlp.*`,
+its two norms), and optional copies of the target's `embed_tokens` / `shared_head.head`, which the
+head does not load: it borrows the target's (`MTPHead.bind`). `rename` maps the keys to
+`mtp.layers.k.{enorm, hnorm, eh_proj, norm, layer.*}`; a checkpoint that declares n modules but lacks
+a key of one is refused by the loader, naming the key, before any tensor is read. Module k is
+reused cyclically when K > n (vLLM's `spec_step_idx % num_mtp_layers`). As in vLLM's DeepSeek MTP,
+the head chains the layer output *before* the norm to its next forward.
 
-`layer` is the family's decoder layer for index `num_hidden_layers` (GLM-4.5: GQA + MoE; DeepSeek-V3:
-MLA + MoE), any module with `layers.DecoderLayer`'s call signature; `rotary` the family's RoPE;
-`norm` the RMSNorm class of enorm / hnorm / shared_head.norm. The head's paged KV is that one layer
-(`kv_config`: the family config with num_layers = 1). `num_nextn_predict_layers` must be 1 (every
-DeepSeek-V3 / GLM-4.5 / 4.6 checkpoint's value); the family config refuses more.
+Each module has its own layer of the head's paged KV (`kv_config`: the family config with
+num_layers = n). Every row of every forward (prefill rows included) writes the keys and values of
+*all* n modules, module m's from its own x_m (its own norms and eh_proj over the row's token and
+hidden_in); only module a attends and proposes (`mtp.run_one_layer_writing_all`). So no module ever
+reads a slot it did not write, as in a one-module head. Cost per row: n - 1 extra enorm / hnorm /
+eh_proj, input norms and k/v (GLM) or latent (DeepSeek MLA) projections; no extra attention or MLP.
+
+`layer(cfg, index)` builds the family's decoder layer `index` (module k's is `num_hidden_layers + k`;
+GLM-4.5: GQA + MoE; DeepSeek-V3: MLA + MoE), any module with `layers.DecoderLayer`'s call signature
+and its `write_kv`; `rotary` is the family's RoPE; `norm` the RMSNorm class of enorm / hnorm /
+shared_head.norm.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers import RMSNorm
-from fdecode.models.mtp import MTPHead
+from fdecode.models.loading import _rename, nextn_part
+from fdecode.models.mtp import MTPHead, mtp_input, run_one_layer_writing_all
+
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
-class NextNMTPHead(MTPHead):
-    def __init__(
-        self, cfg: ModelConfig, *, layer: nn.Module, rotary: nn.Module, norm: Callable[[int, float], nn.Module] = RMSNorm
-    ) -> None:
-        nn.Module.__init__(self)  # MTPHead builds Llama blocks; this head takes the family's
-        self.config = cfg
-        self.kv_config = cfg.replace(num_layers=1)
+class NextNModule(nn.Module):
+    """One MTP module of the checkpoint: enorm, hnorm, eh_proj, its decoder layer, norm (shared_head.norm)."""
+
+    def __init__(self, cfg: ModelConfig, layer: nn.Module, norm: Callable[[int, float], nn.Module]) -> None:
+        super().__init__()
         self.enorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layer = layer
         self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class NextNMTPHead(MTPHead):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        layer: Callable[[ModelConfig, int], nn.Module],
+        rotary: nn.Module,
+        norm: Callable[[int, float], nn.Module] = RMSNorm,
+    ) -> None:
+        nn.Module.__init__(self)  # MTPHead builds Llama blocks; this head takes the family's
+        n = max(cfg.mtp_num_layers, 1)
+        self.config = cfg
+        self.num_mtp_layers = n
+        self.kv_config = cfg.replace(num_layers=n)
+        self.layers = nn.ModuleList(NextNModule(cfg, layer(cfg, cfg.num_layers + k), norm) for k in range(n))
         self.rotary = rotary
         self._shared = None
         self.requires_grad_(False)
+
+    def run_layers(
+        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+        kv: torch.Tensor, ctx, depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Module depth mod n over its x; every other module writes its keys and values of its own x."""
+        active, h = run_one_layer_writing_all(
+            [m.layer for m in self.layers], lambda i: mtp_input(self.layers[i], embedded, hidden_in), depth,
+            positions, slots, kv, ctx, self.rotary,
+        )
+        return h, self.layers[active].norm(h)
+
+
+def rename(hf_key: str, num_layers: int) -> str | None:
+    """`loading._rename`, with module k of the MTP head at `model.layers.{num_layers + k}.*` (k >= 0)
+    named `mtp.layers.k.*` (`loading.nextn_part`)."""
+    match = _LAYER_KEY.fullmatch(hf_key)
+    if match is None or int(match[1]) < num_layers or hf_key.endswith("rotary_emb.inv_freq"):
+        return _rename(hf_key, num_layers)
+    part = nextn_part(match[2])
+    return None if part is None else f"mtp.layers.{int(match[1]) - num_layers}.{part}"
