@@ -19,8 +19,7 @@ from torch import nn
 
 from fdecode.models import nextn_mtp
 from fdecode.models.config import ModelConfig
-from fdecode.models.decoder_lm import DecoderLM
-from fdecode.models.layers import DecoderLayer, RMSNorm
+from fdecode.models.layers import DecoderLayer
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import Family, _rope_from_hf, shape_fields
 from fdecode.models.moe import feed_forward
@@ -92,19 +91,10 @@ def glm_layer(cfg: Glm4MoeConfig, index: int) -> DecoderLayer:
 
 
 class Glm4MoeModel(LlamaModel):
-    """`LlamaModel`'s forward over GLM's layers and partial RoPE."""
+    """`LlamaModel` over GLM's layers (`glm_layer`) and partial RoPE."""
 
     def __init__(self, cfg: Glm4MoeConfig) -> None:
-        DecoderLM.__init__(self)
-        self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(glm_layer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = PartialRotaryEmbedding(cfg, cfg.rotary_dim)
-        self.tie_weights_()
-        self.mtp = None
-        self.requires_grad_(False)
+        super().__init__(cfg, layer=glm_layer, rotary=PartialRotaryEmbedding(cfg, cfg.rotary_dim))
 
 
 class Glm4MoeMTPHead(NextNMTPHead):
