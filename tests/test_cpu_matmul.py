@@ -41,3 +41,29 @@ def test_a_compiled_cpu_forward_matches_eager():
                              options={"post_grad_custom_pre_pass": weight_stationary})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_moe_mla_verify_forward_matches_eager():
+    """A DeepSeek-shaped target (MLA, a dense layer then MoE) over 3 verify rows, through `capture`: Inductor
+    once fused the transposed products into vectorized kernels that read them wrongly (logits off by ~1.7)."""
+    import fdecode
+    from fdecode.bench import deepseek_v3
+    from fdecode.graphs.backends import capture
+
+    target = deepseek_v3(1024, 256, 2, seed=1)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=62, backend="eager")
+    step = fdecode.compile(target, target, cfg)
+    state = step.prefill([list(range(3, 27))], max_new_tokens=8)
+    tables, bs = state.block_tables, cfg.block_size
+    tokens = state.tokens.clamp_min(0)
+    positions = state.base_pos[:, None] + torch.arange(3)
+
+    def forward(kv):
+        return step.target(tokens, positions, torch.zeros_like(positions), kv, tables, block_size=bs,
+                           attention="torch")[0]
+
+    with torch.no_grad():
+        want = forward(state.target_kv.clone())
+        got = capture("inductor", forward, step.config)(state.target_kv.clone())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+

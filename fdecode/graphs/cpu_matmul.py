@@ -5,7 +5,8 @@ per lane) and the CPU's BLAS at one or two threads, that call costs 1.6x-1.8x on
 product, which streams the weight once: measured on this project's 2-core CI machine (MKL, float32,
 SmolLM2-135M's 30 layers of shapes, one thread: 64 ms for one row, 104-114 ms for four). The same
 product computed the other way round, (w [n, k] @ x^T [k, M])^T, streams the weight as the single row
-does and costs 67-95 ms for 2-8 rows. That difference is most of a CPU verify's price over a one-token
+does and costs 67-95 ms for 2-8 rows (the product comes out transposed and is copied back to row-major
+order, a few rows' worth, by an extern call: `transpose_copy`). That difference is most of a CPU verify's price over a one-token
 step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
 already) and more than `MAX_ROWS` rows are left alone. The result is the same product: only the
 summation order inside the BLAS call may differ, by float rounding.
@@ -41,11 +42,24 @@ def _weight(node: torch.fx.Node) -> torch.fx.Node | None:
     return node.args[0]
 
 
-def _call(graph: torch.fx.Graph, op, *args) -> torch.fx.Node:
-    """A new node computing op(*args), with the fake value Inductor's lowering reads."""
-    node = graph.call_function(op, args)
-    node.meta["val"] = op(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args))
+def _call(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
+    """A new node computing op(*args, **kwargs), with the fake value Inductor's lowering reads."""
+    node = graph.call_function(op, args, kwargs)
+    node.meta["val"] = op(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args), **kwargs)
     return node
+
+
+@torch.library.custom_op("fdecode::transpose_copy", mutates_args=())
+def transpose_copy(t: torch.Tensor) -> torch.Tensor:
+    """t^T [n, m] -> [m, n], row-major: an extern call Inductor does not fuse. Its C++ kernels read a
+    transposed few-row product wrongly once fused and vectorized (a 2-layer DeepSeek-shaped model's
+    logits differed from eager by 1.7 in torch 2.13; right with `cpp.simdlen=1` or no fusion)."""
+    return t.t().contiguous()
+
+
+@transpose_copy.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(t.shape[1], t.shape[0])
 
 
 class WeightStationary(CustomGraphPass):
@@ -62,9 +76,9 @@ class WeightStationary(CustomGraphPass):
             if weight is None or rows is None or not 2 <= rows <= MAX_ROWS:
                 continue
             with graph.inserting_before(node):
-                xt = _call(graph, aten.permute.default, x, [1, 0])
+                xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
                 product = _call(graph, aten.mm.default, weight, xt)
-                out = _call(graph, aten.permute.default, product, [1, 0])
+                out = _call(graph, torch.ops.fdecode.transpose_copy.default, product)  # row-major, as traced
                 if bias is not None:
                     out = _call(graph, aten.add.Tensor, out, bias)
             node.replace_all_uses_with(out)
@@ -72,7 +86,7 @@ class WeightStationary(CustomGraphPass):
         graph.eliminate_dead_code()
 
     def uuid(self) -> str:
-        return f"fdecode-weight-stationary-{MAX_ROWS}-v1"
+        return f"fdecode-weight-stationary-{MAX_ROWS}-v2"
 
 
 weight_stationary = WeightStationary()
