@@ -2,7 +2,7 @@
 
 The ranks run every scenario of `tp_worker.run_rank` once (module fixture `ranks`);
 the tests compare what they saw:
-- greedy TP=2 == TP=1, token for token (independent draft LM, MTP head, captured graph);
+- greedy TP=2 == TP=1, token for token (independent draft LM, MTP head, captured graph, n-gram drafts);
 - random lanes: both ranks accept the same tokens at every one of 200 steps, with no
   broadcast (identical all-gathered logits + the PRNG key in the state);
 - `broadcast_accepted`: rank 1 samples with other seeds (a stand-in for a kernel that
@@ -39,9 +39,13 @@ def lengths(accepted: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["greedy_model", "greedy_mtp", "greedy_compiled"])
+@pytest.mark.parametrize("run", ["greedy_model", "greedy_mtp", "greedy_compiled", "greedy_ngram"])
 def test_tp2_greedy_equals_single_process(ranks, single, run):
+    """n-gram drafts (through `generate`, so with the Engine's draft gate) commit the target's greedy tokens,
+    which the LM-draft run's single-process output is."""
     want = single["greedy_mtp" if run == "greedy_mtp" else "greedy_model"]  # the compiled run uses the LM draft
+    if run == "greedy_ngram":
+        assert [rank["ngram_kind"] for rank in ranks] == ["ngram", "ngram"]
     for rank in ranks:
         assert rank[run] == want
     assert all(len(seq) == GREEDY_NEW for seq in want)  # no lane stopped early: the full budget is compared

@@ -153,6 +153,10 @@ def run_rank(rank: int, port: int, out: str) -> None:
     lap("greedy_model")
     result["greedy_mtp"] = greedy(tp_step(mtp_draft(target)))
     lap("greedy_mtp")
+    ngram = tp_step("ngram")  # no weights to shard: every rank looks up the same committed tokens
+    result["greedy_ngram"] = greedy(ngram)
+    result["ngram_kind"] = ngram.draft_kind
+    lap("greedy_ngram")
     # The same pair captured by Dynamo + AOTAutograd (collectives inside the graph) must agree too;
     # greedy-only (sampling=False), the smaller graph, to keep the capture time down.
     compiled = tp_step(partial_draft(target), backend="aot_eager", sampling=False)

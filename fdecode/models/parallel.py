@@ -249,7 +249,7 @@ def parallelize_pair(
     target: LlamaModel, draft: nn.Module, kind: str, tp: TPGroup
 ) -> tuple[ParallelLlamaModel, nn.Module]:
     """Shard a resolved (target, draft) pair for `fdecode.compile`: every check before any weight moves."""
-    if any(isinstance(m.config, HybridConfig) for m in (target, draft)):
+    if any(isinstance(getattr(m, "config", None), HybridConfig) for m in (target, draft)):  # n-gram drafts have none
         raise ValueError(
             "tensor parallelism is not implemented for hybrid (Gated DeltaNet) models: their DeltaNet heads, conv "
             "channels, recurrent-state leaves and gated attention are not sharded yet; run them with tp_size=1"
@@ -266,7 +266,8 @@ def parallelize_pair(
         )
     check_shardable(target.config, tp.size, what="target")
     if kind == "ngram":  # no weights: every rank looks up the same committed tokens
-        return parallelize(target, tp), draft
+        sharded = parallelize(target, tp)
+        return sharded, draft.bound(sharded)  # the attention shapes of a rank's shard
     if kind == "model":
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(
