@@ -86,12 +86,13 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     replaying = fdecode.compile(target, independent_draft("partial", target), cfg)
     real_graph, graphs = type(replaying)._graph, {}
 
-    def graph(self, blocks, plan):  # one "recorded graph" per window and plan, as the step keeps them
-        if (blocks, plan) not in graphs:
-            graphs[blocks, plan] = replay_like(
-                real_graph(self, blocks, plan), lambda r: r[1].packed, lambda r, packed: (r[0], StepOutput(packed))
+    def graph(self, blocks, plan, speculate):  # one "recorded graph" per window, plan and kind, as the step keeps them
+        if (blocks, plan, speculate) not in graphs:
+            graphs[blocks, plan, speculate] = replay_like(
+                real_graph(self, blocks, plan, speculate), lambda r: r[1].packed,
+                lambda r, packed: (r[0], StepOutput(packed)),
             )
-        return graphs[blocks, plan]
+        return graphs[blocks, plan, speculate]
 
     monkeypatch.setattr(type(replaying), "_graph", graph)
     assert fdecode_loop(replaying, prompts, 16, steps)[0] == expected  # device-resident: outputs read at the end

@@ -38,8 +38,8 @@ def recording(step) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
     graph = step._graph
 
-    def spy(blocks, plan):
-        run = graph(blocks, plan)
+    def spy(blocks, plan, speculate=True):
+        run = graph(blocks, plan, speculate)
 
         def call(state):
             active = state.base_pos[state.active]
