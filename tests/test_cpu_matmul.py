@@ -34,13 +34,14 @@ def test_few_row_linears_are_rewritten_and_compute_the_same():
 
 
 def test_a_compiled_cpu_forward_matches_eager():
-    """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input)."""
-    lin = torch.nn.Linear(16, 24)
-    x = torch.randn(1, 4, 16)
-    compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
-                             options={"post_grad_custom_pre_pass": weight_stationary})
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
+    """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input, and a one-output
+    linear, whose transposed product is already row-major)."""
+    for lin in (torch.nn.Linear(16, 24), torch.nn.Linear(16, 1, bias=False)):
+        x = torch.randn(1, 4, 16)
+        compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
+                                 options={"post_grad_custom_pre_pass": weight_stationary})
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_compiled_moe_mla_verify_forward_matches_eager():

@@ -54,7 +54,8 @@ def transpose_copy(t: torch.Tensor) -> torch.Tensor:
     """t^T [n, m] -> [m, n], row-major: an extern call Inductor does not fuse. Its C++ kernels read a
     transposed few-row product wrongly once fused and vectorized (a 2-layer DeepSeek-shaped model's
     logits differed from eager by 1.7 in torch 2.13; right with `cpp.simdlen=1` or no fusion)."""
-    return t.t().contiguous()
+    out = t.new_empty(t.shape[1], t.shape[0])  # never `t` itself (`.contiguous()` is, for a [n, 1] product)
+    return out.copy_(t.t())
 
 
 @transpose_copy.register_fake
