@@ -41,7 +41,7 @@ def test_one_token_filters_equal_greedy_over_thousands_of_samples():
     seeds = list(range(100, 100 + lanes))
     plans = []
     run = step._run
-    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
     for params, plan in ((dict(top_k=1), "top_k<=128"), (dict(min_p=1.0), "full")):
         plans.clear()
         sampled = fdecode.generate(step, prompts, max_new_tokens=new, temperature=1.0, seed=seeds, **params)
@@ -83,7 +83,7 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
     graphs = dict(step._graphs)
     plans = []
     run = step._run
-    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
     engine = fdecode.Engine(step)
     engine.add_request([1, 2, 3], max_new_tokens=30)
     for _ in range(3):
@@ -132,7 +132,7 @@ def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     plans = []
     run = step._run
-    step._run = lambda state, blocks, plan: (plans.append(plan.name), run(state, blocks, plan))[1]
+    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
     alone = fdecode.generate(step, [[5, 17, 33]], max_new_tokens=16, temperature=0.9, top_k=10, seed=42)[0]
     assert set(plans) == {"top_k<=128"}
     plans.clear()
