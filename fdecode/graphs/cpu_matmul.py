@@ -42,10 +42,10 @@ def _weight(node: torch.fx.Node) -> torch.fx.Node | None:
     return node.args[0]
 
 
-def _call(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
-    """A new node computing op(*args, **kwargs), with the fake value Inductor's lowering reads."""
-    node = graph.call_function(op, args, kwargs)
-    node.meta["val"] = op(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args), **kwargs)
+def _call(graph: torch.fx.Graph, op, *args) -> torch.fx.Node:
+    """A new node computing op(*args), with the fake value Inductor's lowering reads."""
+    node = graph.call_function(op, args)
+    node.meta["val"] = op(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args))
     return node
 
 
