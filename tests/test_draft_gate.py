@@ -34,6 +34,30 @@ def test_first_row_steps_commit_the_target_only_tokens():
     assert longest == {True: step.config.W, False: 1}
 
 
+@pytest.mark.parametrize("draft_kind", ["mtp", "model"])
+def test_first_row_steps_with_a_model_draft_stay_lossless(draft_kind):
+    """`speculate=False` is any step's, not only an n-gram one's: a first-row step commits one token and
+    the next window is drafted from it (as after a step that rejected every draft)."""
+    from test_lossless import PROMPTS, build
+
+    step, layers = build("self", draft_kind, 3)
+    state = step.prefill(list(PROMPTS), max_new_tokens=NEW)
+    outs = [state.step_output.tokens[b, : state.step_output.num_tokens[b]].tolist() for b in range(3)]
+    longest = 0
+    for i in range(40):
+        if bool(state.step_output.finished[:3].all()):
+            break
+        state, out = step(state, speculate=i % 3 == 2)
+        counts = out.num_tokens[:3].tolist()
+        if i % 3 != 2:
+            assert max(counts) <= 1
+        longest = max(longest, *counts)
+        for b in range(3):
+            outs[b] += out.tokens[b, : counts[b]].tolist()
+    assert outs == [hf_greedy(p, NEW, None, layers) for p in PROMPTS]
+    assert longest > 1  # the verified steps still accept drafts made after first-row steps
+
+
 def test_a_lane_without_a_proposal_commits_the_same_token_either_way():
     """Random lanes over one state copied: where nothing was proposed, the verified step's rejection draws
     from p with the noise the first-row step draws with, so both commit the same token."""
