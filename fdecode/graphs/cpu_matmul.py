@@ -6,8 +6,8 @@ product, which streams the weight once: measured on this project's 2-core CI mac
 SmolLM2-135M's 30 layers of shapes, one thread: 64 ms for one row, 104-114 ms for four). The same
 product computed the other way round, (w [n, k] @ x^T [k, M])^T, streams the weight as the single row
 does and costs 67-95 ms for 2-8 rows (the product comes out transposed and is copied back to row-major
-order, a few rows' worth, by an extern call: `transpose_copy`). That difference is most of a CPU verify's price over a one-token
-step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
+order, a few rows' worth, by an extern call: `aten._reshape_copy`, see `_row_major`). That difference is most of a CPU
+verify's price over a one-token step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
 already) and more than `MAX_ROWS` rows are left alone. The result is the same product: only the
 summation order inside the BLAS call may differ, by float rounding.
 
@@ -49,18 +49,17 @@ def _call(graph: torch.fx.Graph, op, *args) -> torch.fx.Node:
     return node
 
 
-@torch.library.custom_op("fdecode::transpose_copy", mutates_args=())
-def transpose_copy(t: torch.Tensor) -> torch.Tensor:
-    """t^T [n, m] -> [m, n], row-major: an extern call Inductor does not fuse. Its C++ kernels read a
-    transposed few-row product wrongly once fused and vectorized (a 2-layer DeepSeek-shaped model's
-    logits differed from eager by 1.7 in torch 2.13; right with `cpp.simdlen=1` or no fusion)."""
-    out = t.new_empty(t.shape[1], t.shape[0])  # never `t` itself (`.contiguous()` is, for a [n, 1] product)
-    return out.copy_(t.t())
+def _row_major(graph: torch.fx.Graph, product: torch.fx.Node, shape) -> torch.fx.Node:
+    """product [n, m] -> its transpose [m, n] copied to row-major order, by an ATen call Inductor neither lowers
+    nor fuses (`_reshape_copy` has no Inductor lowering or decomposition: an implicit fallback).
 
-
-@transpose_copy.register_fake
-def _(t: torch.Tensor) -> torch.Tensor:
-    return t.new_empty(t.shape[1], t.shape[0])
+    Why not a fused copy: Inductor 2.13's C++ kernels read the transposed products wrongly once several are
+    fused with their consumers (a 2-layer DeepSeek-shaped model's logits differed from eager by 1.5-1.7 with
+    three residual-stream products rewritten; right with `cpp.simdlen=1`). Why not a Python custom op (the
+    first version): its dispatch cost ~90 us a call, 20 ms a step over SmolLM2's 211 linears; this call is
+    the copy alone (SmolLM2 verify step 151 -> 136 ms, one thread, `bench`-style interleaved timing)."""
+    transposed = _call(graph, aten.permute.default, product, [1, 0])  # a strided view
+    return _call(graph, aten._reshape_copy.default, transposed, list(shape))  # a new row-major tensor
 
 
 class WeightStationary(CustomGraphPass):
@@ -79,7 +78,7 @@ class WeightStationary(CustomGraphPass):
             with graph.inserting_before(node):
                 xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
                 product = _call(graph, aten.mm.default, weight, xt)
-                out = _call(graph, torch.ops.fdecode.transpose_copy.default, product)  # row-major, as traced
+                out = _row_major(graph, product, node.meta["val"].shape)  # row-major, as traced
                 if bias is not None:
                     out = _call(graph, aten.add.Tensor, out, bias)
             node.replace_all_uses_with(out)
@@ -87,7 +86,7 @@ class WeightStationary(CustomGraphPass):
         graph.eliminate_dead_code()
 
     def uuid(self) -> str:
-        return f"fdecode-weight-stationary-{MAX_ROWS}-v2"
+        return f"fdecode-weight-stationary-{MAX_ROWS}-v5"
 
 
 weight_stationary = WeightStationary()
