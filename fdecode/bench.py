@@ -116,15 +116,25 @@ def _synchronize() -> None:
 
 
 def _median_run(fn, reps: int) -> tuple[float, float, float, object]:
-    fn()  # warm-up (compiles)
-    times, result = [], None
+    return _interleaved_runs({"fn": fn}, reps)["fn"]
+
+
+def _interleaved_runs(fns: dict, reps: int) -> dict[str, tuple[float, float, float, object]]:
+    """name -> (median, min, max seconds, last result) of each fn, after one warm-up call each (compiles).
+
+    The repetitions go round-robin (every fn once, then every fn again ..), so a slow drift of a shared
+    machine's speed (its other core, memory bandwidth) lands on every system alike instead of on whichever
+    ran during it: the ratios between rows are what a benchmark here reports."""
+    results = {name: fn() for name, fn in fns.items()}
+    times = {name: [] for name in fns}
     for _ in range(reps):
-        _synchronize()
-        start = time.perf_counter()
-        result = fn()
-        _synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times), max(times), result
+        for name, fn in fns.items():
+            _synchronize()
+            start = time.perf_counter()
+            results[name] = fn()
+            _synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), min(t), max(t), results[name]) for name, t in times.items()}
 
 
 def fdecode_loop(step, prompts, new_tokens, steps: int | None = None, gate: DraftGate | None = None):
@@ -259,14 +269,13 @@ def run_workload(
     baseline = {} if baseline is None else baseline
     key = (batch, new_tokens, tuple(map(tuple, prompts)))  # what target-only's tokens and time depend on
     results, outputs = [], {}
-    for system, fn in systems.items():
-        if system == "target-only" and key in baseline:
-            med, lo, hi, (outs, steps) = baseline[key]
-        else:
-            with torch.no_grad():
-                med, lo, hi, (outs, steps) = _median_run(fn, reps)
-        if system == "target-only":
-            baseline[key] = med, lo, hi, (outs, steps)
+    with torch.no_grad():
+        timed = _interleaved_runs({s: fn for s, fn in systems.items() if s != "target-only" or key not in baseline}, reps)
+    if "target-only" in timed:
+        baseline[key] = timed["target-only"]
+    timed["target-only"] = baseline[key]
+    for system in systems:
+        med, lo, hi, (outs, steps) = timed[system]
         outputs[system] = outs
         total = sum(len(o) for o in outs)
         steps = steps or new_tokens
