@@ -49,7 +49,7 @@ def _call(graph: torch.fx.Graph, op, *args) -> torch.fx.Node:
     return node
 
 
-def _row_major(graph: torch.fx.Graph, product: torch.fx.Node, shape) -> torch.fx.Node:
+def _row_major(graph: torch.fx.Graph, product: torch.fx.Node) -> torch.fx.Node:
     """product [n, m] -> its transpose [m, n] copied to row-major order, by an ATen call Inductor neither lowers
     nor fuses (`_reshape_copy` has no Inductor lowering or decomposition: an implicit fallback).
 
@@ -59,7 +59,7 @@ def _row_major(graph: torch.fx.Graph, product: torch.fx.Node, shape) -> torch.fx
     first version): its dispatch cost ~90 us a call, 20 ms a step over SmolLM2's 211 linears; this call is
     the copy alone (SmolLM2 verify step 151 -> 136 ms, one thread, `bench`-style interleaved timing)."""
     transposed = _call(graph, aten.permute.default, product, [1, 0])  # a strided view
-    return _call(graph, aten._reshape_copy.default, transposed, list(shape))  # a new row-major tensor
+    return _call(graph, aten._reshape_copy.default, transposed, list(transposed.meta["val"].shape))  # row-major
 
 
 class WeightStationary(CustomGraphPass):
@@ -78,7 +78,7 @@ class WeightStationary(CustomGraphPass):
             with graph.inserting_before(node):
                 xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
                 product = _call(graph, aten.mm.default, weight, xt)
-                out = _row_major(graph, product, node.meta["val"].shape)  # row-major, as traced
+                out = _row_major(graph, product)  # row-major, as traced
                 if bias is not None:
                     out = _call(graph, aten.add.Tensor, out, bias)
             node.replace_all_uses_with(out)
