@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fdecode.config import DecodeConfig
+from fdecode.ops.filters import GREEDY_BELOW
 from fdecode.scalars import scalar, token_ids, values
 from fdecode.seeds import SEED_BITS, SeedSource, derived
 
@@ -68,7 +69,8 @@ def stop_ids(value: object) -> tuple[int, ...] | None:
 class SamplingParams:
     """How one request is decoded. numpy / torch numbers are accepted and stored as Python values.
 
-    temperature: 0 = greedy (the target's argmax), > 0 samples the filtered distribution.
+    temperature: 0 = greedy (the target's argmax), > 0 samples the filtered distribution. Below 1e-5
+        (`GREEDY_BELOW`) the request is greedy and `temperature` reads 0.0, as vLLM treats it.
     top_k: keep the k most probable tokens, 0 = off. top_p: the smallest top set of mass >= top_p, 1 = off.
     min_p: keep tokens with p >= min_p * max p, 0 = off. (The filters apply to random requests only.)
     seed: the request's 63-bit PRNG key; None: drawn from the step's seeds (see the module docstring).
@@ -91,6 +93,8 @@ class SamplingParams:
         temperature, top_p, min_p = (_finite(n, getattr(self, n)) for n in ("temperature", "top_p", "min_p"))
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if temperature < GREEDY_BELOW:
+            temperature = 0.0
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if not 0 <= min_p <= 1:

@@ -153,7 +153,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         target_kv=kv[0],
         draft_kv=kv[1],
         **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-        history=torch.full((batch, history_width(draft, cfg.max_seq_len, window)), -1, **zeros),
+        history=torch.full((batch, history_width(draft, cfg)), -1, **zeros),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -227,7 +227,7 @@ def prime(
             draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
             attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
         )
-    history = torch.full((n, history_width(draft, cfg.max_seq_len, cfg.W)), -1, dtype=torch.int64, device=device)
+    history = torch.full((n, history_width(draft, cfg)), -1, dtype=torch.int64, device=device)
     history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft
+from conftest import fdecode_target, hf_greedy, independent_draft
 from fdecode import SamplingParams
+from fdecode.ops.filters import candidate_filter, full_filter
 from fdecode.seeds import derived
 
 CFG = dict(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, backend="eager")
@@ -182,3 +183,27 @@ def test_derived_seeds_are_the_same_in_every_process():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
         assert out.strip() == str([derived(3, i) for i in range(5)])
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-30, 1e-6])
+def test_a_temperature_below_1e_5_is_greedy(step, temperature):
+    """vLLM's rule: T < 1e-5 decodes greedily (T = 1e-39 made logits / T overflow: NaN rows, token 0 forever)."""
+    assert SamplingParams(temperature=temperature).temperature == 0.0
+    got = fdecode.generate(step, PROMPTS, max_new_tokens=6, temperature=temperature, seed=3)
+    assert got == [hf_greedy(tuple(p), 6) for p in PROMPTS]
+
+
+def test_the_smallest_sampled_temperature_samples_the_argmax(step):
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5  # still a random lane
+    got = fdecode.generate(step, PROMPTS, max_new_tokens=6, temperature=1e-5, seed=3)
+    assert got == [hf_greedy(tuple(p), 6) for p in PROMPTS]
+
+
+def test_a_tiny_temperature_in_the_state_never_makes_nan_rows():
+    """A lane's temperature tensor set below 1e-5 by hand (the host never writes one) samples near the argmax."""
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(0)) * 10
+    t = torch.tensor([1e-39, 1e-30])
+    off = (torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.zeros(2))
+    for probs in (full_filter(logits, t, *off), candidate_filter(logits, t, *off, 8)[0]):
+        assert torch.isfinite(probs).all()
+    assert torch.equal(full_filter(logits, t, *off).argmax(dim=-1), logits.argmax(dim=-1))

@@ -314,7 +314,7 @@ class Step:
         if state.target_kv.dtype != cfg.dtype:
             raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
         check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
-        history = (cfg.max_batch, history_width(self.draft, cfg.max_seq_len, cfg.W))
+        history = (cfg.max_batch, history_width(self.draft, cfg))
         if tuple(state.history.shape) != history:
             raise ValueError(
                 f"state.history is {tuple(state.history.shape)}, this step's {self.draft_kind} draft holds {history}: "

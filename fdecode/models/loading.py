@@ -36,6 +36,7 @@ from fdecode.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from fdecode.models.checkpoint import CheckpointTensors
 from fdecode.models.eos import eos_token_ids
 from fdecode.models.expert_weights import expert_parts, stack
+from fdecode.models.float32 import float32_names
 from fdecode.models.llama import LlamaModel
 from fdecode.models.mtp import MTPHead
 from fdecode.models.rope import rope_inv_freq
@@ -218,7 +219,7 @@ def _build(
         if has_mtp:
             model.mtp = family.mtp(cfg)
     shapes = {k: t.shape for k, t in model.state_dict().items()}
-    buffers = {k for k, _ in model.named_buffers()}
+    float32 = float32_names(model)  # the MoE routers' weights and bias (`Float32Module`)
     expected = set(shapes) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
     # Per-expert checkpoint tensors make the stacked ones the MoE block holds (`expert_weights`).
     stacked = expert_parts(sources.keys(), shapes)
@@ -243,9 +244,8 @@ def _build(
                 whose = " (the MTP layer must have the target's decoder-layer shapes)" if name.startswith("mtp.") else ""
                 raise ValueError(f"{sources[name]} ({name}): shape {tuple(t.shape)} in the checkpoint, the model "
                                  f"expects {tuple(shapes[name])}{whose}")
-            # Persistent buffers (the MoE routers' e_score_correction_bias) stay float32, as in transformers
-            # (`_keep_in_fp32_modules_strict`) and as `resolve.owned` keeps buffers: the bias picks experts.
-            want = torch.float32 if name in buffers and t.is_floating_point() else dtype or t.dtype
+            # The routers stay float32, as in transformers (`_keep_in_fp32_modules_strict`): they pick experts.
+            want = torch.float32 if name in float32 and t.is_floating_point() else dtype or t.dtype
             state[name] = t.to(device=device or t.device, dtype=want)
     try:
         model.load_state_dict(state, strict=False, assign=True)

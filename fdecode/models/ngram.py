@@ -60,7 +60,9 @@ def is_ngram(draft: object) -> bool:
     return isinstance(draft, NgramDraft)
 
 
-def history_width(draft: object, max_seq_len: int, window: int) -> int:
-    """Columns of `DecodeState.history`: every position of a lane plus room for a step's -1 padding past
-    its end (`fdecode.ops.ngram.write_history`); 0 for any other draft."""
-    return max_seq_len + window if is_ngram(draft) else 0
+def history_width(draft: object, config) -> int:
+    """Columns of `DecodeState.history` (`config`: a `DecodeConfig`): every position of a lane's blocks
+    (`blocks_per_lane * block_size`, which the widest attention window reads, even where `max_seq_len`
+    is not a multiple of the block size) plus room for a step's -1 padding past the end
+    (`fdecode.ops.ngram.write_history`); 0 for any other draft."""
+    return config.blocks_per_lane * config.block_size + config.W if is_ngram(draft) else 0

@@ -17,6 +17,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.eos import eos_token_ids
+from fdecode.models.float32 import dtype_in
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading import from_hf
@@ -77,12 +78,12 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
     Every module is a shallow copy (in eval mode); each parameter is the caller's very object when it
     already has the step's device and dtype and needs no gradient, else a converted copy (tied
     weights stay tied: one tensor, one replacement). Buffers (the float32 RoPE frequencies) keep
-    their dtype and only move device. An MTP head's borrowed embedding / LM head point at the copies."""
+    their dtype and only move device; a `Float32Module`'s parameters (the MoE routers) are float32. An MTP head's borrowed embedding / LM head point at the copies."""
     device, dtype = torch.device(cfg.device), cfg.dtype
     tensors: dict[int, torch.Tensor] = {}
     modules: dict[int, torch.nn.Module] = {}
 
-    def parameter(p: torch.nn.Parameter) -> torch.nn.Parameter:
+    def parameter(p: torch.nn.Parameter, dtype: torch.dtype) -> torch.nn.Parameter:
         if id(p) not in tensors:
             moved = p.to(device=device, dtype=dtype if p.is_floating_point() else p.dtype)
             keep = moved is p and not p.requires_grad
@@ -98,7 +99,8 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
         if id(m) not in modules:
             new = copy.copy(m)  # shares m's attribute dicts: replace the ones holding tensors and submodules
             modules[id(m)] = new
-            new.__dict__["_parameters"] = {k: None if p is None else parameter(p) for k, p in m._parameters.items()}
+            own = dtype_in(m, dtype)  # float32 for the MoE routers (`Float32Module`)
+            new.__dict__["_parameters"] = {k: None if p is None else parameter(p, own) for k, p in m._parameters.items()}
             new.__dict__["_buffers"] = {k: None if b is None else buffer(b) for k, b in m._buffers.items()}
             new.__dict__["_non_persistent_buffers_set"] = set(m._non_persistent_buffers_set)
             new.__dict__["_modules"] = {k: None if c is None else tree(c) for k, c in m._modules.items()}

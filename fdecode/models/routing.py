@@ -4,8 +4,9 @@ Both routers take `x` [N, H] and return `(weights [N, K] float32, experts [N, K]
 the K slots carries no meaning (the experts' outputs are summed). Names mirror transformers
 (`mlp.gate.weight`, `mlp.gate.e_score_correction_bias`), so checkpoints map 1:1.
 
-- `SigmoidRouter` (DeepSeek-V3 / GLM-4.5, `DeepseekV3TopkRouter`): logits in float32 (the router
-  weight is float32 in real checkpoints), s = sigmoid(logits). topk_method "noaux_tc": the choice
+- `SigmoidRouter` (DeepSeek-V3 / GLM-4.5, `DeepseekV3TopkRouter`): logits in float32, from a weight and
+  bias kept in float32 in a model of any dtype, as transformers keeps them (`Float32Module`);
+  s = sigmoid(logits). topk_method "noaux_tc": the choice
   scores c = s + e_score_correction_bias; each of `n_group` groups is scored by the sum of its best
   two c, a token keeps its `topk_group` best groups, then the top K of c inside them. topk_method
   "greedy": the top K of s (no groups; the bias loads and is unused). Weights: the chosen s
@@ -21,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fdecode.models.float32 import Float32Module
 from fdecode.models.moe_config import MoEConfig
 
 
-class SigmoidRouter(nn.Module):
+class SigmoidRouter(Float32Module):
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
         self.moe = moe

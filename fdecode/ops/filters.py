@@ -45,6 +45,10 @@ from fdecode.ops.histogram import histogram
 from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.sampling import first_true
 
+# Temperatures below this are greedy (`SamplingParams` stores 0), as in vLLM: logits / T overflows float32
+# near T = 1e-38, and the distribution is the argmax long before (a logit gap of 1e-3 at T = 1e-5 is e^100).
+GREEDY_BELOW = 1e-5
+
 _TOP = 30  # a probability's float32 bit pattern is below 2**30 (1.0 is 0x3F800000)
 
 
@@ -87,8 +91,10 @@ def radix_select(bits: torch.Tensor, weight: torch.Tensor, need: torch.Tensor) -
 
 
 def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """logits / T as float32 ([B, R, N], [B]); greedy lanes (T = 0) divide by 1 to keep the math finite."""
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    """logits / T as float32 ([B, R, N], [B]); greedy lanes (T = 0) divide by 1 to keep the math finite,
+    and T is at least `GREEDY_BELOW` (the host never sends less: `SamplingParams` makes it greedy), so a
+    lane's row never overflows to NaN."""
+    t = torch.where(temperature > 0, temperature.clamp_min(GREEDY_BELOW), torch.ones_like(temperature))
     return logits.float() / t[:, None, None]
 
 

@@ -25,7 +25,7 @@ NONE = -1  # "no token": past the committed history, and a draft that was not pr
 def write_history(history: torch.Tensor, base_pos: torch.Tensor, accepted: torch.Tensor) -> None:
     """Write each lane's accepted run at positions base_pos + 1 .. base_pos + W, in place.
 
-    history: [B, S] int64 with S >= max_seq_len + W (room for the -1 padding past the last position);
+    history: [B, S] int64 with S >= a lane's blocks' positions + W (room for the -1 padding past the last position);
     accepted: [B, W] int64, -1 padded. The padding lands past the lane's new last position, where
     nothing is committed; positions up to base_pos are never touched."""
     positions = (base_pos[:, None] + 1 + torch.arange(accepted.shape[1], device=accepted.device))

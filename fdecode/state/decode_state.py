@@ -132,7 +132,7 @@ class DecodeState:
     draft_rec: torch.Tensor  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows
     # n-gram drafts (`fdecode.models.ngram`): the committed token at each position, -1 past the last one,
     # written in place like the KV; [B, 0] for any other draft.
-    history: torch.Tensor  # [B, max_seq_len + W] int64
+    history: torch.Tensor  # [B, blocks_per_lane * block_size + W] int64
     active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
     remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
     stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none
