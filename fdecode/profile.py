@@ -76,11 +76,12 @@ def _spans(prof, prefix: str) -> list[Span]:
 
 
 def record(
-    iterations: int, out: Path, *, model: Path | str = TINY, k: int = 3, step=None
+    iterations: int, out: Path, *, model: Path | str = TINY, k: int = 3, step=None, backend: str = "inductor"
 ) -> tuple[list[Span], list[Span], int]:
     """Profile `iterations` iterations of the before loop and of the step on `model` with its MTP head.
 
     step: an already compiled step of `model` with its MTP head to profile (its K), instead of compiling one.
+    backend: what compiles the step and the before loop's forwards when `step` is None.
     Returns (before spans, step spans, tokens committed by each), both over the same iterations of the
     same greedy decode (the two systems commit the same tokens step for step)."""
     prompt = [load_tokenizer(model)(PROMPT)["input_ids"]]
@@ -90,12 +91,12 @@ def record(
             raise ValueError(f"{model} has no MTP head (mtp.* weights): fdecode profile draws real speculation with one")
         cfg = fdecode.DecodeConfig(
             num_draft_tokens=k, max_batch=1, max_seq_len=len(prompt[0]) + iterations * (k + 1) + 2 * k + 2,
-            sampling=False, backend="inductor",
+            sampling=False, backend=backend,
         )
         step = fdecode.compile(target, "mtp", cfg)
     budget = iterations * (step.config.K + 1)  # at most K + 1 tokens per iteration: at least `iterations` of them
     step.warmup(plans=(GREEDY,))
-    before = BeforeLoop(step)
+    before = BeforeLoop(step, backend=step.backend)
     before.generate(prompt, max_new_tokens=budget)  # warm-up: compiles the before loop's forwards
 
     # Both rows show `iterations` iterations: the before loop stops there, and so does the step.
@@ -167,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=TINY, help="checkpoint folder with an MTP head and its tokenizer "
                    "(default: the bundled model)")
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
+    p.add_argument("--backend", default="inductor", help="compiles the step and the before loop's forwards "
+                   "(default: %(default)s; aot_eager: capture without codegen)")
     args = p.parse_args(argv)
     if args.iterations < 1:
         p.error("--iterations must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    before, after, tokens = record(args.iterations, args.out, model=args.model, k=args.k)
+    before, after, tokens = record(args.iterations, args.out, model=args.model, k=args.k, backend=args.backend)
     gap = render(before, after, args.out / "timeline.png", tokens=tokens)
     mean = lambda spans, label: statistics.mean([(e - s) / 1e3 for lab, s, e in spans if lab == label] or [0.0])  # noqa: E731
     print(f"traces: {args.out / 'before.json'}, {args.out / 'fdecode.json'}; picture: {args.out / 'timeline.png'}")

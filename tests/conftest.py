@@ -13,7 +13,9 @@ the target's first layer and final norm computes the target truncated to that la
 from __future__ import annotations
 
 import functools
+import os
 
+import pytest
 import torch
 import transformers
 
@@ -21,6 +23,22 @@ from fdecode.models import LlamaModel, MTPHead, from_hf
 from fdecode.ops.paging import slot_of
 
 VOCAB = 96
+
+# pytest-xdist (`-n 2` in pyproject.toml): one worker per core, each on one thread (its child processes
+# too: the notebook's kernel, TP ranks, the CLI), so two workers never fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+# The files that take longest start first, so the two workers end together (`--dist loadfile` hands
+# out whole files in collection order).
+SLOW_FILES = ("test_notebook.py", "test_tp.py", "test_bench.py", "test_real_vocab.py", "test_engine.py",
+              "test_random_step.py", "test_buckets.py", "test_deepseek_v3_step.py", "test_qwen3_5_step.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable: file order kept otherwise
 
 
 def hf_config(num_layers: int = 2, **overrides) -> transformers.LlamaConfig:

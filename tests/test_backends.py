@@ -217,6 +217,18 @@ def test_fallback_chain_reports_every_refusal(monkeypatch):
     auto(state)  # the fallback really runs
 
 
+def test_fdecode_backend_names_what_auto_resolves_to(monkeypatch):
+    target = fdecode_target(2)
+    draft = independent_draft("random", target)
+    monkeypatch.setenv("FDECODE_BACKEND", "aot_eager")
+    step = fdecode.compile(target, draft, config(backend="auto"))
+    assert (step.backend, step.config.backend, step.fallback_reason) == ("aot_eager", "aot_eager", None)
+    assert fdecode.compile(target, draft, config(backend="eager")).backend == "eager"  # only "auto" follows it
+    monkeypatch.setenv("FDECODE_BACKEND", "inductr")
+    with pytest.raises(ValueError, match="FDECODE_BACKEND must be one of"):
+        fdecode.compile(target, draft, config(backend="auto"))
+
+
 # ---------------------------------------------------------------------------- the GE converter's mapping
 
 GE_ATTR_TYPES = {"Bool", "DataType", "Float", "Int", "ListBool", "ListDataType", "ListFloat", "ListInt", "ListStr", "Str"}

@@ -14,8 +14,10 @@ SYSTEMS = {"target-only", "before", "fdecode-eager", "fdecode", "hf-generate", "
 @pytest.mark.slow
 def test_quick_bench_writes_every_field(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    # aot_eager: this checks the bench's rows and fields; Inductor's code is checked by the lossless tests.
-    assert main(["--quick", "--backend", "aot_eager", "--json", str(out)]) == 0
+    # aot_eager and the two random-model workloads: this checks the bench's rows and fields (the bundled
+    # model's workloads run the same `run_workload`); Inductor's code is checked by the lossless tests.
+    argv = ["--quick", "--backend", "aot_eager", "--workloads", "random-draft", "draft=target", "--json", str(out)]
+    assert main(argv) == 0
     data = json.loads(out.read_text())
     fields = set(Result.__dataclass_fields__)
     for row in data["results"]:
@@ -39,7 +41,8 @@ def test_profile_writes_traces_and_a_timeline(tmp_path, capfd):
     printed, and the profiler's start/stop lines (C++, on fd 2) do not get out."""
     from fdecode.profile import main as profile_main
 
-    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "-k", "2"]) == 0
+    # aot_eager: the traces and the timeline are the concern here, not Inductor's code.
+    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "-k", "2", "--backend", "aot_eager"]) == 0
     counts = {}
     for name, label in (("before.json", "before/validate"), ("fdecode.json", "fdecode/step")):
         trace = json.loads((tmp_path / name).read_text())
@@ -78,7 +81,8 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
         return call
 
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4)
+    # Eager: the replays are simulated around whatever `_graph` returns, so no compile is needed.
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
     prompts = [[5, 17, 33, 2, 9], [7, 3]]
     honest = fdecode.compile(target, independent_draft("partial", target), cfg)
     expected, steps = fdecode_loop(honest, prompts, 16)
@@ -99,7 +103,7 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     assert fdecode_loop(replaying, prompts, 16, steps)[0] == expected  # device-resident: outputs read at the end
     assert fdecode.generate(replaying, prompts, max_new_tokens=16, progress=False) == expected  # the Engine's reads
 
-    baseline = TargetOnly(honest)
+    baseline = TargetOnly(honest, backend="eager")
     want = baseline.generate(prompts, max_new_tokens=12)
     baseline._next = replay_like(baseline._next, lambda r: r[0], lambda r, token: (token, r[1]))  # (token, recurrent)
     assert baseline.generate(prompts, max_new_tokens=12) == want

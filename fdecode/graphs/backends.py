@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import shutil
 from collections.abc import Callable
 
 import torch
 
-from fdecode.config import DecodeConfig
+from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.cpu_matmul import weight_stationary
 from fdecode.models.deepseek_config import DeepseekV3Config
@@ -181,13 +182,27 @@ def choose_backend(
     return name, "; ".join(reasons)
 
 
+def auto_override() -> str | None:
+    """The backend `FDECODE_BACKEND` names, which `backend="auto"` resolves to in this process (None: unset):
+    a notebook or a script runs under `aot_eager` or `eager` without an edit (the notebook test does)."""
+    name = os.environ.get("FDECODE_BACKEND") or None
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"FDECODE_BACKEND must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
 def resolve_backend(
     cfg: DecodeConfig, target, draft, draft_kind: str, *, fallback: bool = False
 ) -> tuple[DecodeConfig, str, str | None]:
     """`choose_backend`, plus the one fallback inside a backend: a torchair GE-graph request that GE
     cannot capture runs torchair's ACL graph mode (still one captured graph) rather than the next
     backend, with `fallback=True` or under "auto". Returns (the config that runs, backend, reason or None).
-    `cfg.attention` must be resolved (`choose_attention`): the GE mode depends on it."""
+    `cfg.attention` must be resolved (`choose_attention`): the GE mode depends on it.
+    A config asking for "auto" in a process with `FDECODE_BACKEND` set asks for that backend instead
+    (`auto_override`)."""
+    override = auto_override()
+    if cfg.backend == "auto" and override is not None:
+        cfg = dataclasses.replace(cfg, backend=override)
     asks_ge = cfg.torchair_mode == "max-autotune" and (
         (cfg.backend == "torchair" and fallback) or (cfg.backend == "auto" and cfg.device_type == "npu")
     )
