@@ -29,6 +29,8 @@ PATTERNS = {
     "lin-lin-lin-full": (LINEAR, LINEAR, LINEAR, FULL),
     "full-lin-lin-full": (FULL, LINEAR, LINEAR, FULL),
 }
+# Also buildable, not in the parametrized set: both kinds of layer in the smallest graph (the Inductor test).
+SMALL_PATTERNS = {"lin-full": (LINEAR, FULL)}
 
 
 def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], config_class=None, **overrides):
@@ -61,7 +63,7 @@ def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, family: str = "q
     (transformers' init zeroes the norms)."""
     config_class, model_class, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    model = model_class(hf_config(PATTERNS[pattern], config_class, **{**extra, **dict(overrides)})).eval()
+    model = model_class(hf_config({**PATTERNS, **SMALL_PATTERNS}[pattern], config_class, **{**extra, **dict(overrides)})).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

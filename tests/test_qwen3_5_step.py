@@ -142,9 +142,11 @@ def test_random_sampling_follows_the_filtered_target() -> None:
 
 @pytest.mark.slow
 def test_inductor_partially_agreeing_draft_is_lossless() -> None:
-    target = hybrid_target()
+    """Inductor's code for a DeltaNet + gated-attention step and its rollback; two layers (one of each
+    kind) keep the graph, unrolled K + 1 times, small enough to compile in CI's budget."""
+    target = hybrid_target("lin-full")
     outs, lengths, _ = run(compiled(target, near_copy(target), 2, backend="inductor"), PROMPTS)
-    assert outs == [hf_greedy(p) for p in PROMPTS]
+    assert outs == [hf_greedy(p, "lin-full") for p in PROMPTS]
     assert len(set(lengths)) > 1
 
 
