@@ -78,7 +78,8 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
     Every module is a shallow copy (in eval mode); each parameter is the caller's very object when it
     already has the step's device and dtype and needs no gradient, else a converted copy (tied
     weights stay tied: one tensor, one replacement). Buffers (the float32 RoPE frequencies) keep
-    their dtype and only move device; a `Float32Module`'s parameters (the MoE routers) are float32. An MTP head's borrowed embedding / LM head point at the copies."""
+    their dtype and only move device; a `Float32Module`'s parameters (the MoE routers) are float32.
+    An MTP head's borrowed embedding / LM head point at the copies."""
     device, dtype = torch.device(cfg.device), cfg.dtype
     tensors: dict[int, torch.Tensor] = {}
     modules: dict[int, torch.nn.Module] = {}
