@@ -25,10 +25,14 @@ from fdecode.ops.paging import slot_of
 VOCAB = 96
 
 # pytest-xdist (`-n 2` in pyproject.toml): one worker per core, each on one thread (its child processes
-# too: the notebook's kernel, TP ranks, the CLI), so two workers never fight over the cores.
+# too: the notebook's kernel, TP ranks, the CLI) and compiling Inductor's C++ itself rather than through a
+# pool of compile processes, so two workers never fight over the cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch._inductor.config
+
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    torch._inductor.config.compile_threads = 1
 
 # The files that take longest start first, so the two workers end together (`--dist loadfile` hands
 # out whole files in collection order).
