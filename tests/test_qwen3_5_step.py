@@ -88,7 +88,7 @@ def test_finished_and_free_lanes_keep_their_states_bit_identical() -> None:
 
 @pytest.mark.slow
 def test_inspect_one_graph_no_breaks_no_syncs() -> None:
-    target = hybrid_target()
+    target = hybrid_target("lin-full")  # both kinds of layer; the capture does not depend on the depth
     step = compiled(target, near_copy(target), 2, backend="aot_eager")
     state = step.prefill(list(PROMPTS[:2]), max_new_tokens=NEW, temperature=[0.0, 0.8], top_k=[0, 5])
     report = fdecode.inspect(step, state)
@@ -204,7 +204,7 @@ def test_context_buckets_switch_windows_on_the_hybrid() -> None:
 @pytest.mark.slow
 def test_admitting_requests_into_a_live_state_never_recompiles() -> None:
     """Priming resets and fills a lane's recurrent leaves in place of the old rows: same shapes, no recompile."""
-    target = hybrid_target()
+    target = hybrid_target("lin-full")  # both kinds of layer; the guards do not depend on the depth
     engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2, backend="aot_eager"))
     with torch._dynamo.config.patch(error_on_recompile=True):
         for i in range(5):
