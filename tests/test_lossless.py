@@ -41,8 +41,12 @@ def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None):
 def build(kind: str, draft_kind: str, k: int, backend: str = "eager", **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
-    draft = {"mtp": lambda: mtp_head(kind, target), "ngram": lambda: "ngram"}.get(
-        draft_kind, lambda: independent_draft(kind, target))()
+    if draft_kind == "mtp":
+        draft = mtp_head(kind, target)
+    elif draft_kind == "ngram":
+        draft = "ngram"
+    else:
+        draft = independent_draft(kind, target)
     cfg = fdecode.DecodeConfig(
         **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": backend, **changes}
     )
