@@ -63,6 +63,11 @@ class DecodeConfig:
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
     attention: str = "auto"
+    # Compile each kind of decoder layer once and call it at every copy (`torch.compiler.nested_compile_region`,
+    # `fdecode.models.regions`), so compile time does not grow with depth x (K + 1); the step stays one
+    # graph. Used with the reference attention kernel under the compiling backends (not torchair); False
+    # unrolls every layer copy.
+    layer_regions: bool = True
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
     torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
@@ -82,6 +87,8 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
+        if not isinstance(self.layer_regions, bool):
+            raise ValueError(f"DecodeConfig.layer_regions must be True or False, got {self.layer_regions!r}")
         if not isinstance(self.draft_gate, bool):
             raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
         if self.backend not in BACKENDS:

@@ -25,6 +25,7 @@ from fdecode.config import DecodeConfig
 from fdecode.models.ngram import is_ngram
 from fdecode.models.mtp import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
+from fdecode.models.regions import shares_parameters
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
@@ -82,7 +83,8 @@ def decode_step(
     committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
     logits, hidden, snapshots = forward_rows(  # a draft id < 0 (nothing proposed) runs as id 0, never accepted
         target, state.tokens[:, :rows].clamp_min(0), positions[:, :rows], slots[:, :rows], state.target_kv, context,
-        block_size=cfg.block_size, attention=cfg.attention, recurrent=committed, snapshots=True,
+        block_size=cfg.block_size, attention=cfg.attention, regions=cfg.layer_regions, recurrent=committed,
+        snapshots=True,
     )  # [B, rows, V], [B, rows, H], recurrent states after each row (None: no linear-attention layers)
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
     if not speculate:
@@ -104,6 +106,7 @@ def decode_step(
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
         overflow=overflow, context_blocks=context_blocks, plan=plan,
+        draft_regions=cfg.layer_regions and not shares_parameters(target, draft),  # see `shares_parameters`
     )
     return new_state, new_state.step_output
 
@@ -174,6 +177,7 @@ def advance(
     overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
     context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
+    draft_regions: bool = False,  # run the draft's layers as compile regions (`fdecode.models.regions`)
 ) -> DecodeState:
     """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
     batch, window = accepted.shape
@@ -208,7 +212,7 @@ def advance(
         context,
         block_size=bs,
         hidden_in=rows_hidden.view(batch, 2, width),
-        attention=cfg.attention,
+        attention=cfg.attention, regions=draft_regions,
         recurrent=start,
         valid=valid,
     )  # the `current` row (column 1) proposes d'1 at P + 1
@@ -227,7 +231,7 @@ def advance(
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h, draft_state = forward_rows(
             draft, proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h,
-            attention=cfg.attention, recurrent=draft_state, **depth_kwargs(draft, j),
+            attention=cfg.attention, regions=draft_regions, recurrent=draft_state, **depth_kwargs(draft, j),
         )  # an MTP head of n layers runs layer j mod n
         ring.append(draft_state)
         proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan, candidates)

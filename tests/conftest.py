@@ -132,6 +132,13 @@ def fdecode_target(num_layers: int = 2) -> LlamaModel:
 
 
 
+def largest_cpu_allocation(fn) -> int:
+    """Bytes of the largest CPU allocation made while `fn()` runs (the profiler's memory events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+
+
 def fresh_forward(model, seq: list[int], *, block_size: int = 4, hidden_in=None):
     """A from-scratch forward of `model` over `seq` (one lane, contiguous blocks, a fresh cache).
 

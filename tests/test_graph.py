@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft, mtp_head
+from conftest import fdecode_target, independent_draft, largest_cpu_allocation, mtp_head
 from fdecode.state import DecodeState
 
 # Writes through a view of the KV leaf (or the functional index_copy) make the compiled
@@ -106,13 +106,6 @@ def small_step():
         num_draft_tokens=1, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager", sampling=False
     )
     return fdecode.compile(target, independent_draft("random", target), cfg)
-
-
-def largest_cpu_allocation(fn) -> int:
-    """Bytes of the largest CPU allocation made while `fn()` runs (the profiler's memory events)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
 
 
 def test_inspect_does_not_copy_the_kv(small_step, monkeypatch):

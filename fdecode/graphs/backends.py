@@ -210,9 +210,16 @@ def resolve_backend(
         reason = _torchair(cfg, target, draft, draft_kind)
         acl = dataclasses.replace(cfg, torchair_mode="reduce-overhead")
         if reason is not None and _torchair(acl, target, draft, draft_kind) is None:
-            return acl, "torchair", f"torchair GE graph: {reason}; running torchair's ACL graph mode instead"
+            why = f"torchair GE graph: {reason}; running torchair's ACL graph mode instead"
+            return without_regions(acl), "torchair", why
     name, reason = choose_backend(cfg, target, draft, draft_kind, fallback=fallback)
-    return cfg, name, reason
+    return (without_regions(cfg) if name == "torchair" else cfg), name, reason
+
+
+def without_regions(cfg: DecodeConfig) -> DecodeConfig:
+    """`cfg` with layers unrolled: torchair's graph modes are not known to take nested compile regions
+    (`invoke_subgraph`), so a torchair step runs every layer copy inline (`DecodeConfig.layer_regions`)."""
+    return dataclasses.replace(cfg, layer_regions=False)
 
 
 def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:

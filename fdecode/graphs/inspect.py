@@ -6,6 +6,10 @@ than raised) and lowered by AOTAutograd to ATen, the level every backend
 ops by qualified name, and the nodes that force a device -> host sync. Since
 torch 2.10 `fullgraph=True` accepts `.item()` and `nonzero` (scalar outputs are
 captured), so syncs are found by scanning the graph, not by trusting capture.
+Layers compiled once as nested compile regions (`fdecode.models.regions`) are
+`invoke_subgraph` calls of a subgraph: ops and syncs are counted as executed, a
+subgraph's nodes once per call, and `GraphReport.regions` says how many distinct
+subgraphs were compiled and how often each is called.
 
 Inspection copies nothing: it traces (and runs) the step on fake tensors of the
 state's shapes, strides, dtypes and devices (`FakeTensorMode`), so no second KV
@@ -67,8 +71,11 @@ class GraphReport:
         traced with `context`'s width as the example.
     plan: name of the inspected graph's sampling plan (`fdecode.ops.plan`), one of `step.plans`.
     graph_count, graph_break_count, break_reasons: Dynamo graphs of the traced step, breaks between them.
-    op_counts: qualified op name ("aten::index_put", "fdecode::prepare_next_draft") -> nodes.
+    op_counts: qualified op name ("aten::index_put", "fdecode::prepare_next_draft") -> nodes executed per
+        run (a compile region's nodes once per call).
     host_syncs: nodes that force a device -> host sync.
+    regions: compile regions (`invoke_subgraph`, `fdecode.models.regions`): subgraph name -> calls. Each
+        name is code compiled once; {} where every layer copy is unrolled.
     recompiles: how many times Dynamo compiled the step's real graphs for this window again after the
         first compile (guard failures), summed over the window's graphs (one per sampling plan where
         the step has several); 0 for eager or graphs not yet run. Read from Dynamo's cache of the
@@ -94,6 +101,7 @@ class GraphReport:
     break_reasons: list[str]
     op_counts: dict[str, int]
     host_syncs: list[str]
+    regions: dict[str, int]
     recompiles: int
     recompile_reasons: list[str]
     cudagraph_skips: list[str]
@@ -115,15 +123,15 @@ class GraphReport:
         """Nodes per op overload ("aten.index_put.default", "fdecode.prepare_next_draft.default")."""
         counts: Counter[str] = Counter()
         for gm in self.graphs:
-            for node in gm.graph.nodes:
+            for node in executed_nodes(gm):
                 op = node_op(node)
                 if op is not None:
                     counts[str(op)] += 1
         return dict(counts)
 
     def __repr__(self) -> str:
-        shown = ("backend", "context", "dynamic_window", "plan", "graph_count", "graph_break_count", "host_syncs", "aten_ops", "custom_ops",
-                 "recompiles", "cudagraph_skips")
+        shown = ("backend", "context", "dynamic_window", "plan", "graph_count", "graph_break_count", "host_syncs",
+                 "regions", "aten_ops", "custom_ops", "recompiles", "cudagraph_skips")
         # Not a constructor call (aten_ops and custom_ops are properties): <GraphReport name=value ...>.
         return f"<GraphReport {' '.join(f'{name}={getattr(self, name)!r}' for name in shown)}>"
 
@@ -137,6 +145,31 @@ def node_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
     if getattr(target, "name", lambda: None)() in ("auto_functionalized", "auto_functionalized_v2"):
         target = node.args[0]
     return target if hasattr(target, "_schema") else None
+
+
+def called_subgraphs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[tuple[str, torch.fx.GraphModule]]:
+    """The subgraphs a node calls (a higher-order op such as `invoke_subgraph`, functionalized or not, takes
+    them as `get_attr` arguments or keywords): (attribute name, graph module)."""
+    found = []
+    for arg in (*node.args, *node.kwargs.values()):
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            sub = getattr(gm, arg.target, None)
+            if isinstance(sub, torch.fx.GraphModule):
+                found.append((arg.target, sub))
+    return found
+
+
+def executed_nodes(gm: torch.fx.GraphModule, calls: Counter | None = None):
+    """Every node a run of `gm` executes: its own, and a called subgraph's once per call (recursively).
+    `calls` (if given) counts the calls per subgraph name."""
+    for node in gm.graph.nodes:
+        yield node
+        if node.op != "call_function":
+            continue
+        for name, sub in called_subgraphs(gm, node):
+            if calls is not None:
+                calls[name] += 1
+            yield from executed_nodes(sub, calls)
 
 
 def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
@@ -201,8 +234,9 @@ def inspect(
 
     op_counts: Counter[str] = Counter()
     syncs: list[str] = []
+    region_calls: Counter[str] = Counter()
     for gm in aten_graphs:
-        for node in gm.graph.nodes:
+        for node in executed_nodes(gm, region_calls):
             op = node_op(node)
             if op is None:
                 continue
@@ -211,7 +245,7 @@ def inspect(
             if name in SYNC_OPS:
                 syncs.append(f"{name} ({node.name})")
     for gm in dynamo_graphs:
-        for node in gm.graph.nodes:
+        for node in executed_nodes(gm):
             if node.op == "call_method" and node.target in SYNC_METHODS:
                 syncs.append(f"Tensor.{node.target} ({node.name})")
     recompiles, recompile_reasons, cudagraph_skips = real_backend_facts(step, blocks)
@@ -225,6 +259,7 @@ def inspect(
         break_reasons=sorted(new_breaks),
         op_counts=dict(op_counts),
         host_syncs=syncs,
+        regions=dict(region_calls),
         recompiles=recompiles,
         recompile_reasons=recompile_reasons,
         cudagraph_skips=cudagraph_skips,

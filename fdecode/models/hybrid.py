@@ -25,6 +25,7 @@ from fdecode.models.layers import MLP, init_random_
 from fdecode.models.moe import moe_block
 from fdecode.models.norms import OffsetRMSNorm
 from fdecode.models.partial_rope import PartialRotaryEmbedding
+from fdecode.models.regions import call_layer, layer_index
 from fdecode.ops.attention import PagedContext, paged_context
 
 
@@ -134,6 +135,7 @@ class HybridModel(DecoderLM):
         recurrent: tuple[torch.Tensor, torch.Tensor] | None = None,  # (conv, rec) before row 0, see the docstring
         valid: torch.Tensor | None = None,  # [B, Q] bool: rows that advance the recurrent state, None: all
         snapshots: bool = False,  # return the states after every row ([B, L_lin, Q, ...]) instead of the last
+        regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
     ):
         """(logits [B, Q, V] float32, final-norm hidden [B, Q, H]), plus, when `recurrent` is given,
         the (conv, rec) states after the rows."""
@@ -142,14 +144,17 @@ class HybridModel(DecoderLM):
         if not given:
             conv, rec = self.new_recurrent(batch, 1, dtype=self.embed_tokens.weight.dtype, device=tokens.device)
             recurrent = (conv[:, :, 0], rec[:, :, 0])  # [B, L_lin, ...]
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
         for layer, index in zip(self.layers, self.mixer_index):  # index: rank among layers of its kind
             if isinstance(layer, AttentionBlock):
-                x = layer(x, positions, slots, kv, index, ctx, self.rotary)
+                kv_index = layer_index(index, ctx.regions, x.device)
+                x = call_layer(layer, ctx.regions, x, positions, slots, kv, kv_index, ctx, self.rotary)
             else:
-                x, conv, rec = layer(x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots)
+                x, conv, rec = call_layer(
+                    layer, ctx.regions, x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots
+                )
                 convs.append(conv)
                 recs.append(rec)
         hidden = self.norm(x)

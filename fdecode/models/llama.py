@@ -18,6 +18,7 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers import DecoderLayer, RMSNorm
+from fdecode.models.regions import call_layer, layer_index
 from fdecode.models.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
@@ -60,11 +61,13 @@ class LlamaModel(DecoderLM):
         block_size: int,
         hidden_in: torch.Tensor | None = None,  # unused: keeps the signature of MTPHead
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
+        regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 and the final-norm hidden state [B, Q, H] (model dtype)."""
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, slots, kv, i, ctx, self.rotary)
+            index = layer_index(i, ctx.regions, x.device)
+            x = call_layer(layer, ctx.regions, x, positions, slots, kv, index, ctx, self.rotary)
         hidden = self.norm(x)  # [B, Q, H]
         return self.lm_head(hidden).float(), hidden

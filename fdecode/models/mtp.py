@@ -24,6 +24,7 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers import DecoderLayer, RMSNorm, init_random_
 from fdecode.models.llama import LlamaModel
+from fdecode.models.regions import call_layer, layer_index
 from fdecode.models.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
@@ -75,6 +76,7 @@ class MTPHead(nn.Module):
         hidden_in: torch.Tensor | None = None,  # [B, Q, H], hidden of the previous position
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
         depth: int = 0,  # which draft forward of the step this is (0 = the one after the target)
+        regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 and the hidden [B, Q, H] the next draft forward takes: the
         layer output before the final norm, or after it where `chains_normed`."""
@@ -83,7 +85,7 @@ class MTPHead(nn.Module):
         if hidden_in is None:
             raise ValueError("MTPHead needs hidden_in [B, Q, H]")
         embed_tokens, lm_head = self._shared
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         h, out = self.run_layers(embed_tokens(tokens), hidden_in, positions, slots, kv, ctx, depth)  # [B, Q, H] each
         return lm_head(out).float(), out if self.chains_normed else h
 
@@ -93,7 +95,9 @@ class MTPHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(layer output h, final norm of h) [B, Q, H] of the rows (embedded tokens, hidden_in); one
         layer, so `depth` does not matter."""
-        h = self.layer(mtp_input(self, embedded, hidden_in), positions, slots, kv, 0, ctx, self.rotary)
+        index = layer_index(0, ctx.regions, embedded.device)
+        h = call_layer(self.layer, ctx.regions, mtp_input(self, embedded, hidden_in), positions, slots, kv, index, ctx,
+                       self.rotary)
         return h, self.norm(h)
 
 
@@ -113,7 +117,8 @@ def run_one_layer_writing_all(
     for i, layer in enumerate(layers):
         if i != active:
             layer.write_kv(inputs(i), positions, slots, kv, i, ctx, rotary)
-    return active, layers[active](inputs(active), positions, slots, kv, active, ctx, rotary)
+    index = layer_index(active, ctx.regions, positions.device)
+    return active, call_layer(layers[active], ctx.regions, inputs(active), positions, slots, kv, index, ctx, rotary)
 
 
 def mtp_layer(draft: nn.Module, j: int) -> int:

@@ -62,18 +62,22 @@ class PagedContext(NamedTuple):
     block_size: int
     kernel: str  # one of KERNELS
     kv_write: str  # how layers write their keys and values (`fdecode.ops.kv.WAYS`)
+    regions: bool = False  # layers run as compile regions, their KV index a tensor (`fdecode.models.regions`)
 
 
 def paged_context(
-    block_tables: torch.Tensor, positions: torch.Tensor, block_size: int, *, kernel: str = "torch"
+    block_tables: torch.Tensor, positions: torch.Tensor, block_size: int, *, kernel: str = "torch",
+    regions: bool = False,
 ) -> PagedContext:
-    """block_tables: [B, nb] int64; positions: [B, Q] int64."""
+    """block_tables: [B, nb] int64; positions: [B, Q] int64. regions: run layers as compile regions where
+    the kernel and KV write can index the leaf with a tensor (the reference kernel, "index_put")."""
     offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
     key_slots = (block_tables.clamp_min(0)[:, :, None] * block_size + offsets).flatten(1)  # [B, S]
     key_pos = torch.arange(key_slots.shape[1], dtype=positions.dtype, device=positions.device)  # [S]
     visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
     kv_write = kv_write_for(block_tables.device.type)
-    return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel, kv_write)
+    regions = regions and kernel == "torch" and kv_write == "index_put"
+    return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel, kv_write, regions)
 
 
 def paged_attention(
@@ -90,12 +94,16 @@ def paged_attention(
     return paged_attention_reference(q, kv, layer, ctx)
 
 
-def paged_attention_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, ctx: PagedContext) -> torch.Tensor:
+def paged_attention_reference(
+    q: torch.Tensor, kv: torch.Tensor, layer: int | torch.Tensor, ctx: PagedContext
+) -> torch.Tensor:
+    """layer: an int, or a [1] int64 tensor (`fdecode.models.regions.layer_index`); either gathers only
+    the window's keys and values."""
     b, _, _, d = q.shape
     flat = ctx.key_slots.reshape(-1)
     num_keys, kv_heads = ctx.key_slots.shape[1], kv.shape[-2]
-    keys = kv[layer, 0][flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
-    values = kv[layer, 1][flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
+    keys = kv[layer, 0, flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
+    values = kv[layer, 1, flat].view(b, num_keys, kv_heads, d)  # [B, S, Hkv, D]
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),  # [B, Hq, Q, D]
         keys.transpose(1, 2).to(q.dtype),  # [B, Hkv, S, D]

@@ -66,7 +66,7 @@ def write_kv(
 
 def write_rows(
     kv: torch.Tensor,  # [num_layers, kinds, num_slots, H, D], written in place
-    layer: int,
+    layer: int | torch.Tensor,  # or a [1] int64 tensor (`fdecode.models.regions.layer_index`)
     slots: torch.Tensor,  # [B, Q] int64
     rows: torch.Tensor,  # [kinds, B, Q, H, D]: keys and values (2 kinds), or one latent (`fdecode.ops.latent_kv`)
     *,
@@ -78,7 +78,9 @@ def write_rows(
     flat_slots = slots.reshape(1, -1)  # [1, B*Q]
     kind = torch.arange(kinds, device=slots.device)[:, None]  # [kinds, 1]: 0 = keys, 1 = values
     if way == "index_put":
-        kv.index_put_((torch.full_like(flat_slots, layer), kind, flat_slots), rows)
+        # A tensor index broadcasts; an int fills a tensor on the device (no upload from the host).
+        index = layer if isinstance(layer, torch.Tensor) else torch.full_like(flat_slots, layer)
+        kv.index_put_((index, kind, flat_slots), rows)
         return
     if way != "scatter_nd":
         raise ValueError(f"unknown KV write {way!r}, expected one of {WAYS}")

@@ -61,7 +61,7 @@ def latent_attention(
     The H heads of a query row are H rows of one multi-query attention over the lane's latents:
     one `[B, Q*H, R+Dr] @ [B, R+Dr, S]` score product and one `[B, Q*H, S] @ [B, S, R]` value product."""
     b, q_len, heads, width = q.shape
-    latents = kv[layer, 0, :, 0][ctx.key_slots.reshape(-1)].view(b, -1, width).to(q.dtype)  # [B, S, R + Dr]
+    latents = kv[layer, 0, ctx.key_slots.reshape(-1), 0].view(b, -1, width).to(q.dtype)  # [B, S, R + Dr]
     scores = torch.bmm(q.reshape(b, q_len * heads, width), latents.transpose(1, 2)) * scale  # [B, Q*H, S]
     visible = ctx.mask[:, 0, :, None, :].expand(-1, -1, heads, -1).reshape(b, q_len * heads, -1)  # [B, Q*H, S]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)

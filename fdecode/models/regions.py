@@ -1,0 +1,61 @@
+"""Compile each repeated decoder layer once inside the one step graph (hierarchical compilation).
+
+A step graph unrolls the target's layers once and the draft's layers once per draft forward, so
+without help Inductor generates, compiles and loads code for layers x (K + 1) copies, and compile time
+grows with depth and K. `call_layer` runs a layer through `torch.compiler.nested_compile_region`: under
+`torch.compile` the first call of each distinct layer (its module structure, input shapes, dtypes and
+strides) is traced and compiled once, and every later call of the same kind is one `invoke_subgraph`
+node that calls that code. The captured step is still one graph: no break, no host sync, the same
+state in and out. In eager mode (the `eager` backend, prefill) the region is a plain call.
+
+Reuse needs identical inputs. A layer's place in the KV leaf is therefore a [1] int64 tensor
+(`layer_index`), not a Python int, which would be a different constant in every layer's region; the
+reference attention and the "index_put" KV write index the whole leaf with it (one gather, one scatter
+of the call's rows, as with an int). flash-attn and the NPU kernel take a per-layer view of the leaf,
+which needs an int, so with those kernels (and the NPU's "scatter_nd" write) layers run unrolled, as
+they do with `DecodeConfig.layer_regions=False`. `PagedContext.regions` says which applies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Distinct layer kinds one region may compile in one graph before torch refuses (its reuse cache). A step
+# sees a handful: the target's layers at K + 1 rows, the draft's at 2 rows and at 1, dense and MoE
+# layers, attention and linear-attention layers, MTP layers.
+MAX_KINDS = 64
+
+
+@torch.compiler.nested_compile_region(max_reuse_entries=MAX_KINDS)
+def _region(layer: nn.Module, *args, **kwargs):
+    return layer(*args, **kwargs)
+
+
+def shares_parameters(first: nn.Module, second: nn.Module) -> bool:
+    """Whether two models hold a parameter in common (a model drafting for itself). Regions of the second
+    must then run unrolled: when a module's parameters reach the graph under two names (`target.*` and
+    `draft.*`), torch 2.13's region reuse binds a reused region to another layer's parameters (seen: the
+    draft's layer 1 computed with layer 0's weights, losslessly verified but rarely accepted)."""
+    if first is second:
+        return True
+    seen = {id(p) for p in first.parameters()}
+    return any(id(p) in seen for p in second.parameters())
+
+
+def compiling_regions(regions: bool) -> bool:
+    """Whether layers run as compile regions now: asked for, and inside a `torch.compile` trace."""
+    return regions and torch.compiler.is_compiling()
+
+
+def call_layer(layer: nn.Module, regions: bool, *args, **kwargs):
+    """`layer(*args, **kwargs)`, as a compile region where `regions` (`PagedContext.regions`)."""
+    if compiling_regions(regions):
+        return _region(layer, *args, **kwargs)
+    return layer(*args, **kwargs)
+
+
+def layer_index(i: int, regions: bool, device: torch.device) -> int | torch.Tensor:
+    """Layer i's index into a KV leaf: a [1] int64 tensor inside compile regions (one region serves every
+    layer), else the int."""
+    return torch.tensor([i], device=device) if compiling_regions(regions) else i

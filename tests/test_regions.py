@@ -1,0 +1,116 @@
+"""Each kind of decoder layer compiles once (`fdecode.models.regions`): counted regions, same tokens, same work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdecode
+from conftest import fdecode_target, mtp_head, truncated
+from fdecode.bench import deepseek_v3
+from fdecode.ops import kv
+from fdecode.ops.attention import paged_context
+from hybrid_models import hybrid_target, near_copy
+
+K = 3
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
+# Ops whose executed count is the layers' work: the same whether each copy is unrolled or a region's call.
+WORK_OPS = ("aten::mm", "aten::index_put", "aten::index", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def step_of(target, draft, *, regions: bool, backend: str = "aot_eager", **changes):
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=K, max_batch=2, max_seq_len=64, block_size=8, backend=backend, layer_regions=regions,
+        **changes,
+    )
+    return fdecode.compile(target, draft, cfg, announce=False)
+
+
+def tokens(step, steps: int = 6) -> torch.Tensor:
+    """The committed tokens and the next window's drafts of `steps` steps: lossless verification keeps the
+    committed ones right even where a draft forward is wrong, the drafts show it."""
+    state = step.prefill(PROMPTS, max_new_tokens=30)
+    outs = []
+    for _ in range(steps):
+        state, out = step(state)
+        outs += [out.tokens, state.tokens]
+    return torch.cat(outs, dim=1)
+
+
+def work(report) -> dict[str, int]:
+    return {op: report.op_counts.get(op, 0) for op in WORK_OPS}
+
+
+@pytest.fixture(scope="module")
+def deep_pair():
+    """A 4-layer target with a 2-layer draft LM: 4 + 2 * K layer copies in a step."""
+    target = fdecode_target(4)
+    return target, truncated(target, 2)  # its first two layers, copied
+
+
+def test_each_layer_kind_compiles_once(deep_pair):
+    target, draft = deep_pair
+    on, off = (step_of(target, draft, regions=r) for r in (True, False))
+    state = on.prefill(PROMPTS, max_new_tokens=30)
+    with_regions, unrolled = fdecode.inspect(on, state), fdecode.inspect(off, state)
+    # Three regions: the target's layer at K + 1 rows (4 calls), the draft's at 2 rows (its first forward,
+    # 2 layers) and at 1 row (K - 1 forwards of 2 layers), each compiled once.
+    assert sorted(with_regions.regions.values()) == sorted([4, 2, 2 * (K - 1)])
+    assert unrolled.regions == {}
+    # Still one graph, no break, no host sync, the fused prepare op one node; the same work executed.
+    for report in (with_regions, unrolled):
+        assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+        assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert work(with_regions) == work(unrolled)
+    assert work(unrolled)["aten::index_put"] == 4 + 2 * K  # one KV write per layer copy
+    assert torch.equal(tokens(on), tokens(off))
+
+
+def test_a_model_drafting_for_itself_accepts_every_draft(deep_pair):
+    """Where the draft shares the target's parameters, its layers run unrolled (`shares_parameters`): torch's
+    region reuse bound the draft's second layer to the first one's weights, and acceptance fell to 1 token."""
+    target, _ = deep_pair
+    step = step_of(target, target, regions=True)
+    state = step.prefill(PROMPTS, max_new_tokens=30)
+    for _ in range(3):
+        state, out = step(state)
+        assert ((out.tokens >= 0).sum(dim=1) == K + 1).all()
+    assert torch.equal(tokens(step), tokens(step_of(target, target, regions=False)))
+
+
+def test_regions_follow_the_config_and_the_kernel(deep_pair, monkeypatch):
+    target, draft = deep_pair
+    assert step_of(target, draft, regions=True).config.layer_regions
+    with pytest.raises(ValueError, match="layer_regions must be True or False"):
+        fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=16, layer_regions=1)
+    # A device kernel that takes a per-layer view of the cache, or the NPU's KV write, runs layers unrolled.
+    tables, positions = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)
+    assert paged_context(tables, positions, 8, kernel="torch", regions=True).regions
+    for kernel in ("flash_attn", "npu_fused_infer_attention"):
+        assert not paged_context(tables, positions, 8, kernel=kernel, regions=True).regions
+    with monkeypatch.context() as patch:
+        patch.setitem(kv.KV_WRITE, "cpu", "scatter_nd")
+        assert not paged_context(tables, positions, 8, kernel="torch", regions=True).regions
+
+
+@pytest.mark.parametrize("family", ["mtp", "hybrid", "deepseek"])
+def test_other_families_run_their_layers_as_regions(family):
+    """An MTP head's layer, a hybrid's attention and linear-attention layers, DeepSeek's MLA + MoE layers:
+    regions, the same tokens and work as unrolled."""
+    if family == "mtp":
+        target = fdecode_target(2)
+        draft = mtp_head("partial", target)
+    elif family == "hybrid":
+        target = hybrid_target("lin-full")
+        draft = near_copy(target)
+    else:  # a dense layer, then two MoE layers, and the MTP head (an MoE layer over the latent cache)
+        target = deepseek_v3(256, 64, 3, seed=1)
+        draft = "mtp"
+    on, off = (step_of(target, draft, regions=r) for r in (True, False))
+    state = on.prefill(PROMPTS, max_new_tokens=30)
+    with_regions, unrolled = fdecode.inspect(on, state), fdecode.inspect(off, state)
+    assert with_regions.regions and unrolled.regions == {}
+    assert sum(with_regions.regions.values()) > len(with_regions.regions)  # some region is called again
+    assert (with_regions.graph_count, with_regions.graph_break_count, with_regions.host_syncs) == (1, 0, [])
+    assert work(with_regions) == work(unrolled)
+    assert torch.equal(tokens(on), tokens(off))
