@@ -12,6 +12,7 @@ from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
 from fdecode.generate import generate
 from fdecode.graphs import GraphReport, Step, compile, inspect
+from fdecode.graphs.cache import load_compile_cache, save_compile_cache
 from fdecode.models.ngram import NgramDraft
 from fdecode.params import SamplingParams
 from fdecode.runtime import Engine, Event
@@ -30,6 +31,8 @@ __all__ = [
     "compile",
     "generate",
     "inspect",
+    "load_compile_cache",
     "ops",
+    "save_compile_cache",
 ]
 __version__ = "0.1.0"

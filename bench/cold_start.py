@@ -1,0 +1,158 @@
+"""Cold and warm start: time from `fdecode.compile` to the first decode step's tokens, in fresh processes.
+
+    python bench/cold_start.py                                  # every workload below
+    python bench/cold_start.py --workloads bundled depth        # skip the real pair
+    python bench/cold_start.py --workloads qwen-coder --modes regions
+
+Each measurement is a fresh Python process. "cold" runs with an empty Inductor cache (a new
+TORCHINDUCTOR_CACHE_DIR); "warm" is a second process on that same cache, as a user's second start
+is. The time counted is `fdecode.compile` + prefill of one prompt + the first `step(state)` (where the
+greedy graph compiles), i.e. the wait before the stream decodes; model loading is reported apart.
+The process also reports its CPU seconds (with the C++ compiler children), which load on the machine
+does not stretch, the FX graph cache hits and misses, and the median time of 20 steps after that.
+
+Modes: "regions" (the default, `DecodeConfig.layer_regions=True`: each layer kind compiled once) and
+"unrolled" (`layer_regions=False`: every layer copy compiled, what fdecode did before).
+
+Workloads:
+- bundled: the bundled 4-layer model with its MTP head, K = 3, the demo's config;
+- qwen-coder: Qwen2.5-Coder-1.5B-Instruct with the 0.5B draft, fp32, K = 4, B = 1, max_seq_len 512
+  (`fdecode.assets.qwen_coder`; skipped with the script's name when the models are missing);
+- depth: a random Llama target of hidden 256 at 7, 14 and 28 layers (the same layer shapes), a 2-layer
+  draft, K = 4: compile time against depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def models(workload: str, layers: int):
+    import torch
+
+    import fdecode
+    from fdecode.models import from_hf
+
+    if workload == "bundled":
+        from fdecode.assets import TINY
+
+        target = from_hf(TINY, dtype=torch.float32)
+        prompt = list(b"def fibonacci(n):\n    ")
+        return target, "mtp", fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=160), prompt
+    if workload == "qwen-coder":
+        from fdecode.assets.qwen_coder import safetensors_folders
+
+        target_dir, draft_dir = safetensors_folders()
+        target, draft = from_hf(target_dir, dtype=torch.float32), from_hf(draft_dir, dtype=torch.float32)
+        prompt = list(range(1000, 1060))  # 60 tokens; the ids matter not to the compile
+        return target, draft, fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=512), prompt
+    from fdecode.bench import llama
+
+    target, draft = llama(4096, 256, layers, seed=0), llama(4096, 256, 2, seed=1)
+    prompt = list(range(10, 70))
+    return target, draft, fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=256), prompt
+
+
+def child(spec: dict) -> dict:
+    import dataclasses
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    import fdecode
+
+    start = time.perf_counter()
+    target, draft, cfg, prompt = models(spec["workload"], spec.get("layers", 0))
+    load_s = time.perf_counter() - start
+    cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] == "regions", sampling=False)
+    start, start_cpu = time.perf_counter(), cpu_seconds()
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    state = step.prefill([prompt], max_new_tokens=200)
+    state, out = step(state)
+    first = out.tokens.tolist()
+    first_step_s, first_step_cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
+    times = []
+    with torch.no_grad():
+        for _ in range(20):
+            t = time.perf_counter()
+            state, out = step(state)
+            times.append(time.perf_counter() - t)
+    return {
+        **spec,
+        "load_s": round(load_s, 2),
+        "first_step_s": round(first_step_s, 2),
+        "first_step_cpu_s": round(first_step_cpu, 2),
+        "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "fx_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+        "step_ms": round(1000 * statistics.median(times), 2),
+        "first_tokens": first,
+        "backend": step.backend,
+    }
+
+
+def run_child(spec: dict, cache: str) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise RuntimeError(f"child {spec} failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=["bundled", "depth", "qwen-coder"])
+    parser.add_argument("--modes", nargs="+", default=["regions", "unrolled"])
+    parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    rows = []
+    for workload in args.workloads:
+        if workload == "qwen-coder":
+            from fdecode.assets.qwen_coder import missing_reason
+
+            reason = missing_reason()
+            if reason is not None:
+                print(f"skipping qwen-coder: {reason}", file=sys.stderr)
+                continue
+        for layers in args.depths if workload == "depth" else [0]:
+            for mode in args.modes:
+                with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
+                    for start in ("cold", "warm"):
+                        spec = {"workload": workload, "layers": layers, "mode": mode, "start": start}
+                        row = run_child(spec, cache)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    for a in rows:  # the two modes and starts of a workload commit the same first tokens
+        same = [b for b in rows if (b["workload"], b["layers"]) == (a["workload"], a["layers"])]
+        assert all(b["first_tokens"] == a["first_tokens"] for b in same), "modes disagree on tokens"
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
+    print("| workload | layers | mode | start | first step s | CPU s | FX cache hit/miss | step ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['start']} | {r['first_step_s']} | "
+              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['step_ms']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
