@@ -79,7 +79,7 @@ def child(spec: dict) -> dict:
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] == "regions", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
-    state = step.prefill([prompt], max_new_tokens=200)
+    state = step.prefill([prompt], max_new_tokens=100)
     state, out = step(state)
     first = out.tokens.tolist()
     first_step_s, first_step_cpu = time.perf_counter() - start, cpu_seconds() - start_cpu

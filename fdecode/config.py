@@ -66,8 +66,10 @@ class DecodeConfig:
     # Compile each kind of decoder layer once and call it at every copy (`torch.compiler.nested_compile_region`,
     # `fdecode.models.regions`), so compile time does not grow with depth x (K + 1); the step stays one
     # graph. Used with the reference attention kernel under the compiling backends (not torchair); False
-    # unrolls every layer copy.
-    layer_regions: bool = True
+    # unrolls every layer copy. "auto": True where the step runs at least `AUTO_MIN_COPIES` layer copies
+    # (target layers + K x draft layers), where compile time pays for the region calls' host cost.
+    # `fdecode.compile` resolves it: `step.config.layer_regions` is a bool.
+    layer_regions: bool | str = "auto"
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
     torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
@@ -87,8 +89,8 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
-        if not isinstance(self.layer_regions, bool):
-            raise ValueError(f"DecodeConfig.layer_regions must be True or False, got {self.layer_regions!r}")
+        if not isinstance(self.layer_regions, bool) and self.layer_regions != "auto":
+            raise ValueError(f"DecodeConfig.layer_regions must be 'auto', True or False, got {self.layer_regions!r}")
         if not isinstance(self.draft_gate, bool):
             raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
         if self.backend not in BACKENDS:

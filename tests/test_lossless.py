@@ -94,7 +94,7 @@ def test_greedy_equals_transformers_inductor(draft_kind):
     pick it (prompt + new tokens), with the one graph of every window: its widest window reads 64 positions,
     more than max_seq_len + K + 1 (an n-gram history of that width failed to compile)."""
     step, layers = build("partial", draft_kind, 2, backend="inductor", max_seq_len=57, block_size=8,
-                         context_buckets=(16, 32))
+                         context_buckets=(16, 32), layer_regions=True)
     assert step.backend == "inductor" and step.dynamic_window and step.config.max_seq_len % 8
     lengths = check_against_hf(step, layers)
     assert len(set(lengths)) >= 2 or draft_kind == "ngram"  # these prompts repeat nothing to look up

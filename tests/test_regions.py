@@ -9,6 +9,7 @@ import fdecode
 from conftest import fdecode_target, mtp_head, truncated
 from fdecode.bench import deepseek_v3
 from fdecode.ops import kv
+from fdecode.models.regions import layer_copies
 from fdecode.ops.attention import paged_context
 from hybrid_models import hybrid_target, near_copy
 
@@ -18,11 +19,11 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 WORK_OPS = ("aten::mm", "aten::index_put", "aten::index", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
-def step_of(target, draft, *, regions: bool, backend: str = "aot_eager", **changes):
-    cfg = fdecode.DecodeConfig(
-        num_draft_tokens=K, max_batch=2, max_seq_len=64, block_size=8, backend=backend, layer_regions=regions,
-        **changes,
-    )
+def step_of(target, draft, *, regions: bool | str, backend: str = "aot_eager", **changes):
+    cfg = fdecode.DecodeConfig(**{
+        "num_draft_tokens": K, "max_batch": 2, "max_seq_len": 64, "block_size": 8, "backend": backend,
+        "layer_regions": regions, **changes,
+    })
     return fdecode.compile(target, draft, cfg, announce=False)
 
 
@@ -81,8 +82,12 @@ def test_a_model_drafting_for_itself_accepts_every_draft(deep_pair):
 def test_regions_follow_the_config_and_the_kernel(deep_pair, monkeypatch):
     target, draft = deep_pair
     assert step_of(target, draft, regions=True).config.layer_regions
-    with pytest.raises(ValueError, match="layer_regions must be True or False"):
+    with pytest.raises(ValueError, match="layer_regions must be 'auto', True or False"):
         fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=16, layer_regions=1)
+    # "auto": regions from AUTO_MIN_COPIES layer calls a step (4 target layers + K x 2 draft layers = 10).
+    assert layer_copies(target, draft, K) == 4 + 2 * K
+    assert step_of(target, draft, regions="auto").config.layer_regions is False
+    assert step_of(target, draft, regions="auto", num_draft_tokens=4).config.layer_regions is True
     # A device kernel that takes a per-layer view of the cache, or the NPU's KV write, runs layers unrolled.
     tables, positions = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)
     assert paged_context(tables, positions, 8, kernel="torch", regions=True).regions

@@ -15,6 +15,7 @@ from fdecode.graphs.backends import (
 )
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
+from fdecode.models.regions import resolve_regions
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
 from fdecode.params import PerPrompt, SamplingParams
@@ -371,6 +372,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
+    regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
+    config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
     step = Step(
         target_model, draft_model, config, draft_kind=kind, backend=backend,

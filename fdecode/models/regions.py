@@ -21,6 +21,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step. Measured on a
+# 2-core CPU (BENCHMARKS.md, bench/cold_start.py, bench/regions_step_time.py): a region call costs ~90 us
+# of host time in Inductor's wrapper; the bundled model (7 copies) compiled no faster with regions and
+# stepped 8.5 % slower; a 7-layer target with a 2-layer draft at K = 4 (15 copies) compiled in 62 s
+# instead of 108 s and stepped 6 % slower; the real 28 + 24-layer pair (124 copies) in 178 s instead of
+# 660 s, its 1.8 s step unchanged.
+AUTO_MIN_COPIES = 12
 # Distinct layer kinds one region may compile in one graph before torch refuses (its reuse cache). A step
 # sees a handful: the target's layers at K + 1 rows, the draft's at 2 rows and at 1, dense and MoE
 # layers, attention and linear-attention layers, MTP layers.
@@ -30,6 +37,26 @@ MAX_KINDS = 64
 @torch.compiler.nested_compile_region(max_reuse_entries=MAX_KINDS)
 def _region(layer: nn.Module, *args, **kwargs):
     return layer(*args, **kwargs)
+
+
+def layer_copies(target: nn.Module, draft: nn.Module, k: int) -> int:
+    """Decoder-layer calls in one step: the target's layers once, the draft's K times (an MTP head runs one
+    layer per draft forward; an n-gram draft none)."""
+
+    def layers(model) -> int:
+        if hasattr(model, "layers"):
+            return len(model.layers)
+        return 1 if hasattr(model, "layer") else 0
+
+    per_forward = 1 if hasattr(draft, "num_mtp_layers") else layers(draft)
+    return layers(target) + k * per_forward
+
+
+def resolve_regions(setting: bool | str, target: nn.Module, draft: nn.Module, k: int) -> bool:
+    """`DecodeConfig.layer_regions` as a bool: "auto" is True from `AUTO_MIN_COPIES` layer copies a step."""
+    if setting == "auto":
+        return layer_copies(target, draft, k) >= AUTO_MIN_COPIES
+    return bool(setting)
 
 
 def shares_parameters(first: nn.Module, second: nn.Module) -> bool:
