@@ -25,7 +25,7 @@ from fdecode.config import DecodeConfig
 from fdecode.models.ngram import is_ngram
 from fdecode.models.mtp import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
-from fdecode.models.regions import shares_parameters
+from fdecode.models.regions import compiling_regions, shares_parameters
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
@@ -106,7 +106,8 @@ def decode_step(
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
         overflow=overflow, context_blocks=context_blocks, plan=plan,
-        draft_regions=cfg.layer_regions and not shares_parameters(target, draft),  # see `shares_parameters`
+        # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
+        draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
     )
     return new_state, new_state.step_output
 
