@@ -14,24 +14,21 @@ SYSTEMS = {"target-only", "before", "fdecode-eager", "fdecode", "hf-generate", "
 @pytest.mark.slow
 def test_quick_bench_writes_every_field(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    # aot_eager and the two random-model workloads: this checks the bench's rows and fields (the bundled
-    # model's workloads run the same `run_workload`); Inductor's code is checked by the lossless tests.
-    argv = ["--quick", "--backend", "aot_eager", "--workloads", "random-draft", "draft=target", "--json", str(out)]
+    # aot_eager and one random-model workload: this checks the bench's rows and fields (every workload runs
+    # the same `run_workload`); Inductor's code is checked by the lossless tests.
+    argv = ["--quick", "--backend", "aot_eager", "--workloads", "draft=target", "--json", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     fields = set(Result.__dataclass_fields__)
     for row in data["results"]:
         assert set(row) == fields
         assert row["tokens_per_s"] > 0 and row["step_ms"] > 0
-    for workload in ("random-draft", "draft=target"):
-        rows = [r for r in data["results"] if r["workload"] == workload]
-        assert {r["system"] for r in rows} == SYSTEMS
-        (ours,) = [r for r in rows if r["system"] == "fdecode"]
-        assert ours["floor_ms"] > 0 and ours["overhead"] < 1
+    assert {r["system"] for r in data["results"]} == SYSTEMS
+    (ours,) = [r for r in data["results"] if r["system"] == "fdecode"]
+    assert ours["floor_ms"] > 0 and ours["overhead"] < 1
     # draft == target: every draft is accepted, K + 1 tokens per lane-step (the bench's own check of outputs
     # against target-only already passed, or main() would have raised).
-    (same,) = [r for r in data["results"] if r["workload"] == "draft=target" and r["system"] == "fdecode"]
-    assert same["tokens_per_step"] > 2.5
+    assert ours["workload"] == "draft=target" and ours["tokens_per_step"] > 2.5
     assert "| fdecode |" in capsys.readouterr().out
 
 

@@ -51,7 +51,7 @@ def test_an_mtp_layer_of_the_wrong_shape_is_refused(tmp_path) -> None:
 @pytest.mark.slow
 def test_inductor_mtp_head_is_lossless(tmp_path) -> None:
     save_with_mtp(tmp_path, random_mtp_state())
-    outs, _, _ = run(compiled(str(tmp_path), "mtp", 2, backend="inductor"), PROMPTS, NEW)
+    outs, _, _ = run(compiled(str(tmp_path), "mtp", 1, backend="inductor"), PROMPTS, NEW)  # K = 1: CI's budget
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
 

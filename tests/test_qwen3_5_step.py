@@ -94,8 +94,7 @@ def test_inspect_one_graph_no_breaks_no_syncs() -> None:
     report = fdecode.inspect(step, state)
     assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
     assert report.op_counts["fdecode::prepare_next_draft"] == 1
-    assert report.host_syncs == []
-    step(state)
+    assert report.host_syncs == []  # (the state still steps after inspect: tests/test_graph.py)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -143,9 +142,9 @@ def test_random_sampling_follows_the_filtered_target() -> None:
 @pytest.mark.slow
 def test_inductor_partially_agreeing_draft_is_lossless() -> None:
     """Inductor's code for a DeltaNet + gated-attention step and its rollback; two layers (one of each
-    kind) keep the graph, unrolled K + 1 times, small enough to compile in CI's budget."""
+    kind) and K = 1 keep the graph small enough to compile in CI's budget."""
     target = hybrid_target("lin-full")
-    outs, lengths, _ = run(compiled(target, near_copy(target), 2, backend="inductor"), PROMPTS)
+    outs, lengths, _ = run(compiled(target, near_copy(target), 1, backend="inductor"), PROMPTS)
     assert outs == [hf_greedy(p, "lin-full") for p in PROMPTS]
     assert len(set(lengths)) > 1
 

@@ -143,9 +143,9 @@ def run_lanes(step, prompts, seeds, temperature=0.9):
     return fdecode.generate(step, prompts, max_new_tokens=12, temperature=temperature, top_k=20, seed=seeds)
 
 
-def partial_step(backend="eager"):
+def partial_step(backend="eager", k=2):
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=3, max_seq_len=40, block_size=4, backend=backend)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=3, max_seq_len=40, block_size=4, backend=backend)
     return fdecode.compile(target, independent_draft("partial", target), cfg)
 
 
@@ -188,11 +188,9 @@ def _root() -> str:
 @pytest.mark.slow
 def test_same_seed_same_tokens_eager_and_inductor():
     prompts, seeds = [[5, 17, 33], [7, 3], [11, 12]], [42, 7, 8]
-    eager = run_lanes(partial_step("eager"), prompts, seeds)
-    compiled_step = partial_step("inductor")
-    assert run_lanes(compiled_step, prompts, seeds) == eager
-    report = fdecode.inspect(compiled_step, compiled_step.prefill(prompts, max_new_tokens=8, temperature=0.9, seed=1))
-    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    eager = run_lanes(partial_step("eager", k=1), prompts, seeds)
+    compiled_step = partial_step("inductor", k=1)  # K = 1: Inductor's code for every phase, in CI's budget
+    assert run_lanes(compiled_step, prompts, seeds) == eager  # one graph, no sync: tests/test_graph.py
 
 
 def test_every_outcome_enumerated_sums_to_one():
