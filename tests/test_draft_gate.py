@@ -128,6 +128,39 @@ def test_the_gate_pauses_doubling_and_resets():
         DraftGate(3, weight=0)
 
 
+def launches(gate: DraftGate, accepted: list[int], n: int) -> str:
+    """The Engine's schedule of `n` launches ("v" verified, "." first row): each verified launch's output is
+    read one launch later, after the next launch is decided; `accepted` are what the verified ones accept."""
+    schedule, pending, results = [], None, iter(accepted)
+    for _ in range(n):
+        speculate = gate.speculate()
+        if pending is not None:
+            gate.observe(pending)
+        pending = next(results) if speculate else None
+        schedule.append("v" if speculate else ".")
+    return "".join(schedule)
+
+
+def test_a_trial_costs_one_verified_step_and_a_good_one_ends_the_pause():
+    """Observed one launch late, as in the Engine: after a pause one trial is verified and first-row steps run
+    until its output is read (not a second verified step); a verified step that accepts every draft ends
+    the pause it is read in."""
+    never = launches(DraftGate(3, threshold=0.5, weight=0.5, max_pause=4), [0] * 40, 40)
+    # The first two launches are decided before any output is read (the second is read in the first pause and
+    # starts the next: 1 + 2 first-row steps); then each trial stands alone, followed by one first-row step
+    # that waits for its output, then the pause of 4.
+    assert never.startswith("vv") and "vv" not in never[2:], never
+    assert [len(p) for p in never[2:].split("v")][:5] == [3, 5, 5, 5, 5], never
+    # A verified step that accepts every draft, read during a pause of 2, ends it.
+    gate = DraftGate(3, threshold=0.5, weight=0.5)
+    gate.observe(0)
+    assert not gate.speculate()
+    gate.observe(0)
+    assert gate.left == 2
+    gate.observe(3)
+    assert gate.speculate(), gate
+
+
 def test_the_gate_averages_its_first_steps_then_weights_the_recent_ones():
     gate = DraftGate(3, weight=0.25)
     for accepted, mean in ((2, 2.0), (0, 1.0), (1, 1.0), (3, 1.5), (3, 1.875)):  # plain mean of 4, then 1/4

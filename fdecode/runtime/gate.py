@@ -13,6 +13,11 @@ the next window still proposed), for a pause that doubles each time a trial step
 to `max_pause`. A trial that accepts enough resets the pause. Admitting a request resets it all
 (a new prompt may be worth drafting from).
 
+The host learns of a launch one launch later, so the gate plans for that: after a pause, one trial
+step is verified and the gate runs first-row steps until the trial's output is read (a trial costs
+one verified step, not two), and an observation that brings the mean back to `threshold` ends the
+pause it arrives in.
+
 Lossless either way: a first-row step commits what target-only decoding would, and a lane
 without a proposal commits the same token in both kinds of step. The schedule depends only on
 the outputs, so a run is reproducible; but a random lane's draws then depend on its batch (the
@@ -45,31 +50,38 @@ class DraftGate:
         self.seen = 0  # verified steps observed since the reset
         self.pause = 1  # first-row steps in the next pause
         self.left = 0  # first-row steps left in this pause
+        self.pausing = False  # the mean is below threshold: verified steps are trials
+        self.trial = False  # a trial is launched and its output not yet read
 
     def speculate(self) -> bool:
         """Whether the next launched step verifies its drafts (and counts it)."""
-        if self.left:
-            self.left -= 1
+        if self.left or self.trial:
+            self.left = max(self.left - 1, 0)
             self.first_row += 1
             return False
         self.verified += 1
+        self.trial = self.pausing  # wait for a trial's outcome before verifying again
         return True
 
     def observe(self, drafts_accepted: int) -> None:
         """A verified step's output was read: the most drafts any running lane accepted in it."""
         self.seen += 1
+        self.trial = False
         self.rate += max(self.weight, 1 / self.seen) * (drafts_accepted - self.rate)  # the first replaces K
         if self.rate >= self.threshold:
-            self.pause = 1
+            self.pause, self.left, self.pausing = 1, 0, False
         elif not self.left:
             self.left, self.pause = self.pause, min(2 * self.pause, self.max_pause)
+            self.pausing = True
 
     def observe_output(self, packed: torch.Tensor) -> None:
         """`observe` a verified step's packed output (`StepOutput.packed`, read on the host): the lanes still
-        running after it; none running (all finished or free) tells nothing."""
+        running after it; none running (all finished or free) tells nothing (a trial is tried again)."""
         counts = packed[:, -2][packed[:, -1] == 0]
         if counts.numel():
             self.observe(int(counts.max()) - 1)
+        else:
+            self.trial = False
 
     def __repr__(self) -> str:
         return (
