@@ -146,7 +146,7 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
     times = step.compile_seconds
     assert set(times) == set(step.buckets) == {16, 32, 48, 100}
     state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
-    for context in step.buckets:
+    for context in (step.buckets[0], step.buckets[-1]):  # the narrowest and the whole lane (a capture each)
         report = fdecode.inspect(step, state, context=context)
         assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
         assert report.context == context and not report.dynamic_window

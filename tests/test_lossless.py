@@ -92,8 +92,9 @@ def test_generate_matches_and_stops_at_eos():
 def test_greedy_equals_transformers_inductor(draft_kind):
     """At a capacity that is not a whole number of blocks (57 tokens, 8 blocks of 8 = 64 slots), as users
     pick it (prompt + new tokens), with the one graph of every window: its widest window reads 64 positions,
-    more than max_seq_len + K + 1 (an n-gram history of that width failed to compile)."""
-    step, layers = build("partial", draft_kind, 2, backend="inductor", max_seq_len=57, block_size=8,
+    more than max_seq_len + K + 1 (an n-gram history of that width failed to compile). K = 1 keeps the three
+    Inductor compiles in CI's budget."""
+    step, layers = build("partial", draft_kind, 1, backend="inductor", max_seq_len=57, block_size=8,
                          context_buckets=(16, 32), layer_regions=True)
     assert step.backend == "inductor" and step.dynamic_window and step.config.max_seq_len % 8
     lengths = check_against_hf(step, layers)
@@ -110,7 +111,7 @@ def test_greedy_only_step_is_lossless_and_leaner():
     check_against_hf(lean, 2)
     state = lean.prefill(PROMPTS, max_new_tokens=NEW)
     lean_report, full_report = fdecode.inspect(lean, state), fdecode.inspect(full, state, plan="full+top_k+top_p")
-    assert fdecode.inspect(full, state).plan == "greedy"  # greedy lanes run the greedy graph by default
+    assert full.plan_for(state).name == "greedy"  # greedy lanes run the greedy graph by default
     assert lean_report.graph_count == 1 and lean_report.host_syncs == []
     assert "aten::cumsum" in full_report.op_counts and "aten::cumsum" not in lean_report.op_counts  # no sampling
     assert sum(lean_report.op_counts.values()) < sum(full_report.op_counts.values()) / 2
