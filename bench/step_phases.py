@@ -1,0 +1,155 @@
+"""Where a step's time goes on the real pair, against what this machine's memory bandwidth allows.
+
+    python bench/step_phases.py                 # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
+    python bench/step_phases.py --k 8 --json bench/step_phases.json
+
+At B = 1 a decoder forward is bound by reading its weights: every row of a verify, and every draft
+forward, reads all of them once. The script measures the read bandwidth (the median of summing a
+1 GiB float32 tensor with the process's threads), counts the bytes each forward reads (every
+parameter except the embedding table, of which a forward gathers a few rows; a tied head reads it
+whole as the LM head) and so states each forward's floor. It then times, eagerly and one phase at a
+time over a prefilled state (medians of `--repeats`):
+- the target's verify forward over K + 1 rows;
+- one draft forward of 1 row (a step runs K of them: 2 rows, then 1);
+- the whole step, eager and compiled (inductor, the default config);
+and the two forwards again compiled as the step compiles them (Inductor runs few-row matmuls
+weight-stationary on CPU, ~3x faster than eager's at 5 rows). "other" is a step less the target's
+verify and K draft forwards: sampling, acceptance, the prepare op, the draft's first forward having
+2 rows, and the wrapper. Tokens per second at the floor: (accepted tokens per step) / (target + K drafts at the floor).
+The models come from `fdecode.assets.qwen_coder` (skipped, naming the script that fetches them, when
+missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import fdecode
+from fdecode.assets import qwen_coder
+from fdecode.graphs.backends import capture
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm: allocator, lazy init
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second this process reads from memory (a float32 sum over `gib` GiB)."""
+    data = torch.ones(int(gib * 2**30) // 4)
+    seconds = median_seconds(lambda: data.sum(), repeats)
+    return data.numel() * 4 / seconds
+
+
+def bytes_read(model: torch.nn.Module) -> int:
+    """What one forward reads: every parameter but an embedding table that is not also the head."""
+    embed = model.embed_tokens.weight
+    tied = model.lm_head.weight is embed
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or tied)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    reason = qwen_coder.missing_reason()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        return 0
+    from transformers import AutoTokenizer
+
+    target_dir, draft_dir = qwen_coder.safetensors_folders()
+    k = args.k
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                         tokenize=False)
+    prompt = tokenizer(text)["input_ids"]
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=1, max_seq_len=512, backend="eager", sampling=False)
+    eager = fdecode.compile(str(target_dir), str(draft_dir), cfg)
+    target, draft = eager.target, eager.draft
+    bandwidth = read_bandwidth()
+    floor = {name: bytes_read(m) / bandwidth for name, m in (("target", target), ("draft", draft))}
+
+    state = eager.prefill([prompt], max_new_tokens=64)
+    tables, bs = state.block_tables, cfg.block_size
+    rows = state.base_pos[:, None] + torch.arange(k + 1)
+    tokens = state.tokens.clamp_min(0)
+    scratch = torch.zeros_like(rows)  # slot 0: the scratch block, so timing writes nothing that matters
+
+    def verify():
+        return target(tokens, rows, scratch, state.target_kv, tables, block_size=bs)
+
+    def draft_row():
+        return draft(tokens[:, :1], rows[:, :1], scratch[:, :1], state.draft_kv, tables, block_size=bs)
+
+    def eager_step():
+        fresh = eager.prefill([prompt], max_new_tokens=64)
+        start = time.perf_counter()
+        eager(fresh)
+        return time.perf_counter() - start
+
+    inductor = dataclasses.replace(cfg, backend="inductor")
+    with torch.no_grad():
+        measured = {"eager_target_verify": median_seconds(verify, args.repeats),
+                    "eager_draft_forward": median_seconds(draft_row, args.repeats)}
+        eager_step()
+        measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
+        # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
+        measured["target_verify"] = median_seconds(capture("inductor", verify, inductor), args.repeats)
+        measured["draft_forward"] = median_seconds(capture("inductor", draft_row, inductor), args.repeats)
+    measured["eager_other"] = (measured["eager_step"] - measured["eager_target_verify"]
+                               - k * measured["eager_draft_forward"])
+
+    compiled = fdecode.compile(target, draft, inductor)
+    state = compiled.prefill([prompt], max_new_tokens=64)
+    compiled(state.clone())  # compiles (minutes cold: BENCHMARKS.md, cold start)
+    times, accepted = [], []
+    state = compiled.prefill([prompt], max_new_tokens=64)
+    while not bool(state.step_output.finished[0]):
+        start = time.perf_counter()
+        state, out = compiled(state)
+        accepted.append(int(out.num_tokens[0]))
+        times.append(time.perf_counter() - start)
+    measured["compiled_step"] = statistics.median(times)
+    measured["compiled_other"] = measured["compiled_step"] - measured["target_verify"] - k * measured["draft_forward"]
+    mean_accepted = sum(accepted) / len(accepted)
+    step_floor = floor["target"] + k * floor["draft"]
+    result = {
+        "k": k, "bandwidth_gb_s": bandwidth / 1e9, "threads": torch.get_num_threads(),
+        "floor_s": floor, "step_floor_s": step_floor, "measured_s": measured,
+        "mean_accepted": mean_accepted, "steps": len(accepted),
+        "tokens_per_s": {"floor": mean_accepted / step_floor, "compiled": mean_accepted / measured["compiled_step"],
+                         "target_only_floor": 1 / floor["target"]},
+    }
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); K = {k}")
+    print(f"floors: target forward {floor['target'] * 1e3:.0f} ms, draft forward {floor['draft'] * 1e3:.0f} ms, "
+          f"step {step_floor * 1e3:.0f} ms")
+    for name, seconds in measured.items():
+        print(f"  {name:14s} {seconds * 1e3:8.1f} ms")
+    print(f"mean accepted {mean_accepted:.2f} tokens/step over {len(accepted)} steps: "
+          f"{result['tokens_per_s']['compiled']:.2f} tok/s compiled, {result['tokens_per_s']['floor']:.2f} at the floor "
+          f"(target alone at its floor: {result['tokens_per_s']['target_only_floor']:.2f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
