@@ -23,7 +23,7 @@ not the whole lane.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -54,7 +54,9 @@ def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list
             raise TypeError(f"{label}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
         prompt = prompt.tolist()
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-        raise TypeError(f"{label}: expected a sequence of token ids, got {type(prompt).__name__}")
+        # A tokenizer's output (transformers' BatchEncoding, from `tokenizer(text)` or `apply_chat_template`).
+        hint = " (pass its ['input_ids'])" if isinstance(prompt, Mapping) and "input_ids" in prompt else ""
+        raise TypeError(f"{label}: expected a sequence of token ids, got {type(prompt).__name__}{hint}")
     ids = [scalar(t) for t in prompt]  # numpy / torch integers as ints
     if not ids:
         raise ValueError(f"{label} is empty")

@@ -174,6 +174,8 @@ BATCH_MESSAGES = [
     ([[1, 2], []], {}, ValueError, r"prompt 1 is empty"),
     ([[1, 2], [1.5]], {}, TypeError, r"prompt 1: token ids must be ints, got 1\.5"),
     ([[1, 2], "ab"], {}, TypeError, r"prompt 1: expected a sequence of token ids, got str"),
+    ([[1, 2], {"input_ids": [3]}], {}, TypeError,
+     r"prompt 1: expected a sequence of token ids, got dict \(pass its \['input_ids'\]\)"),
     ([[1, 2], [1] * 20], {"max_new_tokens": 13}, ValueError,
      r"prompt 1: 20 tokens \+ max_new_tokens 13 exceed max_seq_len 32"),
     ([[1, 2], [1] * 32], {}, ValueError, r"prompt 1 has 32 tokens; max_seq_len 32 leaves no room to generate"),
