@@ -50,7 +50,6 @@ class DraftGate:
         self.seen = 0  # verified steps observed since the reset
         self.pause = 1  # first-row steps in the next pause
         self.left = 0  # first-row steps left in this pause
-        self.pausing = False  # the mean is below threshold: verified steps are trials
         self.trial = False  # a trial is launched and its output not yet read
 
     def speculate(self) -> bool:
@@ -60,7 +59,7 @@ class DraftGate:
             self.first_row += 1
             return False
         self.verified += 1
-        self.trial = self.pausing  # wait for a trial's outcome before verifying again
+        self.trial = self.rate < self.threshold  # a trial: wait for its outcome before verifying again
         return True
 
     def observe(self, drafts_accepted: int) -> None:
@@ -69,10 +68,9 @@ class DraftGate:
         self.trial = False
         self.rate += max(self.weight, 1 / self.seen) * (drafts_accepted - self.rate)  # the first replaces K
         if self.rate >= self.threshold:
-            self.pause, self.left, self.pausing = 1, 0, False
+            self.pause, self.left = 1, 0
         elif not self.left:
             self.left, self.pause = self.pause, min(2 * self.pause, self.max_pause)
-            self.pausing = True
 
     def observe_output(self, packed: torch.Tensor) -> None:
         """`observe` a verified step's packed output (`StepOutput.packed`, read on the host): the lanes still
