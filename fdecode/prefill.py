@@ -54,9 +54,8 @@ def check_prompt(prompt: Prompt, vocab_size: int, label: str = "prompt") -> list
             raise TypeError(f"{label}: expected a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
         prompt = prompt.tolist()
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-        # A tokenizer's output (transformers' BatchEncoding, from `tokenizer(text)` or `apply_chat_template`).
-        hint = " (pass its ['input_ids'])" if isinstance(prompt, Mapping) and "input_ids" in prompt else ""
-        raise TypeError(f"{label}: expected a sequence of token ids, got {type(prompt).__name__}{hint}")
+        got = f"{type(prompt).__name__}{_input_ids_hint(prompt)}"
+        raise TypeError(f"{label}: expected a sequence of token ids, got {got}")
     ids = [scalar(t) for t in prompt]  # numpy / torch integers as ints
     if not ids:
         raise ValueError(f"{label} is empty")
@@ -73,11 +72,17 @@ def prompt_rows(prompts: Prompts) -> list[Prompt]:
     of a 2-D tensor or array; a 1-D one is refused with a hint (it is one prompt, not a batch)."""
     batch = rows(prompts)
     if batch is None:
-        hint = ": it is one prompt, pass [prompt]" if is_array(prompts) and prompts.ndim == 1 else ""
+        one_prompt = is_array(prompts) and prompts.ndim == 1
+        hint = ": it is one prompt, pass [prompt]" if one_prompt else _input_ids_hint(prompts)
         raise TypeError(f"prompts must be a list of token-id sequences or a 2-D tensor, got {_kind(prompts)}{hint}")
     if len(batch) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
     return batch
+
+
+def _input_ids_hint(value: object) -> str:
+    """For a tokenizer's output (transformers' BatchEncoding, from `tokenizer(...)` or `apply_chat_template`)."""
+    return " (pass its ['input_ids'])" if isinstance(value, Mapping) and "input_ids" in value else ""
 
 
 def _kind(value: object) -> str:

@@ -127,6 +127,8 @@ def test_a_one_dimensional_prompt_tensor_is_refused_with_a_hint(step):
         fdecode.generate(step, torch.tensor([5, 6, 7]), max_new_tokens=4)
     with pytest.raises(TypeError, match=r"prompt 0: expected a 1-D integer tensor, got float64 \(3,\)"):
         step.prefill([np.array([1.0, 2.0, 3.0])])
+    with pytest.raises(TypeError, match=r"got dict \(pass its \['input_ids'\]\)$"):  # a tokenizer's whole output
+        step.prefill({"input_ids": [[5, 6, 7]]}, max_new_tokens=4)
 
 
 def test_filters_at_temperature_zero_warn_once_per_call(step):
