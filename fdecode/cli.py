@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                    "class LRUCache)")
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: %(default)s)")
-    p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "eager"],
+    p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "dynamo", "eager"],
                    help="what compiles the step (default: %(default)s: inductor on a CPU)")
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv

@@ -17,7 +17,7 @@ import torch
 from fdecode.ops.attention import KERNELS
 from fdecode.scalars import scalar, token_ids
 
-BACKENDS = ("auto", "eager", "inductor", "aot_eager", "cudagraphs", "torchair")
+BACKENDS = ("auto", "eager", "inductor", "aot_eager", "dynamo", "cudagraphs", "torchair")
 # torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
 TORCHAIR_MODES = ("reduce-overhead", "max-autotune")
 

@@ -67,6 +67,26 @@ def test_cpu_backends():
     assert backends.choose_backend(config(backend="auto"), weightless(), weightless(), "model") == ("inductor", None)
 
 
+def test_the_dynamo_backend_captures_one_graph_and_lowers_nothing():
+    """`dynamo`: Dynamo's one graph run op by op, no AOTAutograd (half the capture time of `aot_eager`, for
+    graph and recompile tests); the eager step's tokens; one graph for every window, like `aot_eager`."""
+    from torch._dynamo.utils import counters
+
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    cfg = config(backend="dynamo", max_seq_len=40, context_buckets=(16,), sampling=False)
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    assert step.backend == "dynamo" and step.dynamic_window and eligible("dynamo", cfg) is None
+    graphs, lowered = counters["stats"]["unique_graphs"], sum(counters["aot_autograd"].values())
+    prompts = [[5, 17, 33], [7, 3]]
+    got = fdecode.generate(step, prompts, max_new_tokens=24, progress=False)
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # crossing windows compiled nothing more
+    assert sum(counters["aot_autograd"].values()) == lowered  # nothing went through AOTAutograd
+    assert len(step.compile_seconds) >= 2  # it ran more than one window
+    assert got == fdecode.generate(fdecode.compile(target, draft, config(backend="eager", max_seq_len=40, sampling=False)), prompts,
+                                   max_new_tokens=24, progress=False)
+
+
 def test_inductor_needs_a_compiler_and_weights_on_the_device(monkeypatch):
     target = fdecode_target(2)
     assert eligible("inductor", config(), target=target) is None

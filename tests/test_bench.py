@@ -14,9 +14,9 @@ SYSTEMS = {"target-only", "before", "fdecode-eager", "fdecode", "hf-generate", "
 @pytest.mark.slow
 def test_quick_bench_writes_every_field(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    # aot_eager and one random-model workload: this checks the bench's rows and fields (every workload runs
+    # dynamo and one random-model workload: this checks the bench's rows and fields (every workload runs
     # the same `run_workload`); Inductor's code is checked by the lossless tests.
-    argv = ["--quick", "--backend", "aot_eager", "--workloads", "draft=target", "--json", str(out)]
+    argv = ["--quick", "--backend", "dynamo", "--workloads", "draft=target", "--json", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     fields = set(Result.__dataclass_fields__)
@@ -38,8 +38,8 @@ def test_profile_writes_traces_and_a_timeline(tmp_path, capfd):
     printed, and the profiler's start/stop lines (C++, on fd 2) do not get out."""
     from fdecode.profile import main as profile_main
 
-    # aot_eager: the traces and the timeline are the concern here, not Inductor's code.
-    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "-k", "2", "--backend", "aot_eager"]) == 0
+    # dynamo (capture only): the traces and the timeline are the concern here, not Inductor's code.
+    assert profile_main(["--out", str(tmp_path), "--iterations", "3", "-k", "2", "--backend", "dynamo"]) == 0
     counts = {}
     for name, label in (("before.json", "before/validate"), ("fdecode.json", "fdecode/step")):
         trace = json.loads((tmp_path / name).read_text())

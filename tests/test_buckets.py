@@ -140,7 +140,7 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     # Greedy-only: one plan, so one graph per window (each sampling plan adds a graph per window).
-    cfg = config(2, backend="aot_eager", sampling=False, dynamic_window=False)
+    cfg = config(2, backend="dynamo", sampling=False, dynamic_window=False)
     step = fdecode.compile(target, draft, cfg, warmup=True)
     assert not step.dynamic_window and len(step._graphs) == 4
     times = step.compile_seconds
@@ -225,7 +225,7 @@ def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(
     what every backend did before) each crossing compiles, which this count sees."""
     target = fdecode_target(2)
     step = fdecode.compile(
-        target, independent_draft("partial", target), config(2, backend="aot_eager", sampling=False, dynamic_window=dynamic)
+        target, independent_draft("partial", target), config(2, backend="dynamo", sampling=False, dynamic_window=dynamic)
     )
     assert step.dynamic_window is dynamic
     calls = recording(step)
@@ -273,12 +273,12 @@ def test_every_compile_is_announced_in_one_line(capsys) -> None:
     nothing more; announce=False is silent; warm-up shows a progress bar over the windows."""
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
-    step = fdecode.compile(target, draft, config(backend="aot_eager", sampling=False))
+    step = fdecode.compile(target, draft, config(backend="dynamo", sampling=False))
     state = step.prefill([list(PROMPTS[2])], max_new_tokens=40)
     state, _ = step(state)
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
-        "fdecode: compiling the decode step (aot_eager, greedy sampling plan, one graph for every window up to 100 "
+        "fdecode: compiling the decode step (dynamo, greedy sampling plan, one graph for every window up to 100 "
         "tokens); the first call waits for it, once per process (step.warmup() compiles every graph up front)"
     ]
     while step.config.bucket_for(state.max_position) * 4 == 32:  # on into the next window: nothing compiles
@@ -288,6 +288,6 @@ def test_every_compile_is_announced_in_one_line(capsys) -> None:
     step.warmup()  # the other windows only run: a bar over the 4 windows, no compile line
     err = capsys.readouterr().err
     assert "fdecode: compiling" in err and "4/4" in err and "the first call waits" not in err
-    quiet = fdecode.compile(target, draft, config(backend="aot_eager", sampling=False), announce=False)
+    quiet = fdecode.compile(target, draft, config(backend="dynamo", sampling=False), announce=False)
     quiet.warmup()
     assert capsys.readouterr().err == ""

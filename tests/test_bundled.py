@@ -77,7 +77,7 @@ def test_mtp_head_accepts_at_least_two_tokens_per_step_at_k3(models, heldout) ->
 def test_demo_streams_python_from_the_bundled_model(capsys) -> None:
     from fdecode.cli import main
 
-    assert main(["demo", "--max-new-tokens", "96", "--backend", "aot_eager"]) == 0  # the text ends at its last full line
+    assert main(["demo", "--max-new-tokens", "96", "--backend", "dynamo"]) == 0  # the text ends at its last full line
     out = capsys.readouterr().out
     assert out.startswith("class LRUCache:")
     assert "mean accepted length" in out and "before loop" in out

@@ -180,8 +180,8 @@ def test_the_engine_pauses_drafts_that_do_not_pay_and_stays_lossless():
     gen = torch.Generator().manual_seed(5)
     fresh = tuple(torch.randint(0, 100, (6,), generator=gen).tolist())
     copying = grounded_prompts()[0]
+    step = ngram_step(max_batch=1, backend="dynamo")  # one step, its two graphs captured once, two engines
     for prompts, paused in (([fresh], True), ([copying], False)):
-        step = ngram_step(max_batch=1, backend="aot_eager")
         engine = fdecode.Engine(step)
         rid = engine.add_request(list(prompts[0]), max_new_tokens=48)
         assert engine.run()[rid] == hf_greedy(prompts[0], 48)
@@ -191,7 +191,7 @@ def test_the_engine_pauses_drafts_that_do_not_pay_and_stays_lossless():
             assert gate.first_row >= 5, gate
         else:
             assert gate.first_row <= 1 and gate.rate > 1, gate
-    off = fdecode.Engine(ngram_step(max_batch=1, backend="aot_eager", draft_gate=False))
+    off = fdecode.Engine(ngram_step(max_batch=1, backend="dynamo", draft_gate=False))
     assert off.gate is None and not off.step_fn.gated
     assert "draft_gate" in str(pytest.raises(ValueError, fdecode.DecodeConfig, num_draft_tokens=1, max_batch=1,
                                              max_seq_len=8, draft_gate=1).value)

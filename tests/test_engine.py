@@ -98,7 +98,7 @@ def test_one_host_read_per_step_and_streaming_callbacks():
 
 @pytest.mark.parametrize("max_batch", [1, 3])
 def test_no_recompile_over_admissions_and_retirements(max_batch):
-    step = make_step(max_batch=max_batch, backend="aot_eager")
+    step = make_step(max_batch=max_batch, backend="dynamo")
     engine = fdecode.Engine(step)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for i in range(8):

@@ -178,7 +178,7 @@ def test_kv_pools_are_reused_only_when_no_state_holds_them():
 
 def test_warmup_hands_its_kv_pool_to_the_first_prefill():
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager",
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="dynamo",
                                context_buckets=(32, 64), sampling=False)  # greedy only: one capture, not five
     step = fdecode.compile(target, independent_draft("partial", target), cfg, warmup=True)
     (pool,) = step._kv.pools

@@ -115,7 +115,7 @@ def test_ngram_settings_and_bad_ones():
 
 
 def test_engine_admissions_prime_the_history():
-    step = ngram_step(k=2, max_batch=2, backend="aot_eager")
+    step = ngram_step(k=2, max_batch=2, backend="dynamo")
     engine = fdecode.Engine(step)
     prompts = grounded_prompts()
     want, got, pending, tick = {}, {}, list(enumerate(prompts)), 0

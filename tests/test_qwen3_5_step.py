@@ -204,7 +204,7 @@ def test_context_buckets_switch_windows_on_the_hybrid() -> None:
 def test_admitting_requests_into_a_live_state_never_recompiles() -> None:
     """Priming resets and fills a lane's recurrent leaves in place of the old rows: same shapes, no recompile."""
     target = hybrid_target("lin-full")  # both kinds of layer; the guards do not depend on the depth
-    engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2, backend="aot_eager"))
+    engine = fdecode.Engine(compiled(target, near_copy(target), 2, max_batch=2, backend="dynamo"))
     with torch._dynamo.config.patch(error_on_recompile=True):
         for i in range(5):
             engine.add_request(list(PROMPTS[i % 3]), max_new_tokens=2 + i, temperature=0.7 * (i % 2), seed=i)

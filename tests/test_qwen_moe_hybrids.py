@@ -109,12 +109,12 @@ def test_mtp_head_from_a_checkpoint_folder_is_lossless(tmp_path, family: str) ->
 
 @pytest.mark.slow
 def test_captured_mtp_head_of_two_layers_is_lossless(tmp_path) -> None:
-    """Qwen3-Next captured (aot_eager), K = 2 over a 2-layer MTP head (both layers run; K = 3 > n, which
+    """Qwen3-Next captured (dynamo), K = 2 over a 2-layer MTP head (both layers run; K = 3 > n, which
     reuses layer 0, runs eagerly in test_mtp_layers.py). Inductor's code for these layers' ops is checked
     where each family's step compiles with it: DeltaNet in test_qwen3_5_step.py, MoE in
     test_deepseek_v3_step.py."""
     save_with_mtp(tmp_path, family="qwen3_next", layers=2)
-    step = compiled(str(tmp_path), "mtp", 2, backend="aot_eager")
+    step = compiled(str(tmp_path), "mtp", 2, backend="dynamo")
     assert step.draft.num_mtp_layers == 2
     outs, _, _ = run(step, PROMPTS)
     assert outs == greedy("qwen3_next")

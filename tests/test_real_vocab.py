@@ -76,7 +76,7 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
     from conftest import fdecode_target, independent_draft
 
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="aot_eager",
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="dynamo",
                                context_buckets=(64,))
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(plans=[p for p in step.plans if p.name in ("greedy", "top_k<=128")])  # the two this traffic needs

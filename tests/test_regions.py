@@ -19,7 +19,7 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 WORK_OPS = ("aten::mm", "aten::index_put", "aten::index", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
-def step_of(target, draft, *, regions: bool | str, backend: str = "aot_eager", **changes):
+def step_of(target, draft, *, regions: bool | str, backend: str = "dynamo", **changes):
     cfg = fdecode.DecodeConfig(**{
         "num_draft_tokens": K, "max_batch": 2, "max_seq_len": 64, "block_size": 8, "backend": backend,
         "layer_regions": regions, **changes,

@@ -11,6 +11,7 @@ worst) and says why. `capture` turns the step function into what runs.
 |-------------|------------|----------------------------------------------------------|
 | `eager`     | any        | the reference: the same pure function, no compilation   |
 | `aot_eager` | any        | Dynamo + AOTAutograd capture, eager kernels (capture checks) |
+| `dynamo`    | any        | Dynamo capture only, its FX graph run op by op (the cheapest capture check: graphs, guards, recompiles) |
 | `inductor`  | CPU, CUDA  | `torch.compile(fullgraph=True, dynamic=False)`           |
 | `cudagraphs`| CUDA       | inductor + CUDA graph replay (`mode="reduce-overhead"`); KV leaves are marked static |
 | `torchair`  | Ascend NPU | torchair: ACL graph (`npugraph_ex`, default) or GE graph (`torchair_mode="max-autotune"`) |
@@ -44,7 +45,7 @@ STATIC_KV = frozenset({"cudagraphs", "torchair"})
 # width is a symbolic size (`torch._dynamo.mark_dynamic`), so crossing into a wider window compiles nothing;
 # CUDA graph trees record one replay per window width. torchair keeps a graph per window: GE graphs need
 # static shapes, and the NPU attention kernel takes the window's length as a host integer.
-DYNAMIC_WINDOW = frozenset({"aot_eager", "inductor", "cudagraphs"})
+DYNAMIC_WINDOW = frozenset({"dynamo", "aot_eager", "inductor", "cudagraphs"})
 
 Check = Callable[[DecodeConfig, torch.nn.Module, torch.nn.Module, str], "str | None"]
 
@@ -74,6 +75,10 @@ def _eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
 
 
 def _aot_eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+    return None
+
+
+def _dynamo(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
     return None
 
 
@@ -142,6 +147,7 @@ def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
 ELIGIBILITY: dict[str, Check] = {
     "eager": _eager,
     "aot_eager": _aot_eager,
+    "dynamo": _dynamo,
     "inductor": _inductor,
     "cudagraphs": _cudagraphs,
     "torchair": _torchair,
@@ -226,6 +232,8 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
     """What runs for `backend`: `fn` itself (eager) or its one-graph compilation."""
     if backend == "eager":
         return fn
+    if backend == "dynamo":  # torch's "eager" compile backend: Dynamo's graph, no AOTAutograd, no codegen
+        return torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)
     if backend == "cudagraphs":  # Inductor with CUDA graph replay
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
     if backend == "torchair":
