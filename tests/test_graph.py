@@ -51,20 +51,23 @@ def test_inspect_reports_one_graph_without_syncs(compiled):
 @pytest.mark.slow
 def test_no_recompile_over_steps_and_new_prompts(compiled):
     with torch._dynamo.config.patch(error_on_recompile=True):
-        state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=60)
+        # The lanes of the inspection test above: its last call compiled this plan's graph (one capture).
+        state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=60, temperature=[0.0, 0.8], top_k=[0, 5])
         for _ in range(20):
             state, out = compiled(state)
         # A new batch: other lengths, other lane count, other budgets and a stop id.
-        state = compiled.prefill([[9] * 11, [3, 1], [2], [7, 7, 7]], max_new_tokens=30, eos_token_id=[5, 6])
+        state = compiled.prefill([[9] * 11, [3, 1], [2], [7, 7, 7]], max_new_tokens=30, eos_token_id=[5, 6],
+                                 temperature=[0.0, 0.0, 0.9, 0.0], top_k=[0, 0, 3, 0])
         for _ in range(5):
             state, out = compiled(state)
-        # Sampling parameters and seeds are tensors too: new values, no new graph.
+        # Sampling parameters and seeds are tensors too: new values (the same plan), no new graph.
         state = compiled.prefill(
-            [[1, 2], [3]], max_new_tokens=30, temperature=[0.7, 1.2], top_k=[3, 0], top_p=[1.0, 0.9], min_p=0.05, seed=5
+            [[1, 2], [3]], max_new_tokens=30, temperature=[0.7, 1.2], top_k=[3, 2], top_p=[1.0, 0.9], min_p=0.05, seed=5
         )
         for _ in range(20):
             state, out = compiled(state)
     assert out.tokens.shape == (4, 4)
+    assert compiled.plan_for(state).name.startswith("top_k<=")  # one plan throughout: its graph never recompiles
 
 
 def test_inspect_catches_a_host_sync():
