@@ -83,8 +83,8 @@ def test_the_dynamo_backend_captures_one_graph_and_lowers_nothing():
     assert counters["stats"]["unique_graphs"] - graphs == 1  # crossing windows compiled nothing more
     assert sum(counters["aot_autograd"].values()) == lowered  # nothing went through AOTAutograd
     assert len(step.compile_seconds) >= 2  # it ran more than one window
-    assert got == fdecode.generate(fdecode.compile(target, draft, config(backend="eager", max_seq_len=40, sampling=False)), prompts,
-                                   max_new_tokens=24, progress=False)
+    eager = fdecode.compile(target, draft, config(backend="eager", max_seq_len=40, sampling=False))
+    assert got == fdecode.generate(eager, prompts, max_new_tokens=24, progress=False)
 
 
 def test_inductor_needs_a_compiler_and_weights_on_the_device(monkeypatch):

@@ -4,7 +4,7 @@ The inputs cover what the reference handles specially: inactive lanes (L = 0),
 L = 1 (placeholder repair row), L = K + 1 (repair row writes P - 1), positions
 before 0 and past a lane's blocks, negative block ids, a window of one (K = 0),
 hidden sizes that are not powers of two or exceed one column chunk, three float
-dtypes and a strided hidden tensor.
+dtypes and a strided hidden tensor: every dtype x hidden width x block size in 60 trials.
 
 Here (no GPU) the kernel runs in Triton's interpreter on CPU tensors
 (TRITON_INTERPRET=1 must be set before triton is imported, hence the subprocess).
@@ -23,16 +23,24 @@ import pytest
 import torch
 
 
-def random_case(gen: torch.Generator, device: str):
-    """One random input set for `prepare_next_draft` (see the module docstring for what it covers)."""
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+WIDTHS = (1, 3, 64, 130, 257)
+BLOCK_SIZES = (1, 2, 4, 16)
+COMBINATIONS = len(DTYPES) * len(WIDTHS) * len(BLOCK_SIZES)  # trial i takes combination i mod 60
+
+
+def random_case(gen: torch.Generator, device: str, trial: int = 0):
+    """One random input set for `prepare_next_draft` (see the module docstring for what it covers): the
+    dtype, hidden width and block size of combination `trial` (every one in 60 trials), the rest random."""
 
     def randint(lo: int, hi: int, shape=()) -> torch.Tensor:  # inclusive bounds
         return torch.randint(lo, hi + 1, shape, generator=gen)
 
     batch, k = int(randint(1, 9)), int(randint(0, 5))
-    window, block_size = k + 1, int([1, 2, 4, 16][int(randint(0, 3))])
-    max_blocks, width = int(randint(1, 6)), int([1, 3, 64, 130, 257][int(randint(0, 4))])
-    dtype = [torch.float32, torch.float16, torch.bfloat16][int(randint(0, 2))]
+    dtype = DTYPES[trial % len(DTYPES)]
+    width = WIDTHS[trial // len(DTYPES) % len(WIDTHS)]
+    block_size = BLOCK_SIZES[trial // (len(DTYPES) * len(WIDTHS)) % len(BLOCK_SIZES)]
+    window, max_blocks = k + 1, int(randint(1, 6))
     lengths = randint(0, window, (batch,))
     lengths[0] = window  # every case has a fully accepted lane and (below) an L = 1 and an inactive lane
     if batch > 1:
@@ -57,7 +65,7 @@ def compare(device: str, trials: int, fn=None) -> int:
     fn = fn or torch.ops.fdecode.prepare_next_draft
     gen = torch.Generator().manual_seed(1234)
     for trial in range(trials):
-        args = random_case(gen, device)
+        args = random_case(gen, device, trial)
         got, want = fn(*args), prepare_next_draft_reference(*args)
         for name, g, w in zip(("tokens", "hidden", "positions", "kv_lens", "slots"), got, want):
             assert g.dtype == w.dtype and g.shape == w.shape, (trial, name, g.dtype, w.dtype, g.shape, w.shape)
@@ -68,7 +76,7 @@ def compare(device: str, trials: int, fn=None) -> int:
 def interpreted_main() -> None:  # run in a subprocess with TRITON_INTERPRET=1
     from fdecode.ops.prepare_triton import prepare_next_draft_triton
 
-    print("compared", compare("cpu", 150, prepare_next_draft_triton))
+    print("compared", compare("cpu", COMBINATIONS, prepare_next_draft_triton))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)")
@@ -79,4 +87,4 @@ def test_triton_kernel_equals_reference_in_the_interpreter():
     code = "import test_prepare_triton as t; t.interpreted_main()"
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert "compared 150" in done.stdout
+    assert f"compared {COMBINATIONS}" in done.stdout  # every dtype x width x block size once
