@@ -57,7 +57,7 @@ def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
 
 def decode_step(
     target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
-    plan: SamplingPlan | None = None, speculate: bool = True,
+    plan: SamplingPlan | None = None, depth: int | None = None,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
 
@@ -67,14 +67,17 @@ def decode_step(
     of every window reads n as a symbolic size.
     plan: the sampling code to run (`fdecode.ops.plan`); it must be exact for every active lane's
     parameters. None: `general_plan(cfg)`.
-    speculate: False runs the target over the window's first row only and commits its one token, as
-    target-only decoding would; the window's drafts are not verified, and the next window is drafted as
-    usual. For n-gram drafts, whose proposals cost nothing to make (`fdecode.runtime.gate` decides when).
-    A lane without a proposal commits the same token either way (its rejection draws from p itself).
+    depth: how many of the window's drafts to verify, 0 .. K (None: K). The target runs over the window's
+    first depth + 1 rows only, and the step proposes `proposals(draft, cfg, depth)` drafts for the next
+    window (max(depth, 1) for a draft LM or MTP head; K for n-gram drafts, whose lookups cost nothing, and
+    for recurrent drafts); the rest of the next window is -1 (nothing proposed: never accepted, and a random
+    lane's rejection there draws from p itself, so every depth is exact). depth 0 commits one token per
+    lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts).
     """
     plan = general_plan(cfg) if plan is None else plan
     window = cfg.W
-    rows = window if speculate else 1
+    depth = cfg.K if depth is None else depth
+    rows = depth + 1
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]: what attention reads
     positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
     slots = torch.where(
@@ -87,13 +90,15 @@ def decode_step(
         snapshots=True,
     )  # [B, rows, V], [B, rows, H], recurrent states after each row (None: no linear-attention layers)
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
-    if not speculate:
-        accepted, length = first_row(state, logits, noise, plan, window)
-        hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], window - 1, hidden.shape[2])], dim=1)
+    if depth == 0:
+        accepted, length = first_row(state, logits, noise, plan)
     elif plan.random:
-        accepted, length = verify(state, logits, noise, accept_u, plan)
+        accepted, length = verify(state, logits, noise, accept_u[:, :depth], plan)
     else:  # greedy-only graph: no filters, no random numbers
-        accepted, length = greedy_accept(state.tokens, logits)
+        accepted, length = greedy_accept(state.tokens[:, :rows], logits)
+    if rows < window:  # the rows not verified: nothing accepted there, no hidden state
+        accepted = torch.cat([accepted, accepted.new_full((accepted.shape[0], window - rows), -1)], dim=1)
+        hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], window - rows, hidden.shape[2])], dim=1)
     if cfg.broadcast_accepted:  # rank 0's run, before the stops, budgets or next draft derive from it
         accepted = rank0_tokens(accepted, target.tp)
         length = (accepted >= 0).sum(dim=1)
@@ -105,28 +110,38 @@ def decode_step(
         commit_verify((state.target_conv, state.target_rec), snapshots, (accepted >= 0).sum(dim=1))
     new_state = advance(
         draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
-        overflow=overflow, context_blocks=context_blocks, plan=plan,
+        overflow=overflow, context_blocks=context_blocks, plan=plan, proposals=proposals(draft, cfg, depth),
         # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
         draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
     )
     return new_state, new_state.step_output
 
 
+def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
+    """How many drafts a step of `depth` proposes for the next window: as many as it verified (at least the
+    one the draft's first forward makes anyway, which keeps the draft's KV in step); all K where a
+    proposal costs nothing (n-gram lookups) or a recurrent draft's ring needs them (`commit_ring`)."""
+    return cfg.K if is_ngram(draft) or is_hybrid(draft) else max(depth, 1)
+
+
 def verify(
     state: DecodeState, logits: torch.Tensor, noise: torch.Tensor, accept_u: torch.Tensor, plan: SamplingPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accepted tokens [B, W] (-1 padded) and lengths [B]: greedy or rejection sampling, per lane."""
-    greedy, greedy_len = greedy_accept(state.tokens, logits)
+    """Accepted tokens [B, R] (-1 padded) and lengths [B] over the window's first R rows (`logits`: [B, R, V],
+    `accept_u`: [B, R - 1]): greedy or rejection sampling, per lane."""
+    rows = logits.shape[1]
+    tokens, draft_probs = state.tokens[:, :rows], state.draft_probs[:, : rows - 1]
+    greedy, greedy_len = greedy_accept(tokens, logits)
     probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
-    sampled, sampled_len = speculative_accept(state.tokens, state.draft_probs, probs, accept_u, noise, ids)
+    sampled, sampled_len = speculative_accept(tokens, draft_probs, probs, accept_u, noise, ids)
     random_lane = state.temperature > 0
     return torch.where(random_lane[:, None], sampled, greedy), torch.where(random_lane, sampled_len, greedy_len)
 
 
 def first_row(
-    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor | None, plan: SamplingPlan, window: int
+    state: DecodeState, logits: torch.Tensor, noise: torch.Tensor | None, plan: SamplingPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target-only decoding of the window's first row: accepted [B, W] (one token, -1 padded), length [B] = 1.
+    """Target-only decoding of the window's first row: accepted [B, 1], length [B] = 1.
 
     logits: [B, 1, V]. Greedy lanes take the argmax; random lanes draw from their filtered p with `noise`,
     the draw `speculative_accept` makes when the first draft is rejected or was never proposed."""
@@ -135,8 +150,7 @@ def first_row(
         probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
         drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1]), noise)
         token = torch.where(state.temperature > 0, drawn, token)
-    padding = torch.full((token.shape[0], window - 1), -1, dtype=token.dtype, device=token.device)
-    return torch.cat([token[:, None], padding], dim=1), torch.ones_like(token)
+    return token[:, None], torch.ones_like(token)
 
 
 def propose(
@@ -179,8 +193,9 @@ def advance(
     context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
     draft_regions: bool = False,  # run the draft's layers as compile regions (`fdecode.models.regions`)
+    proposals: int | None = None,  # drafts to propose, 1 .. K (None: K); the rest of the window is -1
 ) -> DecodeState:
-    """Prepare the next draft input from `accepted`, run the K draft forwards, build the next state."""
+    """Prepare the next draft input from `accepted`, run the draft forwards, build the next state."""
     batch, window = accepted.shape
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]
     bs = cfg.block_size
@@ -195,11 +210,12 @@ def advance(
         last = tokens.view(batch, 2)[:, 1]
         pos = state.base_pos + length
         write_history(state.history, state.base_pos, accepted)  # in place, like the KV
-        proposals = lookup(state.history[:, : context.shape[1] * bs], pos, cfg.K, draft.max_n, draft.min_n)
-        drafts = list(proposals.unbind(1))
+        found = lookup(state.history[:, : context.shape[1] * bs], pos, cfg.K, draft.max_n, draft.min_n)
+        drafts = list(found.unbind(1))
         # A point mass on each proposed token (rejection sampling stays exact); nothing where none was proposed.
-        draft_probs = state.draft_probs if draft_u is None else point_masses(proposals, state.draft_probs.shape[-1])
+        draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
         return _next_state(state, last, drafts, draft_probs, pos, accepted, remaining, finished, overflow)
+    rows_slots = repair_slots(rows_slots, state, length, live, bs)
     hybrid = is_hybrid(draft)
     start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
     # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
@@ -227,7 +243,8 @@ def advance(
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
-    for j in range(1, window - 1):
+    proposals = window - 1 if proposals is None else proposals
+    for j in range(1, proposals):
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h, draft_state = forward_rows(
@@ -240,9 +257,25 @@ def advance(
         drafts.append(proposal)
         draft_probs.append(probs)
 
+    for j in range(proposals, window - 1):  # not proposed: -1, and q all zeros (a greedy graph passes q on)
+        drafts.append(torch.full_like(last, -1))
+        draft_probs.append(state.draft_probs[:, j] if draft_u is None else torch.zeros_like(probs))
+
     if hybrid:
         commit_ring((state.draft_conv, state.draft_rec), ring, live)
     return _next_state(state, last, drafts, torch.stack(draft_probs, dim=1), pos, accepted, remaining, finished, overflow)
+
+
+def repair_slots(rows_slots: torch.Tensor, state: DecodeState, length: torch.Tensor, live: torch.Tensor, bs: int):
+    """The draft's repair row writes its KV at P - 1 where the last accepted draft was never a draft input:
+    every draft the window carried was accepted. `prepare_next_draft` sees that as L == W; a window of fewer
+    proposals (a step of smaller depth) has it at L - 1 == its proposals. Elsewhere the row's slot is
+    the op's (a scratch write at P + 1). rows_slots: [2B], (repair, current) per lane."""
+    carried = (state.tokens[:, 1:] >= 0).sum(dim=1)  # [B] drafts in the verified window
+    repair = live & (length > 1) & (length - 1 == carried)
+    target = slot_of(state.block_tables, (state.base_pos + length - 1)[:, None], bs)[:, 0]
+    pairs = rows_slots.view(-1, 2)
+    return torch.stack([torch.where(repair, target, pairs[:, 0]), pairs[:, 1]], dim=1).reshape(-1)
 
 
 def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:

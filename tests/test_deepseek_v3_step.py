@@ -52,9 +52,11 @@ def test_an_mtp_layer_of_the_wrong_shape_is_refused(tmp_path) -> None:
 def test_inductor_mtp_head_is_lossless(tmp_path) -> None:
     """Inductor's code for MLA, MoE and the MTP head, at a capacity that is not a whole number of blocks
     (as tests/test_lossless.py's Inductor tests for LM and n-gram drafts), through the graph of every
-    window. K = 1 keeps the compile in CI's budget."""
+    window, with layers as compile regions (the default from 12 layer calls a step). K = 1 keeps the
+    compile in CI's budget."""
     save_with_mtp(tmp_path, random_mtp_state())
-    step = compiled(str(tmp_path), "mtp", 1, backend="inductor", max_seq_len=37, block_size=8, context_buckets=(16,))
+    step = compiled(str(tmp_path), "mtp", 1, backend="inductor", max_seq_len=37, block_size=8, context_buckets=(16,),
+                    layer_regions=True)
     assert step.dynamic_window and step.config.max_seq_len % 8
     outs, _, _ = run(step, PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]

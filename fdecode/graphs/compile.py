@@ -23,7 +23,7 @@ from fdecode.prefill import Prompts, empty_state, new_kv, prefill
 from fdecode.progress import bar, notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
-from fdecode.state.recurrent import check_leaves
+from fdecode.state.recurrent import check_leaves, is_hybrid
 from fdecode.step import decode_step, general_plan
 
 
@@ -35,28 +35,36 @@ def fresh_code(fn: Callable, name: str) -> Callable:
 
 
 def pure_step(
-    target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan, speculate: bool = True
+    target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan, depth: int | None = None
 ) -> Callable:
     """The pure step for a window of `blocks` blocks, or (None) for any window: then it takes the window
     as a second argument, a [blocks, 0] tensor (`window_width`) whose length the graph reads as a symbolic
-    size. A code object of its own (`fresh_code`) per window, plan and `speculate` (see `decode_step`)."""
-    name = "".join(c if c.isalnum() else "_" for c in plan.name) + ("" if speculate else "_first_row")
+    size. A code object of its own (`fresh_code`) per window, plan and depth (see `decode_step`; None: K)."""
+    depth = config.K if depth is None else depth
+    name = "".join(c if c.isalnum() else "_" for c in plan.name) + depth_suffix(config, depth)
     if blocks is None:
 
         def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, speculate=speculate)
+            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, depth=depth)
 
         return fresh_code(any_window, f"fdecode_step_any_window_{name}")
 
     def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, speculate=speculate)
+        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth)
 
     return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
 
 
-def graph_name(plan: SamplingPlan, speculate: bool) -> str:
-    """A step graph's name in messages and `Step.plan_compile_seconds`: the plan's, marked for first-row graphs."""
-    return plan.name if speculate else f"{plan.name} (first row only)"
+def depth_suffix(config: DecodeConfig, depth: int) -> str:
+    return "" if depth == config.K else "_first_row" if depth == 0 else f"_depth{depth}"
+
+
+def graph_name(plan: SamplingPlan, depth: int, k: int) -> str:
+    """A step graph's name in messages and `Step.plan_compile_seconds`: the plan's, marked for first-row
+    graphs (depth 0) and for graphs that verify fewer than the K drafts."""
+    if depth == k:
+        return plan.name
+    return f"{plan.name} (first row only)" if depth == 0 else f"{plan.name} (depth {depth})"
 
 
 def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
@@ -112,8 +120,8 @@ class Step:
         self.dynamic_window = (
             config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
         )
-        # (window in blocks, or None: the graph of every window of 2+ blocks; plan; speculate) -> what runs
-        self._graphs: dict[tuple[int | None, SamplingPlan, bool], Callable] = {}
+        # (window in blocks, or None: the graph of every window of 2+ blocks; plan; depth) -> what runs
+        self._graphs: dict[tuple[int | None, SamplingPlan, int], Callable] = {}
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
@@ -145,8 +153,8 @@ class Step:
         else `blocks` (a graph of its own)."""
         return None if self.dynamic_window and blocks >= 2 else blocks
 
-    def _pure(self, blocks: int | None, plan: SamplingPlan, speculate: bool = True) -> Callable:
-        return pure_step(self.target, self.draft, self.config, blocks, plan, speculate)
+    def _pure(self, blocks: int | None, plan: SamplingPlan, depth: int | None = None) -> Callable:
+        return pure_step(self.target, self.draft, self.config, blocks, plan, depth)
 
     @property
     def gated(self) -> bool:
@@ -161,53 +169,73 @@ class Step:
             width = self._widths[blocks] = window_width(self.config, blocks)
         return width
 
-    def _graph(self, blocks: int, plan: SamplingPlan, speculate: bool) -> Callable:
-        """The step for a window of `blocks` blocks, a sampling plan and `speculate`, captured on first use."""
+    def _graph(self, blocks: int, plan: SamplingPlan, depth: int) -> Callable:
+        """The step for a window of `blocks` blocks, a sampling plan and a depth, captured on first use."""
         key = self.graph_window(blocks)
-        graph = self._graphs.get((key, plan, speculate))
+        graph = self._graphs.get((key, plan, depth))
         if graph is None:
-            graph = self._graphs[key, plan, speculate] = capture(
-                self.backend, self._pure(key, plan, speculate), self.config
+            graph = self._graphs[key, plan, depth] = capture(
+                self.backend, self._pure(key, plan, depth), self.config
             )
         if key is not None:
             return graph
         width = self.window_width(blocks)
         return lambda state: graph(state, width)
 
-    def _announce_compile(self, blocks: int, plan: SamplingPlan, speculate: bool) -> None:
+    def _announce_compile(self, blocks: int, plan: SamplingPlan, depth: int) -> None:
         """One line on stderr before a graph compiles (its first call), so a pause is never silent."""
-        if self.backend == "eager" or (self.graph_window(blocks), plan, speculate) in self._graphs:
+        if self.backend == "eager" or (self.graph_window(blocks), plan, depth) in self._graphs:
             return
         windows = (
             f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
         notice(
-            f"compiling the decode step ({self.backend}, {graph_name(plan, speculate)} sampling plan, {windows}); "
+            f"compiling the decode step ({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, "
+            f"{windows}); "
             "the first call waits for it, once per process (step.warmup() compiles every graph up front)"
         )
 
-    def __call__(self, state: DecodeState, *, speculate: bool = True) -> tuple[DecodeState, StepOutput]:
-        """One step. speculate=False verifies only the window's first row: every lane commits one token, as
-        target-only decoding would, and the next window is drafted as usual (`decode_step`); cheaper where
-        the drafts are not being accepted. Its graphs are others (compiled on first use, or by `warmup`)."""
+    def __call__(
+        self, state: DecodeState, *, speculate: bool = True, depth: int | None = None
+    ) -> tuple[DecodeState, StepOutput]:
+        """One step. depth: how many of the window's drafts to verify, 0 .. K (None: K, or 0 where
+        speculate=False); the step then proposes as many for the next window (at least one; all K for
+        n-gram and recurrent drafts), so a lane commits at most depth + 1 tokens and the target runs
+        depth + 1 rows: cheaper where drafts are not being accepted (`decode_step`). Every depth reads
+        and writes the same state and is exact; each is a graph of its own (compiled on first use, or
+        by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
+        target-only decoding would."""
         if not isinstance(speculate, bool):
             raise TypeError(f"speculate must be True or False, got {speculate!r}")
+        depth = self.check_depth(depth if depth is not None else (self.config.K if speculate else 0))
+        if not speculate and depth != 0:
+            raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
         self.check_state(state)
-        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state), speculate=speculate)
+        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state), depth=depth)
+
+    def check_depth(self, depth) -> int:
+        """`depth` if this step can run it (an int in 0 .. K; for recurrent models 0 or K), else raises."""
+        k = self.config.K
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
+            raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
+        if 0 < depth < k and (is_hybrid(self.target) or is_hybrid(self.draft)):
+            raise ValueError(f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth}")
+        return depth
 
     def _run(
-        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False, speculate: bool = True
+        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False, depth: int | None = None
     ) -> tuple[DecodeState, StepOutput]:
         cfg = self.config
+        depth = cfg.K if depth is None else depth
         window = blocks * cfg.block_size
-        name = graph_name(plan, speculate)
+        name = graph_name(plan, depth, cfg.K)
         first = (window, name) not in self.plan_compile_seconds
         if self.announce and not quiet:
-            self._announce_compile(blocks, plan, speculate)
+            self._announce_compile(blocks, plan, depth)
         start = time.perf_counter()
         with torch.no_grad():
-            new_state, out = self._graph(blocks, plan, speculate)(state)
+            new_state, out = self._graph(blocks, plan, depth)(state)
         if first:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
@@ -217,10 +245,13 @@ class Step:
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
         return new_state, out
 
-    def warmup(self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None) -> dict[int, float]:
-        """Capture every window's graph for each of `plans` (None: all of `self.plans`) now, on a
-        throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
-        A `gated` step (n-gram drafts) also captures each plan's first-row graphs, which its Engine runs.
+    def warmup(
+        self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None,
+        depths: Sequence[int] | None = None,
+    ) -> dict[int, float]:
+        """Capture every window's graph for each of `plans` (None: all of `self.plans`) and `depths` now, on
+        a throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
+        depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
@@ -229,16 +260,18 @@ class Step:
         first window and its other windows only run (CUDA graph trees record a replay for each).
         """
         cfg = self.config
+        if depths is None:
+            depths = (cfg.K, 0) if self.gated else (cfg.K,)
         runs = [
-            (blocks, plan, speculate) for plan in (self.plans if plans is None else plans)
-            for speculate in ((True, False) if self.gated else (True,)) for blocks in cfg.bucket_blocks
+            (blocks, plan, self.check_depth(depth)) for plan in (self.plans if plans is None else plans)
+            for depth in depths for blocks in cfg.bucket_blocks
         ]
         show = (self.announce if progress is None else progress) and self.backend != "eager"
         state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
         with bar(total=len(runs), desc="fdecode: compiling", unit="window", disable=not show) as shown:
-            for blocks, plan, speculate in runs:
-                shown.set_postfix_str(f"{graph_name(plan, speculate)}, {blocks * cfg.block_size}-token window")
-                state, _ = self._run(state, blocks, plan, quiet=True, speculate=speculate)
+            for blocks, plan, depth in runs:
+                shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
+                state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
         return dict(self.compile_seconds)
 

@@ -179,7 +179,7 @@ def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
 
 def inspect(
     step, state: DecodeState, *, context: int | None = None, plan: SamplingPlan | str | None = None,
-    speculate: bool = True,
+    speculate: bool = True, depth: int | None = None,
 ) -> GraphReport:
     """Trace `step` on fake tensors of `state`'s leaves and report what it captures and what the step's
     real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.
@@ -189,7 +189,7 @@ def inspect(
     traced as the step compiles it, the window's width a symbolic size (`GraphReport.dynamic_window`).
     plan: which sampling plan's graph (a `SamplingPlan` or its name, one of `step.plans`); None: the
     one `step` would run for `state` (`step.plan_for`).
-    speculate: False traces the first-row graph (`Step.__call__`'s `speculate=False`).
+    speculate, depth: which depth's graph (`Step.__call__`'s: None is K, or 0 with speculate=False).
     """
     cfg = step.config
     if plan is None:
@@ -222,7 +222,10 @@ def inspect(
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
     key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
-    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, speculate), "fdecode_inspect")
+    depth = cfg.K if depth is None and speculate else 0 if depth is None else depth
+    if not speculate and depth != 0:
+        raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
+    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, depth), "fdecode_inspect")
     window = () if key is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
     # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
@@ -253,7 +256,7 @@ def inspect(
         backend=step.backend,
         context=blocks * cfg.block_size,
         dynamic_window=key is None,
-        plan=graph_name(plan, speculate),
+        plan=graph_name(plan, depth, cfg.K),
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
         break_reasons=sorted(new_breaks),
