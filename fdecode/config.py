@@ -59,6 +59,10 @@ class DecodeConfig:
     # steps that verify one row instead of K + 1, and tries them again after a pause that doubles while they
     # keep failing (`fdecode.runtime.gate`). Lossless either way; False: every step verifies K + 1 rows.
     draft_gate: bool = True
+    # An `Engine` chooses each launch's depth (how many of the K drafts the step verifies and proposes) from
+    # the acceptance it reads one step behind (`fdecode.runtime.depth`); False: every step verifies K.
+    # For draft LMs and MTP heads (n-gram drafts have `draft_gate`); recurrent models keep K.
+    adaptive_depth: bool = False
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
@@ -93,6 +97,8 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.layer_regions must be 'auto', True or False, got {self.layer_regions!r}")
         if not isinstance(self.draft_gate, bool):
             raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
+        if not isinstance(self.adaptive_depth, bool):
+            raise ValueError(f"DecodeConfig.adaptive_depth must be True or False, got {self.adaptive_depth!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"DecodeConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.torchair_mode not in TORCHAIR_MODES:

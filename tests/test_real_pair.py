@@ -13,6 +13,7 @@ import transformers
 
 import fdecode
 from fdecode.assets import qwen_coder
+from hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
 
 pytestmark = pytest.mark.skipif(qwen_coder.missing_reason() is not None, reason=str(qwen_coder.missing_reason()))
 
@@ -40,15 +41,7 @@ def test_truncated_real_pair_is_lossless_at_its_real_vocabulary(pair):
     step = fdecode.compile(target, draft, fdecode.DecodeConfig(
         num_draft_tokens=3, max_batch=2, max_seq_len=64, backend="eager", eos_token_id=None,
     ))
-    state = step.prefill(prompts, max_new_tokens=NEW)
-    outs = [state.step_output.tokens[b, :1].tolist() for b in range(2)]
-    lengths = []
-    while not bool(state.step_output.finished.all()):
-        state, out = step(state)
-        for b in range(2):
-            n = int(out.num_tokens[b])
-            outs[b] += out.tokens[b, :n].tolist()
-            lengths += [n] if n else []
+    outs, lengths, _ = run(step, prompts, NEW)
     for prompt, got in zip(prompts, outs):
         ids = torch.tensor([prompt])
         with torch.no_grad():

@@ -39,6 +39,7 @@ import torch
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
+from fdecode.runtime.depth import DepthController, depth_costs
 from fdecode.runtime.gate import DraftGate
 from fdecode.staging import Fence, Uploads, host_buffer
 
@@ -113,6 +114,12 @@ class Engine:
         # n-gram drafts (`Step.gated`): first-row steps while the drafts are not being accepted.
         self.gate = DraftGate(cfg.K) if getattr(step, "gated", False) else None
         self._out_speculated = True  # whether the pending step verified its drafts
+        # Draft LMs and MTP heads with `DecodeConfig.adaptive_depth`: each launch's depth (`fdecode.runtime.depth`).
+        self.depths = None
+        if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
+            allowed = [d for d in range(1, cfg.K + 1) if _runs_depth(step, d)]
+            self.depths = DepthController(cfg.K, depth_costs(step.target, step.draft, cfg), depths=allowed)
+        self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
 
     # ------------------------------------------------------------------ requests
 
@@ -195,7 +202,10 @@ class Engine:
         launched = None
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
-            if self.gate is None:
+            if self.depths is not None:
+                depth, self._next_verified = self.depths.launch()
+                speculate, (self.state, out) = True, self.step_fn(self.state, depth=depth)
+            elif self.gate is None:
                 speculate, (self.state, out) = True, self.step_fn(self.state)
             else:
                 speculate = self.gate.speculate()
@@ -207,6 +217,8 @@ class Engine:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
             self._out_speculated = speculate
+            if self.depths is not None:
+                self._out_verified = self._next_verified
         self._admit()
         self._extend()
         if launched is not None or self._primed_lanes:
@@ -240,6 +252,8 @@ class Engine:
         if self._out_lanes is not None:
             if self.gate is not None and self._out_speculated:
                 self.gate.observe_output(self._out_host)
+            if self.depths is not None:
+                self.depths.observe_output(self._out_host, self._out_verified)
             events += self._read(self._out_host, self._out_lanes, range(len(self._out_lanes)))
             self._out_lanes = None
         if self._primed_lanes:
@@ -335,6 +349,9 @@ class Engine:
             return
         if self.gate is not None:
             self.gate.reset()  # a new prompt may be worth drafting from
+        if self.depths is not None:
+            for request in admitted:
+                self.depths.admit(request.lane)
         cfg = self.config
         table = block_table([r.blocks for r in admitted], cfg)
         for request in admitted:
@@ -353,3 +370,12 @@ class Engine:
             f"Engine(active={self.num_active}/{self.config.max_batch}, waiting={self.num_waiting}, "
             f"steps={self.steps}, {self.allocator})"
         )
+
+
+def _runs_depth(step, depth: int) -> bool:
+    """Whether `step` runs `depth` (`Step.check_depth`: recurrent models run 0 or K only)."""
+    try:
+        step.check_depth(depth)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,115 @@
+"""`DepthController`: how many drafts each launch of an `Engine` verifies (`DecodeConfig.adaptive_depth`).
+
+A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
+(`fdecode.step.proposals`), so where drafts are rarely accepted a shallow step saves the draft forwards
+and target rows that would be thrown away, and where they are accepted a deep one commits more tokens per
+target forward. The controller keeps, per lane, how many of the drafts it verified were accepted and how
+often a verified run ended at a rejection, read one step behind as the Engine reads outputs; a lane's
+acceptance rate is then a = accepted / (accepted + rejections), each count decayed by (1 - weight) per
+observation, starting from `prior` (two pseudo-drafts). With that rate a step of depth d commits
+1 + a + ... + a^min(d, carried) tokens in expectation, and the controller launches the depth with the most
+expected tokens per unit of cost, summed over the running lanes (one depth serves the batch: lanes that
+disagree are weighed by what each would commit), scored as if it ran steadily (the first step after a
+shallower one finds fewer drafts in its window: a rate is learnt from the drafts each step did verify). The costs are a model, not a clock, so a run's schedule
+depends only on its outputs and is reproducible: `depth_costs` counts the bytes of weights a step reads,
+the target's once and the draft's once per proposal.
+
+Lossless whatever it chooses: every depth commits the target's tokens (greedy) or its distribution
+(random lanes); a random lane's draws depend on the schedule and so on its batch, as with `DraftGate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def expected_tokens(rate: float, drafts: int) -> float:
+    """Tokens a lane commits from `drafts` verified drafts, each accepted with probability `rate`."""
+    return sum(rate**i for i in range(drafts + 1))
+
+
+def depth_costs(target, draft, cfg) -> list[float]:
+    """costs[d] for d in 0 .. K: the bytes of weights a step of depth d reads (the target once, the draft
+    once per proposal), in GB. An n-gram draft reads none."""
+    from fdecode.models.ngram import is_ngram
+    from fdecode.step import proposals
+
+    def gigabytes(model) -> float:
+        return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+
+    target_gb = gigabytes(target)
+    draft_gb = 0.0 if is_ngram(draft) else gigabytes(draft)
+    return [target_gb + proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
+
+
+class DepthController:
+    """Chooses the depth of each launch (`launch`) from what the verified steps accepted (`observe_output`),
+    read one step behind; `admit` starts a lane afresh."""
+
+    def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
+                 weight: float = 0.25, prior: float = 0.5):
+        k = num_draft_tokens
+        if len(costs) != k + 1 or min(costs) <= 0:
+            raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
+        if not 0 < weight <= 1:
+            raise ValueError(f"DepthController weight must be in (0, 1], got {weight!r}")
+        if not 0 <= prior <= 1:
+            raise ValueError(f"DepthController prior must be in [0, 1], got {prior!r}")
+        self.num_draft_tokens, self.costs, self.weight, self.prior = k, list(costs), weight, prior
+        self.depths = tuple(range(1, k + 1)) if depths is None else tuple(depths)
+        self.lanes: dict[int, list[float]] = {}  # lane -> [accepted drafts, rejections] (decayed, prior included)
+        self.carried: dict[int, int] = {}  # lane -> drafts its window carries now
+        self.admissions: dict[int, int] = {}  # lane -> admissions so far (tells its requests apart)
+        self.launches = {d: 0 for d in range(k + 1)}  # how many steps launched at each depth
+
+    def admit(self, lane: int) -> None:
+        """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
+        self.lanes[lane] = [2 * self.prior, 2 * (1 - self.prior)]
+        self.carried[lane] = self.num_draft_tokens
+        self.admissions[lane] = self.admissions.get(lane, 0) + 1
+
+    def rate(self, lane: int) -> float:
+        accepted, rejected = self.lanes[lane]
+        return accepted / (accepted + rejected) if accepted + rejected > 0 else self.prior
+
+    def choose(self) -> int:
+        """The depth with the most expected tokens per cost over the lanes running now (K with none)."""
+        if not self.lanes:
+            return self.num_draft_tokens
+
+        def score(depth: int) -> float:  # in the steady state of that depth (its windows carry `depth` drafts)
+            return sum(expected_tokens(self.rate(b), depth) for b in self.lanes) / self.costs[depth]
+
+        return max(sorted(self.depths, reverse=True), key=score)  # ties: the deeper step
+
+    def launch(self) -> tuple[int, dict[int, tuple[int, int]]]:
+        """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`."""
+        depth = self.choose()
+        self.launches[depth] += 1
+        verified = {b: (min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
+        from_step = max(depth, 1)  # what a step of this depth proposes (an LM draft or MTP head)
+        for b in self.lanes:
+            self.carried[b] = from_step
+        return depth, verified
+
+    def observe_output(self, packed: torch.Tensor, verified: dict[int, tuple[int, int]]) -> None:
+        """A launched step's packed output (`StepOutput.packed`, on the host) and what `launch` said it verifies:
+        each lane still running updates its rate; a finished lane leaves."""
+        keep = 1 - self.weight
+        for lane, (drafts, admission) in verified.items():
+            if lane not in self.lanes or self.admissions[lane] != admission:
+                continue  # the lane's request left, or another was admitted since the launch
+            if int(packed[lane, -1]) != 0:  # finished (or overflowed): no longer weighs on the depth
+                self.lanes.pop(lane)
+                self.carried.pop(lane)
+                continue
+            accepted = int(packed[lane, -2]) - 1
+            counts = self.lanes[lane]
+            counts[0] = keep * counts[0] + max(accepted, 0)
+            counts[1] = keep * counts[1] + (1 if accepted < drafts else 0)
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{b}: {self.rate(b):.2f}" for b in sorted(self.lanes))
+        return f"DepthController(K={self.num_draft_tokens}, rates={{{rates}}}, launches={self.launches})"

@@ -1,0 +1,151 @@
+"""`DecodeConfig(adaptive_depth=True)`: an Engine chooses each launch's depth (`fdecode.runtime.depth`).
+
+The controller alone, on packed outputs written here: deep where drafts are accepted, shallow where they
+are not, per lane, starting afresh at each admission. Then the Engine with it: greedy == transformers,
+random lanes follow the filtered target, and the depths it launched follow how good the draft is.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdecode
+from conftest import fdecode_target, hf_greedy, independent_draft
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens
+from test_random_step import PROMPT, V, exact_distribution, tiny_draft, tiny_target
+from test_sampling import ALPHA, chi2_pvalue
+
+K = 4
+COSTS = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a target, and a draft of 0.3 its bytes per proposal
+
+
+def packed(counts: list[int], status: list[int] | None = None) -> torch.Tensor:
+    """A StepOutput.packed of len(counts) lanes: tokens (unread here), then count and status."""
+    out = torch.zeros(len(counts), K + 3, dtype=torch.int64)
+    out[:, -2] = torch.tensor(counts)
+    out[:, -1] = torch.tensor(status or [0] * len(counts))
+    return out
+
+
+def run(controller: DepthController, accepts, steps: int) -> list[int]:
+    """Launch `steps` steps; lane b accepts min(accepts(b, verified), verified) drafts of each. Returns depths."""
+    depths = []
+    for _ in range(steps):
+        depth, verified = controller.launch()
+        depths.append(depth)
+        counts = [min(accepts(b, verified[b][0]), verified[b][0]) + 1 for b in sorted(verified)]
+        controller.observe_output(packed(counts), verified)
+    return depths
+
+
+def test_the_depth_follows_what_the_lanes_accept():
+    deep = DepthController(K, COSTS)
+    deep.admit(0)
+    assert run(deep, lambda b, n: n, 12)[-4:] == [K] * 4  # every draft accepted: verify all K
+    shallow = DepthController(K, COSTS)
+    shallow.admit(0)
+    assert run(shallow, lambda b, n: 0, 12)[-4:] == [1] * 4  # none accepted: one draft (it costs nothing more)
+    # The expected-tokens model: 1 + a + ... + a^d; a depth is worth its cost only where a is high enough.
+    assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(0.0, 3) == 1.0
+
+
+def test_lanes_that_disagree_are_weighed_by_what_each_would_commit():
+    controller = DepthController(K, COSTS)
+    for lane in range(4):
+        controller.admit(lane)
+    depths = run(controller, lambda b, n: n if b == 0 else 0, 16)  # one lane copies, three never accept
+    alone = DepthController(K, COSTS)
+    alone.admit(0)
+    assert run(alone, lambda b, n: n, 16)[-1] == K
+    # Depth 1: 2 + 3 tokens for 1.3; depth K: 5 + 3 tokens for 2.2. The three poor lanes pull it down.
+    assert depths[-1] == 1
+    assert controller.rate(0) > 0.8 and controller.rate(1) < 0.2
+
+
+def test_an_admission_starts_its_lane_afresh_and_late_outputs_are_not_its():
+    controller = DepthController(K, COSTS)
+    controller.admit(0)
+    run(controller, lambda b, n: 0, 10)
+    assert controller.rate(0) < 0.1
+    depth, verified = controller.launch()
+    controller.admit(0)  # the lane's request finished; another was primed into it before the output was read
+    controller.observe_output(packed([1]), verified)  # the old request's output: not the new one's
+    assert controller.rate(0) == controller.prior and controller.carried[0] == K
+    controller.observe_output(packed([1], [1]), controller.launch()[1])  # the new request finishes: it leaves
+    assert controller.lanes == {} and controller.choose() == K
+    with pytest.raises(ValueError, match="K \\+ 1 = 5 positive costs"):
+        DepthController(K, COSTS[:-1])
+
+
+def test_costs_count_the_weights_each_depth_reads():
+    target = fdecode_target(2)
+    draft = independent_draft("partial", target)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=32)
+    costs = depth_costs(target, draft, cfg)
+    gb = lambda m: sum(p.numel() * p.element_size() for p in m.parameters()) / 1e9  # noqa: E731
+    assert costs == pytest.approx([gb(target) + max(d, 1) * gb(draft) for d in range(4)])
+    assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target)] * 4)
+
+
+def adaptive(kind: str, **changes):
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": K, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
+                                  "backend": "eager", "adaptive_depth": True, **changes})
+    return fdecode.compile(target, independent_draft(kind, target), cfg)
+
+
+PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
+
+
+@pytest.mark.parametrize(("kind", "depths"), [("self", {K}), ("partial", None), ("random", {1})])
+def test_the_engine_launches_the_depth_the_draft_earns_and_stays_lossless(kind, depths):
+    engine = fdecode.Engine(adaptive(kind))
+    # The tiny draft reads as many bytes as the tiny target (embedding and head dominate), which never pays
+    # (`depth_costs`); cost it as a real draft, 0.3 of its target's bytes per proposal.
+    engine.depths.costs = COSTS
+    ids = [engine.add_request(list(p), max_new_tokens=30) for p in PROMPTS]
+    got = engine.run()
+    assert [got[i] for i in ids] == [hf_greedy(p, 30) for p in PROMPTS]
+    launched = {d for d, n in engine.depths.launches.items() if n}
+    if depths is None:  # a draft that agrees at times: more than one depth
+        assert len(launched) >= 2, engine.depths
+    else:  # after the first steps (the prior), the depth its acceptance earns
+        late = run_tail(engine)
+        assert late <= depths, engine.depths
+
+
+def run_tail(engine) -> set[int]:
+    """Depths launched by a second round of requests, the controller having learnt from the first."""
+    before = dict(engine.depths.launches)
+    for p in PROMPTS:
+        engine.add_request(list(p), max_new_tokens=30)
+    engine.run()
+    return {d for d, n in engine.depths.launches.items() if n > before[d] + 2}
+
+
+@pytest.mark.parametrize("draft_kind", ["self", "adversarial"])
+def test_random_lanes_follow_the_filtered_target_with_adaptive_depths(draft_kind):
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=64, max_seq_len=12, block_size=4, backend="eager",
+                               adaptive_depth=True)
+    step = fdecode.compile(target, tiny_draft(draft_kind, target), cfg)
+    params = dict(temperature=0.9, top_k=0, top_p=0.95, min_p=0.0)
+    samples = torch.cat([
+        torch.tensor(fdecode.generate(step, [PROMPT] * 64, max_new_tokens=3, seed=[1000 * b + i for i in range(64)],
+                                      progress=False, **params))
+        for b in range(40)
+    ])
+    cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
+    counts, expected = torch.bincount(cells, minlength=V**3), exact_distribution(target, params)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert expected[counts > 0].min() > 0
+
+
+def test_adaptive_depth_is_a_bool_and_leaves_n_gram_drafts_to_the_gate():
+    with pytest.raises(ValueError, match="adaptive_depth must be True or False"):
+        fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=16, adaptive_depth="yes")
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=32, backend="eager", adaptive_depth=True)
+    engine = fdecode.Engine(fdecode.compile(target, "ngram", cfg))
+    assert engine.depths is None and engine.gate is not None
