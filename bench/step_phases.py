@@ -34,6 +34,7 @@ import torch
 import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.graphs.backends import capture
+from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 
@@ -53,13 +54,6 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     data = torch.ones(int(gib * 2**30) // 4)
     seconds = median_seconds(lambda: data.sum(), repeats)
     return data.numel() * 4 / seconds
-
-
-def bytes_read(model: torch.nn.Module) -> int:
-    """What one forward reads: every parameter but an embedding table that is not also the head."""
-    embed = model.embed_tokens.weight
-    tied = model.lm_head.weight is embed
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or tied)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     eager = fdecode.compile(str(target_dir), str(draft_dir), cfg)
     target, draft = eager.target, eager.draft
     bandwidth = read_bandwidth()
-    floor = {name: bytes_read(m) / bandwidth for name, m in (("target", target), ("draft", draft))}
+    floor = {name: forward_bytes(m) / bandwidth for name, m in (("target", target), ("draft", draft))}
 
     state = eager.prefill([prompt], max_new_tokens=64)
     tables, bs = state.block_tables, cfg.block_size

@@ -12,7 +12,7 @@ import torch
 
 import fdecode
 from conftest import fdecode_target, hf_greedy, independent_draft
-from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes
 from test_random_step import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 from test_sampling import ALPHA, chi2_pvalue
 
@@ -83,9 +83,18 @@ def test_costs_count_the_weights_each_depth_reads():
     draft = independent_draft("partial", target)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=32)
     costs = depth_costs(target, draft, cfg)
-    gb = lambda m: sum(p.numel() * p.element_size() for p in m.parameters()) / 1e9  # noqa: E731
-    assert costs == pytest.approx([gb(target) + max(d, 1) * gb(draft) for d in range(4)])
-    assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target)] * 4)
+
+    def gb(model, *, embedding: bool) -> float:  # all weights, less the (untied) embedding table unless asked
+        return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                   if embedding or not n.startswith("embed_tokens")) / 1e9
+
+    assert target.lm_head.weight is not target.embed_tokens.weight  # untied: a forward gathers a few rows
+    assert costs == pytest.approx([gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False)
+                                   for d in range(4)])
+    assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target, embedding=False)] * 4)
+    tied = fdecode_target(2)
+    tied.lm_head.weight = tied.embed_tokens.weight  # a tied head reads the whole table
+    assert forward_bytes(tied) / 1e9 == pytest.approx(gb(tied, embedding=True))
 
 
 def adaptive(kind: str, **changes):

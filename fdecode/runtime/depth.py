@@ -30,17 +30,22 @@ def expected_tokens(rate: float, drafts: int) -> float:
     return sum(rate**i for i in range(drafts + 1))
 
 
+def forward_bytes(model: torch.nn.Module) -> int:
+    """The bytes of weights one forward reads: every parameter once, less the embedding tables, of which
+    a forward gathers a few rows (unless the table is also a linear layer's weight: a tied head)."""
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    gathered = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linears
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in gathered)
+
+
 def depth_costs(target, draft, cfg) -> list[float]:
-    """costs[d] for d in 0 .. K: the bytes of weights a step of depth d reads (the target once, the draft
-    once per proposal), in GB. An n-gram draft reads none."""
+    """costs[d] for d in 0 .. K: the weights a step of depth d reads (`forward_bytes`: the target once, the
+    draft once per proposal), in GB. An n-gram draft reads none."""
     from fdecode.models.ngram import is_ngram
     from fdecode.step import proposals
 
-    def gigabytes(model) -> float:
-        return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-
-    target_gb = gigabytes(target)
-    draft_gb = 0.0 if is_ngram(draft) else gigabytes(draft)
+    target_gb = forward_bytes(target) / 1e9
+    draft_gb = 0.0 if is_ngram(draft) else forward_bytes(draft) / 1e9
     return [target_gb + proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
 
 
