@@ -67,6 +67,17 @@ def graph_name(plan: SamplingPlan, depth: int, k: int) -> str:
     return f"{plan.name} (first row only)" if depth == 0 else f"{plan.name} (depth {depth})"
 
 
+def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
+    """The depth `Step.__call__` and `fdecode.inspect` were asked for: `depth`, or K (0 with speculate=False)."""
+    if not isinstance(speculate, bool):
+        raise TypeError(f"speculate must be True or False, got {speculate!r}")
+    if depth is None:
+        return k if speculate else 0
+    if not speculate and depth != 0:
+        raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
+    return depth
+
+
 def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
     """The window argument of the graph of every window: [blocks, 0] (no memory) on the step's device,
     its length marked dynamic from 2 blocks to the whole lane, so one compile serves every window."""
@@ -206,20 +217,22 @@ class Step:
         and writes the same state and is exact; each is a graph of its own (compiled on first use, or
         by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
         target-only decoding would."""
-        if not isinstance(speculate, bool):
-            raise TypeError(f"speculate must be True or False, got {speculate!r}")
-        depth = self.check_depth(depth if depth is not None else (self.config.K if speculate else 0))
-        if not speculate and depth != 0:
-            raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
+        depth = self.check_depth(requested_depth(speculate, depth, self.config.K))
         self.check_state(state)
         return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state), depth=depth)
 
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """The depths this step runs (`__call__`): 0 .. K; 0 and K for recurrent (linear-attention) models."""
+        k = self.config.K
+        return (0, k) if is_hybrid(self.target) or is_hybrid(self.draft) else tuple(range(k + 1))
+
     def check_depth(self, depth) -> int:
-        """`depth` if this step can run it (an int in 0 .. K; for recurrent models 0 or K), else raises."""
+        """`depth` if this step runs it (one of `depths`), else raises."""
         k = self.config.K
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
-        if 0 < depth < k and (is_hybrid(self.target) or is_hybrid(self.draft)):
+        if depth not in self.depths:
             raise ValueError(f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth}")
         return depth
 

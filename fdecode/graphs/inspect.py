@@ -34,7 +34,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fdecode.graphs.compile import fresh_code, graph_name, pure_step, window_width
+from fdecode.graphs.compile import fresh_code, graph_name, pure_step, requested_depth, window_width
 from fdecode.state import DecodeState
 from fdecode.ops.plan import SamplingPlan
 
@@ -222,9 +222,7 @@ def inspect(
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
     key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
-    depth = cfg.K if depth is None and speculate else 0 if depth is None else depth
-    if not speculate and depth != 0:
-        raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
+    depth = requested_depth(speculate, depth, cfg.K)
     fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, depth), "fdecode_inspect")
     window = () if key is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are

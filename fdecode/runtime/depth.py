@@ -8,13 +8,13 @@ often a verified run ended at a rejection, read one step behind as the Engine re
 acceptance rate is then a = accepted / (accepted + rejections), each count decayed by (1 - weight) per
 observation, starting from `prior` (two pseudo-drafts; 0.8, so a fresh lane starts deep, as a draft
 trained with its target is worth; measured on the real pair, a prior of 0.5 spent a short answer's first
-steps at depth 1). With that rate a step of depth d commits
-1 + a + ... + a^min(d, carried) tokens in expectation, and the controller launches the depth with the most
-expected tokens per unit of cost, summed over the running lanes (one depth serves the batch: lanes that
-disagree are weighed by what each would commit), scored as if it ran steadily (the first step after a
-shallower one finds fewer drafts in its window: a rate is learnt from the drafts each step did verify). The costs are a model, not a clock, so a run's schedule
-depends only on its outputs and is reproducible: `depth_costs` counts the bytes of weights a step reads,
-the target's once and the draft's once per proposal.
+steps at depth 1). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
+where it runs steadily, and the controller launches the depth with the most expected tokens per unit of
+cost, summed over the running lanes (one depth serves the batch: lanes that disagree are weighed by what
+each would commit). The first step after a shallower one finds fewer drafts in its window; a rate is
+learnt only from the drafts each step did verify (min(depth, drafts carried)). The costs are a model,
+not a clock, so a run's schedule depends only on its outputs and is reproducible: `depth_costs` counts
+the bytes of weights a step reads, the target's once and the draft's once per proposal.
 
 Lossless whatever it chooses: every depth commits the target's tokens (greedy) or its distribution
 (random lanes); a random lane's draws depend on the schedule and so on its batch, as with `DraftGate`.

@@ -117,7 +117,7 @@ class Engine:
         # Draft LMs and MTP heads with `DecodeConfig.adaptive_depth`: each launch's depth (`fdecode.runtime.depth`).
         self.depths = None
         if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
-            allowed = [d for d in range(1, cfg.K + 1) if _runs_depth(step, d)]
+            allowed = [d for d in step.depths if d > 0]
             self.depths = DepthController(cfg.K, depth_costs(step.target, step.draft, cfg), depths=allowed)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
 
@@ -199,11 +199,11 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One iteration: launch, read the previous output, admit. Returns the events read."""
-        launched = None
+        launched, verified = None, {}
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
             if self.depths is not None:
-                depth, self._next_verified = self.depths.launch()
+                depth, verified = self.depths.launch()
                 speculate, (self.state, out) = True, self.step_fn(self.state, depth=depth)
             elif self.gate is None:
                 speculate, (self.state, out) = True, self.step_fn(self.state)
@@ -217,8 +217,7 @@ class Engine:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
             self._out_speculated = speculate
-            if self.depths is not None:
-                self._out_verified = self._next_verified
+            self._out_verified = verified
         self._admit()
         self._extend()
         if launched is not None or self._primed_lanes:
@@ -371,11 +370,3 @@ class Engine:
             f"steps={self.steps}, {self.allocator})"
         )
 
-
-def _runs_depth(step, depth: int) -> bool:
-    """Whether `step` runs `depth` (`Step.check_depth`: recurrent models run 0 or K only)."""
-    try:
-        step.check_depth(depth)
-    except ValueError:
-        return False
-    return True
