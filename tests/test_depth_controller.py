@@ -12,7 +12,7 @@ import torch
 
 import fdecode
 from conftest import fdecode_target, hf_greedy, independent_draft
-from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, step_costs
 from test_random_step import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 from test_sampling import ALPHA, chi2_pvalue
 
@@ -95,6 +95,19 @@ def test_costs_count_the_weights_each_depth_reads():
     tied = fdecode_target(2)
     tied.lm_head.weight = tied.embed_tokens.weight  # a tied head reads the whole table
     assert forward_bytes(tied) / 1e9 == pytest.approx(gb(tied, embedding=True))
+
+
+def test_warmup_times_each_depth_and_the_engine_weighs_depths_by_those_times():
+    step = adaptive("partial", num_draft_tokens=2)
+    byte_model = depth_costs(step.target, step.draft, step.config)
+    assert step_costs(step, [1, 2]) == byte_model  # nothing timed yet: the bytes each depth reads
+    step.warmup(depths=[1])
+    assert set(step.depth_seconds) == {1} and step_costs(step, [1, 2]) == byte_model  # depth 2 untimed
+    step.warmup(depths=[1, 2])
+    timed = step.depth_seconds
+    assert set(timed) == {1, 2} and min(timed.values()) > 0
+    assert step_costs(step, [1, 2]) == [min(timed.values()), timed[1], timed[2]]  # depth 0: never launched
+    assert fdecode.Engine(step).depths.costs == step_costs(step, [1, 2])
 
 
 def adaptive(kind: str, **changes):

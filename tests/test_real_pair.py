@@ -49,3 +49,23 @@ def test_truncated_real_pair_is_lossless_at_its_real_vocabulary(pair):
                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
         assert got == want, (tokenizer.decode(got), tokenizer.decode(want))
     assert lengths and all(1 <= n <= 4 for n in lengths), lengths
+
+
+def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
+    """`fdecode bench --workloads qwen-coder` end to end (eager, K = 2, 6 tokens): every system commits
+    target-only's tokens (the workload refuses otherwise) and the rows say what each ran."""
+    from fdecode.bench_pair import run_pair_workload
+
+    target, draft, tokenizer = pair
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+    rows = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager")
+    one = {r.system for r in rows if r.batch == 1}
+    assert one == {"hf-generate", "hf-assisted", "target-only", "before", "fdecode depth 1", "fdecode depth 2",
+                   "fdecode", "fdecode-adaptive"}
+    assert len(rows) == 3 * len(one) + 2 and all(r.tokens_per_s > 0 for r in rows)
+    adaptive = [r for r in rows if r.system == "fdecode-adaptive"]
+    assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {1, 2}
+               for r in adaptive)
+    batch = {r.system: r for r in rows if r.batch == 4}
+    assert set(batch) == {"fdecode", "hf-generate"} and batch["fdecode"].extra["depths_launched"].keys() == {2}

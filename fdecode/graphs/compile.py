@@ -95,7 +95,8 @@ class Step:
     kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention
     windows in tokens), `plans` (sampling plans), `compile_seconds` (per window: first calls of its
     graphs, compile included, summed over plans), `plan_compile_seconds` ((window, plan name) ->
-    seconds), `seeds` (default seeds), `fn` (the uncompiled pure function, whole-lane window,
+    seconds), `depth_seconds` (depth -> seconds of one step at the widest window, timed by `warmup`:
+    what an adaptive `Engine` weighs each depth by), `seeds` (default seeds), `fn` (the uncompiled pure function, whole-lane window,
     exact for any lanes).
 
     Context buckets and sampling plans: a step attends over the smallest window that holds every
@@ -126,6 +127,7 @@ class Step:
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
+        self.depth_seconds: dict[int, float] = {}
         self.announce = announce
         # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
         self.dynamic_window = (
@@ -267,6 +269,9 @@ class Step:
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
+        Each depth's step is then timed once more at the widest window (the fastest over plans): the
+        seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
+
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
         captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
@@ -286,6 +291,12 @@ class Step:
                 shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
                 state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
+            for plan, depth in dict.fromkeys((plan, depth) for _, plan, depth in runs):
+                start = time.perf_counter()
+                state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
+                out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
+                seconds = time.perf_counter() - start
+                self.depth_seconds[depth] = min(seconds, self.depth_seconds.get(depth, seconds))
         return dict(self.compile_seconds)
 
     def _new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:

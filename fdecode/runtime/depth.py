@@ -12,9 +12,11 @@ steps at depth 1). With that rate a step of depth d commits 1 + a + ... + a^d to
 where it runs steadily, and the controller launches the depth with the most expected tokens per unit of
 cost, summed over the running lanes (one depth serves the batch: lanes that disagree are weighed by what
 each would commit). The first step after a shallower one finds fewer drafts in its window; a rate is
-learnt only from the drafts each step did verify (min(depth, drafts carried)). The costs are a model,
-not a clock, so a run's schedule depends only on its outputs and is reproducible: `depth_costs` counts
-the bytes of weights a step reads, the target's once and the draft's once per proposal.
+learnt only from the drafts each step did verify (min(depth, drafts carried)). The costs
+(`step_costs`) are each depth's step time where `Step.warmup(depths=...)` timed them
+(a verify row is not free on a CPU, which bytes alone miss), else a model, `depth_costs`,
+the bytes of weights a step reads (the target's once, the draft's once per proposal): with the model a
+run's schedule depends only on its outputs and is reproducible.
 
 Lossless whatever it chooses: every depth commits the target's tokens (greedy) or its distribution
 (random lanes); a random lane's draws depend on the schedule and so on its batch, as with `DraftGate`.
@@ -49,6 +51,16 @@ def depth_costs(target, draft, cfg) -> list[float]:
     target_gb = forward_bytes(target) / 1e9
     draft_gb = 0.0 if is_ngram(draft) else forward_bytes(draft) / 1e9
     return [target_gb + proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
+
+
+def step_costs(step, depths: Sequence[int]) -> list[float]:
+    """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed every one of
+    `depths` (`Step.depth_seconds`), else the weights it reads (`depth_costs`). Depths outside `depths`
+    are never launched; they get the cheapest cost so the list stays positive."""
+    timed = getattr(step, "depth_seconds", {})
+    if not all(d in timed for d in depths):
+        return depth_costs(step.target, step.draft, step.config)
+    return [timed.get(d, min(timed[e] for e in depths)) for d in range(step.config.K + 1)]
 
 
 class DepthController:

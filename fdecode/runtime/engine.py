@@ -39,7 +39,7 @@ import torch
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
-from fdecode.runtime.depth import DepthController, depth_costs
+from fdecode.runtime.depth import DepthController, step_costs
 from fdecode.runtime.gate import DraftGate
 from fdecode.staging import Fence, Uploads, host_buffer
 
@@ -118,7 +118,7 @@ class Engine:
         self.depths = None
         if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
             allowed = [d for d in step.depths if d > 0]
-            self.depths = DepthController(cfg.K, depth_costs(step.target, step.draft, cfg), depths=allowed)
+            self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
 
     # ------------------------------------------------------------------ requests

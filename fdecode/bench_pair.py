@@ -1,0 +1,221 @@
+"""`fdecode bench --workloads qwen-coder`: the real draft/target pair against transformers, side by side.
+
+Qwen2.5-Coder-1.5B-Instruct as the target and Qwen2.5-Coder-0.5B-Instruct as its draft
+(`fdecode.assets.qwen_coder`: fetched by `../shared/models/qwen-coder-pair`), fp32, greedy, chat prompts
+(`PROMPTS`: code writing, code editing, free text). Per prompt at batch 1, in one process, every system
+once per repetition and the repetitions round-robin:
+
+  hf-generate        transformers' greedy `generate`
+  hf-assisted        transformers' assisted generation with the 0.5B draft, its default schedule
+  target-only        the compiled target alone, one token per step (`fdecode.baseline.TargetOnly`)
+  before             the host-round-trip speculative loop at K (`fdecode.baseline.BeforeLoop`)
+  fdecode depth d    the step at depth d = 1 .. K, each output read at once (`step(state, depth=d)`)
+  fdecode            an `Engine` verifying K drafts every step: what the default `DecodeConfig` runs
+  fdecode-adaptive   an `Engine` choosing each launch's depth (`adaptive_depth`; costs timed by `warmup`)
+
+At batch 4 (the prompts of `BATCH`): the Engine against transformers' batched greedy `generate` (left
+padding; assisted generation does not batch). Every system decodes exactly `new_tokens` tokens (no EOS
+stop, as in the other workloads); every batch-1 system must commit target-only's tokens, and the Engine at
+batch 4 each prompt's batch-1 tokens (lanes are independent), else nothing is reported. transformers'
+batched tokens may differ where padding moves a near-tie; the row says whether they agreed.
+
+The step is compiled once per batch size with `context_buckets=(256,)`: one window, so that compiling
+stays a few minutes per depth graph on a CPU (docs/design.md, "Compile regions"). Skipped, naming the
+script that fetches the pair, where the models are missing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+import fdecode
+from fdecode.assets import qwen_coder
+from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.ops.plan import GREEDY
+
+PROMPTS = {
+    "write": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "edit": "Rename the variable x to counts in this function and reply with the whole function only.\n\n"
+            "def tally(words):\n    x = {}\n    for w in words:\n        x[w] = x.get(w, 0) + 1\n"
+            "    return x\n",
+    "text": "In a short paragraph, explain to a new programmer why version control matters.",
+}
+# Batch 4: the prompts above and one more.
+BATCH = (*PROMPTS.values(), "Write a SQL query that returns the ten customers with the most orders.")
+SEQ_LEN = 256  # every lane's capacity: the longest prompt + 64 new tokens + a window fit
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(chat)["input_ids"]
+
+
+def fixed_depth(step, prompt: list[int], depth: int, new_tokens: int) -> tuple[list[int], int]:
+    """Tokens and steps of one lane decoded at `depth`, reading each output at once."""
+    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
+    tokens, steps = state.step_output.tokens[0, :1].tolist(), 0
+    while not bool(state.step_output.finished[0]):
+        state, out = step(state, depth=depth)
+        tokens += out.tokens[0, : int(out.num_tokens[0])].tolist()
+        steps += 1
+    return tokens, steps
+
+
+def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: bool) -> tuple[list[list[int]], int, dict]:
+    """Tokens of each prompt through an `Engine` (which reads one step behind), its steps and the depths it
+    launched. adaptive=False: every launch at depth K, as the default `DecodeConfig` runs."""
+    engine = fdecode.Engine(step)
+    if not adaptive:
+        engine.depths.depths = (step.config.K,)
+    ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
+    got = engine.run()
+    launches = {d: n for d, n in engine.depths.launches.items() if n}
+    return [got[i] for i in ids], engine.steps, launches
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, assistant=None) -> list[list[int]]:
+    """transformers' greedy tokens (left-padded where the prompts differ in length)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kwargs = {} if assistant is None else {"assistant_model": assistant}
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=0, **kwargs)
+    return out[:, width:].tolist()
+
+
+def _compiled(target, draft, k: int, batch: int, backend: str):
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=SEQ_LEN, context_buckets=(SEQ_LEN,),
+                               dtype=torch.float32, adaptive_depth=True, backend=backend)
+    return fdecode.compile(target, draft, cfg)
+
+
+def _timed(systems: dict, reps: int) -> dict[str, tuple[list[float], object]]:
+    """name -> (seconds of each repetition, last result); every system once per round, rounds in turn."""
+    times, results = {name: [] for name in systems}, {}
+    for _ in range(reps):
+        for name, fn in systems.items():
+            print(f"...   {name}", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (times[name], results[name]) for name in systems}
+
+
+def load_pair(*, hf: bool = True) -> tuple | None:
+    """(fdecode target, fdecode draft, tokenizer, transformers target, transformers draft) of the real pair in
+    float32, every model without an EOS stop; the transformers models are None where hf is False. None, with
+    a message, where the pair is missing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from fdecode.models import from_hf
+
+    reason = qwen_coder.missing_reason()
+    if reason is not None:
+        print(f"... qwen-coder skipped: {reason}", file=sys.stderr, flush=True)
+        return None
+    target_dir, draft_dir = qwen_coder.safetensors_folders()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target, draft = from_hf(target_dir, dtype=torch.float32), from_hf(draft_dir, dtype=torch.float32)
+    hf_target = hf_draft = None
+    if hf:
+        hf_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        hf_draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        for model in (hf_target, hf_draft):  # every system decodes new_tokens tokens: no EOS stop
+            model.generation_config.eos_token_id = None
+    return target, draft, tokenizer, hf_target, hf_draft
+
+
+def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
+                      backend: str = "auto") -> list:
+    """The rows of the workload (`fdecode.bench.Result`) for `pair` (`load_pair`'s five; the transformers
+    models may be None: no transformers rows)."""
+    from fdecode.bench import Result
+
+    target, draft, tokenizer, hf_target, hf_draft = pair
+    hf = hf_target is not None
+    print(f"... qwen-coder: compiling the B=1 step's depths 1 .. {k}", file=sys.stderr, flush=True)
+    step = _compiled(target, draft, k, 1, backend)
+    start = time.perf_counter()
+    step.warmup(plans=[GREEDY], depths=list(range(1, k + 1)))
+    compile_s = time.perf_counter() - start
+    target_only, before = TargetOnly(step, backend=step.backend), BeforeLoop(step, backend=step.backend)
+    warm = chat_ids(tokenizer, PROMPTS["write"])
+    target_only.generate([warm], max_new_tokens=4)  # compiles the baselines' graphs
+    before.generate([warm], max_new_tokens=2 * (k + 1))
+
+    rows = []
+    for name, text in PROMPTS.items():
+        prompt = chat_ids(tokenizer, text)
+        systems = {
+            "target-only": lambda: _one((*target_only.generate([prompt], max_new_tokens=new_tokens), None)),
+            "before": lambda: _one((*before.generate([prompt], max_new_tokens=new_tokens), None)),
+            **{f"fdecode depth {d}": (lambda d=d: (*fixed_depth(step, prompt, d, new_tokens), None))
+               for d in range(1, k + 1)},
+            "fdecode": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=False)),
+            "fdecode-adaptive": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=True)),
+        }
+        if hf:
+            systems["hf-generate"] = lambda: (hf_generate(hf_target, [prompt], new_tokens)[0], None, None)
+            systems["hf-assisted"] = lambda: (hf_generate(hf_target, [prompt], new_tokens, hf_draft)[0], None, None)
+        print(f"... qwen-coder[{name}] B=1 K={k}", file=sys.stderr, flush=True)
+        with torch.no_grad():
+            timed = _timed(systems, reps)
+        reference = timed["target-only"][1][0]
+        wrong = [s for s, (_, (tokens, _, _)) in timed.items() if tokens != reference]
+        if wrong:
+            raise RuntimeError(f"qwen-coder[{name}]: {wrong} disagree with target-only's greedy tokens; no numbers")
+        for system, (seconds, (tokens, steps, launches)) in timed.items():
+            extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None}
+            if launches is not None:
+                extra["depths_launched"] = launches
+            rows.append(_row(Result, f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
+    if batch4:
+        rows += _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step, Result, backend)
+    return rows
+
+
+def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, Result, backend) -> list:
+    prompts = [chat_ids(tokenizer, text) for text in BATCH]
+    print(f"... qwen-coder: compiling the B=4 step (depth {k})", file=sys.stderr, flush=True)
+    step = _compiled(target, draft, k, len(prompts), backend)
+    start = time.perf_counter()
+    step.warmup(plans=[GREEDY])
+    compile_s = time.perf_counter() - start
+    alone = [fixed_depth(step1, p, k, new_tokens)[0] for p in prompts]  # each prompt's batch-1 tokens
+    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=False)}
+    if hf_target is not None:
+        systems["hf-generate"] = lambda: (hf_generate(hf_target, prompts, new_tokens), None, None)
+    print(f"... qwen-coder[batch] B=4 K={k}", file=sys.stderr, flush=True)
+    with torch.no_grad():
+        timed = _timed(systems, reps)
+    if timed["fdecode"][1][0] != alone:
+        raise RuntimeError("qwen-coder[batch]: the Engine's lanes disagree with batch 1's tokens; no numbers")
+    rows = []
+    for system, (seconds, (tokens, steps, launches)) in timed.items():
+        extra = {"prompts": list(BATCH)}
+        if system == "fdecode":
+            extra.update(compile_s=compile_s, depths_launched=launches)
+        else:  # transformers' padded batch against each prompt alone
+            extra["tokens_equal_batch_1"] = [t == a for t, a in zip(tokens, alone)]
+        rows.append(_row(Result, "qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
+    return rows
+
+
+def _one(run):
+    tokens, steps, launches = run
+    return tokens[0], steps, launches
+
+
+def _row(Result, workload, system, batch, k, new_tokens, seconds, steps, extra):
+    """A `Result`: tokens/s over new_tokens per lane (median, min, max of the repetitions)."""
+    total = new_tokens * batch
+    med = statistics.median(seconds)
+    steps = steps or new_tokens
+    return Result(workload, system, batch, k, total / med, total / max(seconds), total / min(seconds),
+                  med / steps * 1e3, total / (steps * batch), extra=extra)
