@@ -26,7 +26,7 @@ import torch
 
 import fdecode
 from fdecode.bench import _synchronize, fdecode_loop
-from fdecode.models.glm4_moe import Glm4MoeConfig, Glm4MoeModel, Glm4MoeMTPHead
+from fdecode.models.families.glm4_moe import Glm4MoeConfig, Glm4MoeModel, Glm4MoeMTPHead
 from fdecode.models.moe_config import MoEConfig
 
 

@@ -29,7 +29,7 @@ from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
 from fdecode.models.ngram import is_ngram
 from fdecode.ops.ngram import lookup_list
-from fdecode.models.mtp import depth_kwargs, mtp_layer
+from fdecode.models.mtp.head import depth_kwargs, mtp_layer
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid

@@ -70,7 +70,7 @@ def qwen3_5(vocab: int, hidden: int, layers: int, seed: int):
     random MTP head: Qwen3.5's head shapes scaled to `hidden` (head_dim 64, partial RoPE 0.25)."""
     from fdecode.models.hybrid import HybridModel
     from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
-    from fdecode.models.hybrid_mtp import HybridMTPHead
+    from fdecode.models.mtp.hybrid import HybridMTPHead
 
     heads = max(hidden // 64, 2)
     cfg = HybridConfig(
@@ -90,7 +90,7 @@ def deepseek_v3(vocab: int, hidden: int, layers: int, seed: int):
     3 hidden / 4), a dense first layer, then MoE layers (16 experts of hidden / 4, top 4 within 2 of 4
     groups, one shared expert)."""
     from fdecode.models.deepseek_config import DeepseekV3Config
-    from fdecode.models.deepseek_v3 import DeepseekV3Model, mtp_head
+    from fdecode.models.families.deepseek_v3 import DeepseekV3Model, mtp_head
     from fdecode.models.moe_config import MoEConfig
 
     heads = max(hidden // 64, 2)

@@ -29,9 +29,8 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.ngram import history_width, is_ngram
-from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of
-from fdecode.ops.sampling import apply_stops, dense, sample
+from fdecode.ops.sampling import apply_stops
 from fdecode.params import PerPrompt, SamplingParams, request_params
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
@@ -39,7 +38,7 @@ from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.ops.plan import GREEDY, plan_for
-from fdecode.step import advance, agreed, transition_randoms
+from fdecode.step import Committed, advance, agreed, target_draw, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -260,23 +259,16 @@ def prime(
     last_logits = logits[rows, last]  # [n, V]
     inputs = [p.plan_inputs for p in params]
     plan = plan_for(inputs, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
-    if plan.random:
-        noise, _, draft_u = transition_randoms(primed, cfg.K)
-        probs, ids = filtered(plan, last_logits[:, None], lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-        drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], vocab), noise)  # in token order
-        first = torch.where(lane["temperature"] > 0, drawn, last_logits.argmax(dim=-1))
-    else:
-        first, draft_u = last_logits.argmax(dim=-1), None
-    first = agreed(cfg, target, first)
+    noise, _, draft_u = transition_randoms(primed, cfg.K) if plan.random else (None, None, None)
+    params = (lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
+    first = agreed(cfg, target, target_draw(last_logits, params, noise, plan))
     accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
     accepted[:, 0] = first
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
     window_hidden[:, 0] = hidden[rows, last]
-    accepted, _, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
-    new = advance(
-        draft, cfg, primed, accepted, window_hidden, draft_u, remaining=remaining, finished=finished, plan=plan,
-        context_blocks=context_blocks,
-    )
+    accepted, length, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
+    committed = Committed(accepted, length, window_hidden, remaining, finished, None)
+    new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
     known = state.lane_sampling

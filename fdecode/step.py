@@ -1,29 +1,35 @@
-"""The decode step: validate -> sample -> prepare -> draft, one pure function of the state.
+"""The decode step: validate -> sample -> prepare -> draft, one pure function of the state
+(docs/design.md, "The step").
 
-    state --validate--> target logits/hidden over the window [t, d1 .. dK]
-          --sample----> accepted tokens (greedy lanes: argmax match; random lanes:
-                        rejection sampling), cut at stop ids and budgets
-          --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`)
-          --draft-----> K draft forwards -> next window [last, d'1 .. d'K]
+    state --validate--> target logits/hidden over the window [t, d1 .. dK]           (`validate`)
+          --sample----> accepted tokens (greedy lanes: argmax match; random lanes:    (`commit`)
+                        rejection sampling), cut at stop ids and budgets, a recurrent
+                        target rolled back to the accepted prefix
+          --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`) (`advance`)
+          --draft-----> K draft forwards -> next window [last, d'1 .. d'K]            (`propose_lm`)
                         (an n-gram draft: a lookup in the lane's token history instead,
-                        -1 where nothing is proposed; `fdecode.ops.ngram`)
+                        -1 where nothing is proposed; `propose_ngram`)
 
-Nothing here reads a tensor value on the host: every per-lane quantity stays a
-tensor, so the whole function captures as one graph with fixed shapes. The KV
-leaves are written in place (donation contract, see `DecodeState`); everything
-else in the returned state is freshly built.
+The phases hand over typed tuples: `Verified` (validate -> sample) and `Committed` (sample -> advance,
+the accepted run and its length, computed once). Nothing here reads a tensor value on the host: every
+per-lane quantity stays a tensor, so the whole function captures as one graph with fixed shapes. The KV
+leaves are written in place (donation contract, see `DecodeState`); everything else in the returned
+state is freshly built (`next_state`).
 
-`advance` (prepare + draft) is shared with priming: after a prefill the host
-hands it a one-token accepted run, and the device-resident path takes over.
+`advance` (prepare + draft) is shared with priming: after a prefill the host hands it a one-token
+accepted run, and the device-resident path takes over; both draw the target's token with `target_draw`.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
 
 import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.ngram import is_ngram
-from fdecode.models.mtp import depth_kwargs
+from fdecode.models.mtp.head import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
 from fdecode.models.regions import compiling_regions, shares_parameters
 from fdecode.ops.filters import candidate_filter, filtered
@@ -55,11 +61,32 @@ def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
     return rank0_tokens(tokens, model.tp) if cfg.broadcast_accepted else tokens
 
 
+class Verified(NamedTuple):
+    """validate -> sample: the target over the window's first rows."""
+
+    logits: torch.Tensor  # [B, R, V], R = depth + 1
+    hidden: torch.Tensor  # [B, R, H]
+    snapshots: tuple | None  # recurrent states after each row (None: no linear-attention layers)
+    slots: torch.Tensor  # [B, W] KV slot of every window row (0: the scratch slot of an inactive lane)
+
+
+class Committed(NamedTuple):
+    """sample -> advance: what each lane commits in this transition."""
+
+    accepted: torch.Tensor  # [B, W] int64, -1 padded
+    length: torch.Tensor  # [B] int64: L, the accepted tokens
+    hidden: torch.Tensor  # [B, W, H] target hidden of the rows that produced them
+    remaining: torch.Tensor  # [B] int64 budget left after them
+    finished: torch.Tensor  # [B] bool: stopped (a stop id, the budget, or overflow)
+    overflow: torch.Tensor | None  # [B] bool: stopped because it ran past its KV blocks (None: never)
+
+
 def decode_step(
     target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
     plan: SamplingPlan | None = None, depth: int | None = None,
 ) -> tuple[DecodeState, StepOutput]:
-    """One speculative decoding iteration. Consumes `state` (its KV is updated in place).
+    """One speculative decoding iteration: validate -> sample -> advance (prepare the next draft, propose).
+    Consumes `state` (its KV is updated in place).
 
     context_blocks: attend over the first `context_blocks` blocks of each lane only (a context bucket,
     `DecodeConfig.bucket_for`); it must hold every position up to max(base_pos) + 2K. None: whole lanes.
@@ -75,11 +102,24 @@ def decode_step(
     lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts).
     """
     plan = general_plan(cfg) if plan is None else plan
-    window = cfg.W
     depth = cfg.K if depth is None else depth
+    verified = validate(target, cfg, state, context_blocks, depth)
+    noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
+    committed = commit(target, cfg, state, verified, noise, accept_u, plan, depth)
+    new_state = advance(
+        draft, cfg, state, committed, draft_u, context_blocks=context_blocks, plan=plan,
+        proposals=proposals(draft, cfg, depth),
+        # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
+        draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
+    )
+    return new_state, new_state.step_output
+
+
+def validate(target, cfg: DecodeConfig, state: DecodeState, context_blocks, depth: int) -> Verified:
+    """The target's forward over the window's first depth + 1 rows [t, d1 .. d_depth]."""
     rows = depth + 1
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]: what attention reads
-    positions = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # [B, W]
+    positions = state.base_pos[:, None] + torch.arange(cfg.W, device=state.base_pos.device)  # [B, W]
     slots = torch.where(
         state.active[:, None], slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions)
     )
@@ -88,8 +128,18 @@ def decode_step(
         target, state.tokens[:, :rows].clamp_min(0), positions[:, :rows], slots[:, :rows], state.target_kv, context,
         block_size=cfg.block_size, attention=cfg.attention, regions=cfg.layer_regions, recurrent=committed,
         snapshots=True,
-    )  # [B, rows, V], [B, rows, H], recurrent states after each row (None: no linear-attention layers)
-    noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
+    )
+    return Verified(logits, hidden, snapshots, slots)
+
+
+def commit(
+    target, cfg: DecodeConfig, state: DecodeState, verified: Verified, noise: torch.Tensor | None,
+    accept_u: torch.Tensor | None, plan: SamplingPlan, depth: int,
+) -> Committed:
+    """sample: accept (greedy match or rejection sampling), rank 0's run under TP, cut at stop ids, budgets
+    and missing KV blocks, then roll a recurrent target back to the accepted prefix (in place)."""
+    window, rows = cfg.W, depth + 1
+    logits, hidden = verified.logits, verified.hidden
     if depth == 0:
         accepted, length = first_row(state, logits, noise, plan)
     elif plan.random:
@@ -105,16 +155,10 @@ def decode_step(
     accepted, length, remaining, finished = apply_stops(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
-    accepted, _, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
-    if snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix, in place
-        commit_verify((state.target_conv, state.target_rec), snapshots, (accepted >= 0).sum(dim=1))
-    new_state = advance(
-        draft, cfg, state, accepted, hidden, draft_u, remaining=remaining, finished=finished | overflow,
-        overflow=overflow, context_blocks=context_blocks, plan=plan, proposals=proposals(draft, cfg, depth),
-        # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
-        draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
-    )
-    return new_state, new_state.step_output
+    accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, verified.slots != 0)
+    if verified.snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix
+        commit_verify((state.target_conv, state.target_rec), verified.snapshots, length)
+    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow)
 
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
@@ -143,14 +187,24 @@ def first_row(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target-only decoding of the window's first row: accepted [B, 1], length [B] = 1.
 
-    logits: [B, 1, V]. Greedy lanes take the argmax; random lanes draw from their filtered p with `noise`,
-    the draw `speculative_accept` makes when the first draft is rejected or was never proposed."""
-    token = logits[:, 0].argmax(dim=-1)
-    if plan.random:
-        probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
-        drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1]), noise)
-        token = torch.where(state.temperature > 0, drawn, token)
+    logits: [B, 1, V]; the draw `speculative_accept` makes when the first draft is rejected or was never
+    proposed (`target_draw`)."""
+    params = (state.temperature, state.top_k, state.top_p, state.min_p)
+    token = target_draw(logits[:, 0], params, noise, plan)
     return token[:, None], torch.ones_like(token)
+
+
+def target_draw(
+    logits: torch.Tensor, params: tuple[torch.Tensor, ...], noise: torch.Tensor | None, plan: SamplingPlan
+) -> torch.Tensor:
+    """One token per lane [B] from the target's logits [B, V]: the argmax for greedy lanes; for random ones
+    (plan.random) a draw with `noise` from p filtered by `params` (temperature, top_k, top_p, min_p)."""
+    token = logits.argmax(dim=-1)
+    if plan.random:
+        probs, ids = filtered(plan, logits[:, None], *params)
+        drawn = sample(dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1]), noise)
+        token = torch.where(params[0] > 0, drawn, token)
+    return token
 
 
 def propose(
@@ -183,61 +237,67 @@ def advance(
     draft,
     cfg: DecodeConfig,
     state: DecodeState,
-    accepted: torch.Tensor,  # [B, W] int64, committed tokens of this transition, -1 padded
-    hidden: torch.Tensor,  # [B, W, H] target hidden of the rows that produced them
+    committed: Committed,
     draft_u: torch.Tensor | None,  # [B, K, 2] uniforms for sampling the K drafts (None: greedy-only)
     *,
-    remaining: torch.Tensor,  # [B] int64 budget left after `accepted`
-    finished: torch.Tensor,  # [B] bool
-    overflow: torch.Tensor | None = None,  # [B] bool: stopped because it ran past its KV blocks
     context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
     draft_regions: bool = False,  # run the draft's layers as compile regions (`fdecode.models.regions`)
     proposals: int | None = None,  # drafts to propose, 1 .. K (None: K); the rest of the window is -1
 ) -> DecodeState:
-    """Prepare the next draft input from `accepted`, run the draft forwards, build the next state."""
-    batch, window = accepted.shape
+    """prepare -> propose: the next draft input from the committed run (the fused op), the drafts of the next
+    window (draft forwards, or an n-gram lookup), and the next state."""
+    accepted, length, hidden = committed.accepted, committed.length, committed.hidden
+    batch = accepted.shape[0]
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]
     bs = cfg.block_size
-    width = hidden.shape[-1]
-    placeholder = hidden.new_zeros(width)
-    tokens, rows_hidden, rows_pos, _kv_lens, rows_slots = prepare_next_draft(
-        accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs
-    )
-    live = (accepted >= 0).any(dim=1)  # [B] lanes that committed something write draft KV
-    length = (accepted >= 0).sum(dim=1)  # [B] L
-    if is_ngram(draft):  # prompt lookup over the history: no draft forward, no draft KV
-        last = tokens.view(batch, 2)[:, 1]
-        pos = state.base_pos + length
-        write_history(state.history, state.base_pos, accepted)  # in place, like the KV
-        found = lookup(state.history[:, : context.shape[1] * bs], pos, cfg.K, draft.max_n, draft.min_n)
-        drafts = list(found.unbind(1))
-        # A point mass on each proposed token (rejection sampling stays exact); nothing where none was proposed.
-        draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
-        return _next_state(state, last, drafts, draft_probs, pos, accepted, remaining, finished, overflow)
+    placeholder = hidden.new_zeros(hidden.shape[-1])
+    rows = prepare_next_draft(accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs)
+    last = rows[0].view(batch, 2)[:, 1]  # the last committed token, the next window's t
+    pos = state.base_pos + length  # P, its position (not sliced out of the op's strided rows: see `propose_lm`)
+    if is_ngram(draft):
+        drafts, draft_probs = propose_ngram(draft, cfg, state, committed, pos, context, draft_u)
+    else:
+        drafts, draft_probs = propose_lm(draft, cfg, state, committed, rows, pos, context, draft_u, plan=plan,
+                                         draft_regions=draft_regions, proposals=proposals)
+    return next_state(state, last, drafts, draft_probs, pos, committed)
+
+
+def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, pos: torch.Tensor,
+                  context: torch.Tensor, draft_u: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Prompt lookup over the lane's token history (written in place, like the KV): no draft forward, no
+    draft KV. q is a point mass on each proposed token (rejection sampling stays exact), zero where none."""
+    write_history(state.history, state.base_pos, committed.accepted)
+    found = lookup(state.history[:, : context.shape[1] * cfg.block_size], pos, cfg.K, draft.max_n, draft.min_n)
+    draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
+    return list(found.unbind(1)), draft_probs
+
+
+def propose_lm(
+    draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, rows: tuple[torch.Tensor, ...],
+    pos: torch.Tensor, context: torch.Tensor, draft_u: torch.Tensor | None, *, plan: SamplingPlan,
+    draft_regions: bool, proposals: int | None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A draft LM's or MTP head's proposals: its first forward over the op's two rows per lane (repair,
+    current), which proposes d'1 at P + 1, then one forward per further draft; -1 and all-zero q rows
+    past `proposals`. `pos` is P computed afresh: the op's rows_pos is a strided view (stride 2, kept
+    even by .contiguous() when B == 1) that would differ from primed states and recompile."""
+    tokens, rows_hidden, rows_pos, _kv_lens, rows_slots = rows
+    accepted, length = committed.accepted, committed.length
+    batch, window = accepted.shape
+    bs, width = cfg.block_size, committed.hidden.shape[-1]
+    live = length > 0  # [B] lanes that committed something write draft KV
     rows_slots = repair_slots(rows_slots, state, length, live, bs)
     hybrid = is_hybrid(draft)
     start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
     # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
     valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
     logits, draft_hidden, draft_state = forward_rows(
-        draft,
-        tokens.view(batch, 2),
-        rows_pos.view(batch, 2),
-        rows_slots.view(batch, 2),
-        state.draft_kv,
-        context,
-        block_size=bs,
-        hidden_in=rows_hidden.view(batch, 2, width),
-        attention=cfg.attention, regions=draft_regions,
-        recurrent=start,
-        valid=valid,
+        draft, tokens.view(batch, 2), rows_pos.view(batch, 2), rows_slots.view(batch, 2), state.draft_kv, context,
+        block_size=bs, hidden_in=rows_hidden.view(batch, 2, width), attention=cfg.attention, regions=draft_regions,
+        recurrent=start, valid=valid,
     )  # the `current` row (column 1) proposes d'1 at P + 1
     ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
-    last = tokens.view(batch, 2)[:, 1]
-    # P, the position of `last`, computed afresh rather than sliced out of rows_pos: a strided view
-    # (stride 2, kept even by .contiguous() when B == 1) would differ from primed states and recompile.
-    pos = state.base_pos + (accepted >= 0).sum(dim=1)
     candidates = cfg.top_k_candidates
     proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
@@ -258,12 +318,12 @@ def advance(
         draft_probs.append(probs)
 
     for j in range(proposals, window - 1):  # not proposed: -1, and q all zeros (a greedy graph passes q on)
-        drafts.append(torch.full_like(last, -1))
+        drafts.append(torch.full_like(proposal, -1))
         draft_probs.append(state.draft_probs[:, j] if draft_u is None else torch.zeros_like(probs))
 
     if hybrid:
         commit_ring((state.draft_conv, state.draft_rec), ring, live)
-    return _next_state(state, last, drafts, torch.stack(draft_probs, dim=1), pos, accepted, remaining, finished, overflow)
+    return drafts, torch.stack(draft_probs, dim=1)
 
 
 def repair_slots(rows_slots: torch.Tensor, state: DecodeState, length: torch.Tensor, live: torch.Tensor, bs: int):
@@ -284,33 +344,16 @@ def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:
     return hot * (proposals >= 0)[..., None]
 
 
-def _next_state(
+def next_state(
     state: DecodeState, last: torch.Tensor, drafts: list[torch.Tensor], draft_probs: torch.Tensor, pos: torch.Tensor,
-    accepted: torch.Tensor, remaining: torch.Tensor, finished: torch.Tensor, overflow: torch.Tensor | None,
+    committed: Committed,
 ) -> DecodeState:
-    """The state after a transition: window [last, *drafts] at base_pos = pos, the output packed."""
+    """The state after a transition: window [last, *drafts] at base_pos = pos, the output packed; the KV,
+    recurrent and history leaves were written in place, the lanes' parameters carry over."""
+    overflow, finished = committed.overflow, committed.finished
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
-    output = StepOutput.pack(accepted, (accepted >= 0).sum(dim=1), status)
-    return DecodeState(
-        tokens=torch.stack([last, *drafts], dim=1),
-        draft_probs=draft_probs,
-        base_pos=pos,
-        block_tables=state.block_tables,
-        target_kv=state.target_kv,
-        draft_kv=state.draft_kv,
-        target_conv=state.target_conv,
-        target_rec=state.target_rec,
-        draft_conv=state.draft_conv,
-        draft_rec=state.draft_rec,
-        history=state.history,
-        active=~finished,
-        remaining=remaining,
-        stop_ids=state.stop_ids,
-        temperature=state.temperature,
-        top_k=state.top_k,
-        top_p=state.top_p,
-        min_p=state.min_p,
-        seed=state.seed,
-        counter=state.counter + 1,
-        output=output.packed,
+    output = StepOutput.pack(committed.accepted, committed.length, status)
+    return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
+        state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,
+        remaining=committed.remaining, counter=state.counter + 1, output=output.packed,
     )

@@ -137,7 +137,7 @@ def save_with_mtp(folder, head_state: dict[str, torch.Tensor], *, seed: int = 0,
 
 def random_mtp_state(seed: int = 3, std: float = 0.3, layers: int = 1, **overrides) -> dict[str, torch.Tensor]:
     """A random DeepSeek MTP head of `layers` modules (fdecode names) for the target `hf_deepseek(**overrides)`."""
-    from fdecode.models.deepseek_v3 import mtp_head
+    from fdecode.models.families.deepseek_v3 import mtp_head
 
     head = mtp_head(from_hf(hf_deepseek(**overrides)).config.replace(mtp_num_layers=layers))
     head.init_random_(seed=seed, std=std)

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from deepseek_models import deepseek_checkpoint_names
 from fdecode.models import from_hf
-from fdecode.models.glm4_moe import Glm4MoeMTPHead
+from fdecode.models.families.glm4_moe import Glm4MoeMTPHead
 
 VOCAB = 97
 VARIANTS = {

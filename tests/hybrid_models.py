@@ -19,7 +19,7 @@ import fdecode
 from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR
-from fdecode.models.hybrid_mtp import HybridMTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
 
 
 VOCAB = 97

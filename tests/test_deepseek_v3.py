@@ -14,9 +14,9 @@ import torch
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.deepseek_v3 import DeepseekV3Model, config_from_hf
+from fdecode.models.families.deepseek_v3 import DeepseekV3Model, config_from_hf
 from fdecode.models.dense import dense_forward
-from fdecode.models.moe import DeepseekMoE
+from fdecode.models.layers.moe import DeepseekMoE
 from deepseek_models import VOCAB, hf_config, hf_deepseek, prompts
 
 VARIANTS = {

@@ -14,9 +14,9 @@ import torch
 
 import fdecode
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.deepseek_v3 import DeepseekV3Model
+from fdecode.models.families.deepseek_v3 import DeepseekV3Model
 from fdecode.models.moe_config import MoEConfig
-from fdecode.models.nextn_mtp import NextNMTPHead
+from fdecode.models.mtp.nextn import NextNMTPHead
 from deepseek_models import (
     NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
 )

@@ -14,7 +14,7 @@ import transformers
 import fdecode
 from deepseek_models import hf_deepseek, random_mtp_state, save_with_mtp
 from fdecode.models import from_hf
-from fdecode.models.routing import SigmoidRouter
+from fdecode.models.layers.routing import SigmoidRouter
 from glm_models import hf_glm, save_glm
 
 ROWS = 4096

@@ -10,8 +10,8 @@ import torch
 
 import fdecode
 from fdecode.models import from_hf
-from fdecode.models.checkpoint import CheckpointTensors
-from fdecode.models.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
+from fdecode.models.loading.checkpoint import CheckpointTensors
+from fdecode.models.families.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
 from glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
 from hybrid_models import assert_prefill_logits_match, compiled, run, staggered
 
@@ -157,7 +157,7 @@ def test_random_sampling_follows_the_filtered_target() -> None:
     the GLM MoE target with its MTP head, K = 2: a chi-square test against the exact distribution."""
     from test_sampling import assert_two_new_tokens_follow_the_target
 
-    from fdecode.models.glm4_moe import Glm4MoeConfig
+    from fdecode.models.families.glm4_moe import Glm4MoeConfig
     from fdecode.models.moe_config import MoEConfig
 
     v = 5

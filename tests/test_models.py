@@ -18,8 +18,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from fdecode.models import LlamaModel, ModelConfig, MTPHead, from_hf, save_hf
-from fdecode.models.loading import config_from_hf
-from fdecode.models.rope import rope_inv_freq
+from fdecode.models.families.llama import config_from_hf
+from fdecode.models.layers.rope import rope_inv_freq
 
 BLOCK = 4
 MAX_BLOCKS = 5  # 20 positions per lane; the longest sequence here has 13

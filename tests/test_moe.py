@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fdecode.models import moe as moe_module
+from fdecode.models.layers import moe as moe_module
 from fdecode.models.config import ModelConfig
-from fdecode.models.moe import DeepseekMoE, QwenMoE, moe_block
+from fdecode.models.layers.moe import DeepseekMoE, QwenMoE, moe_block
 from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf, softmax_moe_from_hf
 
 H = 32

@@ -20,11 +20,11 @@ import glm_models
 import hybrid_models
 from fdecode.baseline import BeforeLoop
 from fdecode.models import from_hf
-from fdecode.models.checkpoint import CheckpointTensors
+from fdecode.models.loading.checkpoint import CheckpointTensors
 from fdecode.models.dense import dense_forward, shift_hidden
-from fdecode.models.hybrid_mtp import HybridMTPHead
-from fdecode.models.mtp import MTPHead
-from fdecode.models.nextn_mtp import NextNMTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
+from fdecode.models.mtp.head import MTPHead
+from fdecode.models.mtp.nextn import NextNMTPHead
 from fdecode.ops.attention import paged_context
 from hybrid_models import PROMPTS, compiled, run
 

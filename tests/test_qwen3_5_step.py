@@ -16,7 +16,7 @@ import fdecode
 from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
-from fdecode.models.hybrid_mtp import HybridMTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
 from hybrid_models import (
     NEW, PROMPTS, VOCAB, compiled, hf_greedy, hybrid_target, near_copy, run, save_with_mtp, scratch_states, staggered,
 )

@@ -16,11 +16,11 @@ import torch
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.dense import dense_forward
-from fdecode.models.deltanet import FusedGatedDeltaNet, GatedDeltaNet
-from fdecode.models.hybrid_mtp import HybridMTPHead
-from fdecode.models.moe import QwenMoE
-from fdecode.models.qwen3_5 import moe_config_from_hf
-from fdecode.models.qwen3_next import config_from_hf as next_config_from_hf
+from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
+from fdecode.models.mtp.hybrid import HybridMTPHead
+from fdecode.models.layers.moe import QwenMoE
+from fdecode.models.families.qwen3_5 import moe_config_from_hf
+from fdecode.models.families.qwen3_next import config_from_hf as next_config_from_hf
 from hybrid_models import PATTERNS, PROMPTS, compiled, hf_config, hf_greedy, hf_hybrid, paged, prompts, run, save_with_mtp
 
 FAMILIES = ["qwen3_next", "qwen3_5_moe"]

@@ -32,7 +32,6 @@ import torch
 from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.cpu_matmul import weight_stationary
-from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -302,7 +301,7 @@ DEVICE_ATTENTION = {"cuda": "flash_attn", "npu": "npu_fused_infer_attention"}
 def latent_reason(target, draft) -> str | None:
     """Why the device attention kernels cannot read a model's cache: an MLA model's latent cache
     (`fdecode.ops.latent_kv`) is one shared head read with absorbed queries, not per-head K/V. None otherwise."""
-    if any(isinstance(getattr(m, "kv_config", None), DeepseekV3Config) for m in (target, draft)):
+    if any(getattr(getattr(m, "kv_config", None), "latent_kv", False) for m in (target, draft)):
         return (
             "the MLA latent cache (kv_lora_rank + qk_rope_head_dim values per token, read with kv_b_proj absorbed "
             "into the queries) is read by the torch reference only; flash_attn and npu_fused_infer_attention read "

@@ -1,15 +1,22 @@
-"""Target models (Llama family; hybrid Qwen3.5, Qwen3.5-MoE, Qwen3-Next; DeepSeek-V3; GLM-4.5), the MTP draft
-heads, and HF checkpoint loading (`loading.family_of` names the module of each model_type)."""
+"""fdecode's models (docs/design.md, "Model families and the registry"). Where things go:
+
+- `layers/`: shared blocks with no model-type strings (attention, MLPs, norms, RoPE, DeltaNet, MLA, MoE);
+- `families/`: one declaration per checkpoint family, listed by `registry.py` (the supported model types);
+- `mtp/`: the multi-token-prediction heads;
+- `loading/`: Hugging Face loading and saving, checkpoint reads, expert weights, EOS ids;
+- here: configs, the decoder skeletons (`llama.LlamaModel`, `hybrid.HybridModel`), the draft kinds
+  (`ngram`), compile regions, whole-sequence forwards (`dense`), tensor parallelism, model resolution.
+"""
 
 from __future__ import annotations
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.hybrid_mtp import HybridMTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import from_hf, save_hf
-from fdecode.models.mtp import MTPHead
+from fdecode.models.loading.hf import from_hf, save_hf
+from fdecode.models.mtp.head import MTPHead
 from fdecode.models.ngram import NgramDraft
 
 __all__ = ["HybridConfig", "HybridMTPHead", "HybridModel", "LlamaModel", "MTPHead", "ModelConfig", "NgramDraft", "from_hf", "save_hf"]

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-# Model types whose layers fdecode implements; everything else is refused by the loader.
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+from fdecode.models.registry import model_types
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,23 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     model_type: str = "llama"
 
+    # The family modules (`fdecode.models.registry`) whose model types this config class describes.
+    families: ClassVar[tuple[str, ...]] = ("llama",)
+    # What the rest of fdecode asks of a model instead of its config class:
+    latent_kv: ClassVar[bool] = False  # the KV cache holds one latent per token (MLA), not keys and values
+    recurrent: ClassVar[bool] = False  # some layers carry a recurrent state (linear attention)
+
     def __post_init__(self) -> None:
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unsupported model_type {self.model_type!r}; fdecode implements {SUPPORTED_MODEL_TYPES}"
-            )
+        self.check_model_type()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    def check_model_type(self) -> None:
+        """Refuse a model_type that none of this class's families loads (`fdecode.models.registry`)."""
+        allowed = model_types(*self.families)
+        if self.model_type not in allowed:
+            raise ValueError(f"unsupported model_type {self.model_type!r} for {type(self).__name__}; "
+                             f"fdecode implements {allowed}")
 
     @property
     def rope_scaling_dict(self) -> dict[str, object] | None:

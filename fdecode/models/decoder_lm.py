@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import init_random_
+from fdecode.models.layers.decoder_layer import init_random_
 
 
 class DecoderLM(nn.Module):

@@ -10,10 +10,10 @@ YaRN included) and `num_kv_heads` equals `num_heads`; the attention shapes are t
     qk_rope_head_dim  Dr   per-head query channels with RoPE, and the one rope key all heads share
     v_head_dim        Dv   per-head value channels (from kv_b_proj)
 
-Layers `first_k_dense_replace` .. have the sigmoid-routed MoE `moe` (`fdecode.models.moe`), the
+Layers `first_k_dense_replace` .. have the sigmoid-routed MoE `moe` (`fdecode.models.layers.moe`), the
 others (all of them when `moe` is None) the dense SwiGLU MLP of `intermediate_size`.
 `mtp_num_layers` (`num_nextn_predict_layers`) = n MTP modules follow at layer indices
-`num_layers` .. `num_layers + n - 1` (`fdecode.models.nextn_mtp`: any n, module j mod n in draft forward j).
+`num_layers` .. `num_layers + n - 1` (`fdecode.models.mtp.nextn`: any n, module j mod n in draft forward j).
 
 The paged cache holds the latent, `R + Dr` values per token and layer (`fdecode.ops.latent_kv`),
 never the per-head keys and values: `kv_shape` is `[L, 1, num_slots, 1, R + Dr]`.
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.moe_config import MoEConfig
 from fdecode.ops.latent_kv import latent_kv_shape
 
-DEEPSEEK_MODEL_TYPES = ("deepseek_v3",)
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,11 @@ class DeepseekV3Config(ModelConfig):
     first_k_dense_replace: int = 0  # layers before this one have a dense MLP, the others `moe`
     mtp_num_layers: int = 0  # MTP modules in the checkpoint (`num_nextn_predict_layers`; 0: none)
 
+    families: ClassVar[tuple[str, ...]] = ("deepseek_v3",)
+    latent_kv: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
-        if self.model_type not in DEEPSEEK_MODEL_TYPES:
-            raise ValueError(f"unsupported MLA model_type {self.model_type!r}; fdecode implements {DEEPSEEK_MODEL_TYPES}")
+        self.check_model_type()
         if self.head_dim != self.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
             raise ValueError(
                 f"a DeepseekV3Config has head_dim = qk_rope_head_dim ({self.qk_rope_head_dim}) and num_kv_heads = "

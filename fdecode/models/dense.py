@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fdecode.models.llama import LlamaModel
-from fdecode.models.mtp import MTPHead
+from fdecode.models.mtp.head import MTPHead
 
 
 def dense_forward(

@@ -1,7 +1,7 @@
 """Hybrid decoder LM (Qwen3.5): Gated DeltaNet and gated full-attention layers, by `layer_types`.
 
 Every layer is pre-norm residual, `x + mixer(norm(x))` then `+ mlp(norm(.))`, with `OffsetRMSNorm`s
-and the SwiGLU `MLP`, or the MoE block (`fdecode.models.moe`) where `HybridConfig.sparse_mlp` says; the mixer is `GatedAttention` over the paged KV (full-attention layers, KV
+and the SwiGLU `MLP`, or the MoE block (`fdecode.models.layers.moe`) where `HybridConfig.sparse_mlp` says; the mixer is `GatedAttention` over the paged KV (full-attention layers, KV
 layer = its rank among them) or `GatedDeltaNet` over the recurrent state (linear-attention layers).
 
 The module owns weights only. The paged KV is an argument written in place, as for `LlamaModel`;
@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from fdecode.models.decoder_lm import DecoderLM
-from fdecode.models.deltanet import FusedGatedDeltaNet, GatedDeltaNet
-from fdecode.models.gated_attention import GatedAttention
+from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
+from fdecode.models.layers.gated_attention import GatedAttention
 from fdecode.models.hybrid_config import FULL, HybridConfig
-from fdecode.models.layers import MLP, init_random_
-from fdecode.models.moe import moe_block
-from fdecode.models.norms import OffsetRMSNorm
-from fdecode.models.partial_rope import PartialRotaryEmbedding
+from fdecode.models.layers.decoder_layer import MLP, init_random_
+from fdecode.models.layers.moe import moe_block
+from fdecode.models.layers.norms import OffsetRMSNorm
+from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
 from fdecode.models.regions import call_layer, layer_index
 from fdecode.ops.attention import PagedContext, paged_context
 

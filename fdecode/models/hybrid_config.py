@@ -15,12 +15,12 @@ Recurrent state of one lane, per linear-attention layer (`fdecode.state.recurren
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.moe_config import MoEConfig
 
 LINEAR, FULL = "linear_attention", "full_attention"
-HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,11 @@ class HybridConfig(ModelConfig):
     mlp_only_layers: tuple[int, ...] = ()  # Qwen3-Next: layers that keep the dense MLP
     decoder_sparse_step: int = 1  # Qwen3-Next: every decoder_sparse_step-th layer is sparse
 
+    families: ClassVar[tuple[str, ...]] = ("qwen3_5", "qwen3_next")
+    recurrent: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
-        if self.model_type not in HYBRID_MODEL_TYPES:
-            raise ValueError(f"unsupported hybrid model_type {self.model_type!r}; fdecode implements {HYBRID_MODEL_TYPES}")
+        self.check_model_type()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if len(self.layer_types) != self.num_layers:

@@ -17,13 +17,13 @@ from torch import nn
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
-from fdecode.models.layers import DecoderLayer, RMSNorm
+from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm
 from fdecode.models.regions import call_layer, layer_index
-from fdecode.models.rope import RotaryEmbedding
+from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
 if TYPE_CHECKING:
-    from fdecode.models.mtp import MTPHead
+    from fdecode.models.mtp.head import MTPHead
 
 
 class LlamaModel(DecoderLM):

@@ -40,11 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.layers import DecoderLayer
+from fdecode.models.layers.decoder_layer import DecoderLayer
 from fdecode.models.llama import LlamaModel
-from fdecode.models.mtp import MTPHead
+from fdecode.models.mtp.head import MTPHead
 
 # The collective library each device type needs (`DecodeConfig.device` -> process group backend).
 DEVICE_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -249,12 +247,12 @@ def parallelize_pair(
     target: LlamaModel, draft: nn.Module, kind: str, tp: TPGroup
 ) -> tuple[ParallelLlamaModel, nn.Module]:
     """Shard a resolved (target, draft) pair for `fdecode.compile`: every check before any weight moves."""
-    if any(isinstance(getattr(m, "config", None), HybridConfig) for m in (target, draft)):  # n-gram drafts have none
+    if any(getattr(getattr(m, "config", None), "recurrent", False) for m in (target, draft)):  # n-gram drafts have none
         raise ValueError(
             "tensor parallelism is not implemented for hybrid (Gated DeltaNet) models: their DeltaNet heads, conv "
             "channels, recurrent-state leaves and gated attention are not sharded yet; run them with tp_size=1"
         )
-    if any(isinstance(getattr(m, "config", None), DeepseekV3Config) for m in (target, draft)):
+    if any(getattr(getattr(m, "config", None), "latent_kv", False) for m in (target, draft)):
         raise ValueError(
             "tensor parallelism is not implemented for MLA (DeepSeek-V3) models: their latent projections, the "
             "absorbed kv_b_proj per head and the routed experts are not sharded yet; run them with tp_size=1"

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.models.eos import eos_token_ids
-from fdecode.models.float32 import dtype_in
+from fdecode.models.loading.eos import eos_token_ids
+from fdecode.models.layers.float32 import dtype_in
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import from_hf
-from fdecode.models.mtp import MTPHead
+from fdecode.models.loading.hf import from_hf
+from fdecode.models.mtp.head import MTPHead
 from fdecode.models.ngram import NgramDraft
 from fdecode.models.vocab import check_same_tokenizer, fit_vocab
 
@@ -55,7 +55,7 @@ def _own_device_dtype(target: object) -> tuple[str, torch.dtype]:
 
 def resolve_config(target: object, cfg: DecodeConfig) -> DecodeConfig:
     """`cfg` with `dtype="auto"` and `device=None` replaced by the target's own dtype and device, and
-    `eos_token_id="auto"` by the target's EOS ids (`fdecode.models.eos`)."""
+    `eos_token_id="auto"` by the target's EOS ids (`fdecode.models.loading.eos`)."""
     if cfg.eos_token_id == "auto":
         ids = eos_token_ids(target)
         if len(ids) > cfg.max_stop_ids:

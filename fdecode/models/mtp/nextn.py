@@ -7,7 +7,7 @@
 The checkpoint puts module k after the target's layers, at `model.layers.{num_hidden_layers + k}.*`:
 `enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, the decoder layer's own keys (`self_attn.*`, `mlp.*`,
 its two norms), and optional copies of the target's `embed_tokens` / `shared_head.head`, which the
-head does not load: it borrows the target's (`MTPHead.bind`). `rename` maps the keys to
+head does not load: it borrows the target's (`MTPHead.bind`). `families.keys.rename_nextn` maps the keys to
 `mtp.layers.k.{enorm, hnorm, eh_proj, norm, layer.*}`; a checkpoint that declares n modules but lacks
 a key of one is refused by the loader, naming the key, before any tensor is read. Module k is
 reused cyclically when K > n (vLLM's `spec_step_idx % num_mtp_layers`). As in vLLM's DeepSeek MTP,
@@ -28,19 +28,14 @@ shared_head.norm.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import RMSNorm
-from fdecode.models.loading import _rename, nextn_part
-from fdecode.models.mtp import MTPHead, mtp_input, run_one_layer_writing_all
-
-_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
-
+from fdecode.models.layers.decoder_layer import RMSNorm
+from fdecode.models.mtp.head import MTPHead, mtp_input, run_one_layer_writing_all
 
 class NextNModule(nn.Module):
     """One MTP module of the checkpoint: enorm, hnorm, eh_proj, its decoder layer, norm (shared_head.norm)."""
@@ -84,12 +79,3 @@ class NextNMTPHead(MTPHead):
         )
         return h, self.layers[active].norm(h)
 
-
-def rename(hf_key: str, num_layers: int) -> str | None:
-    """`loading._rename`, with module k of the MTP head at `model.layers.{num_layers + k}.*` (k >= 0)
-    named `mtp.layers.k.*` (`loading.nextn_part`)."""
-    match = _LAYER_KEY.fullmatch(hf_key)
-    if match is None or int(match[1]) < num_layers or hf_key.endswith("rotary_emb.inv_freq"):
-        return _rename(hf_key, num_layers)
-    part = nextn_part(match[2])
-    return None if part is None else f"mtp.layers.{int(match[1]) - num_layers}.{part}"

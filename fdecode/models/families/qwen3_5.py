@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
-from fdecode.models.hybrid_mtp import HybridMTPHead
-from fdecode.models.loading import Family
+from fdecode.models.mtp.hybrid import HybridMTPHead
+from fdecode.models.families.family import Family
+from fdecode.models.families.hf_config import check_silu
 from fdecode.models.moe_config import softmax_moe_from_hf
 
-QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5")
-QWEN3_5_MOE_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 _DEFAULT_PARTIAL_ROTARY = 0.25  # Qwen3_5TextConfig's default
 # The MTP head's shared parts; its layers keep their names (mtp.layers.N.*), like mtp.norm.
 _MTP_NAMES = {"mtp.fc.": "mtp.eh_proj.", "mtp.pre_fc_norm_embedding.": "mtp.enorm.", "mtp.pre_fc_norm_hidden.": "mtp.hnorm."}
@@ -51,8 +50,7 @@ def text_part(hf: dict[str, object], text_type: str) -> dict[str, object]:
 def hybrid_fields(hf: dict[str, object]) -> dict[str, object]:
     """The `HybridConfig` fields the Qwen3.5 / Qwen3.5-MoE / Qwen3-Next text configs share (everything but
     model_type, the DeltaNet projection layout and the MLPs)."""
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    check_silu(hf)
     if hf.get("attn_output_gate", True) is False:
         raise ValueError("attn_output_gate=False is not supported: Qwen3.5 / Qwen3-Next attention is gated")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})

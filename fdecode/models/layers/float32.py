@@ -4,7 +4,7 @@ transformers keeps DeepSeek-V3's and GLM-4.5's MoE routers in float32 in a bf16 
 (`_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]`): the expert choice is a
 top-k over the router's scores, and a router weight rounded to bf16 sends some tokens to other
 experts. A `Float32Module`'s floating parameters and buffers stay float32 through `Module.to` /
-`.half()` / `.bfloat16()` (only the device follows), through loading (`fdecode.models.loading`) and
+`.half()` / `.bfloat16()` (only the device follows), through loading (`fdecode.models.loading.hf`) and
 through the copy a step makes of a model (`fdecode.models.resolve.owned`).
 """
 

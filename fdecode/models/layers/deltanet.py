@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.norms import GatedRMSNorm
+from fdecode.models.layers.norms import GatedRMSNorm
 from fdecode.ops.delta_rule import causal_conv_rows, gated_delta_rows, l2_normalise
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.rope import RotaryEmbedding
+from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import PagedContext, paged_attention
 from fdecode.ops.kv import write_kv
 

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import DecoderLayer, RMSNorm, init_random_
+from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm, init_random_
 from fdecode.models.llama import LlamaModel
 from fdecode.models.regions import call_layer, layer_index
-from fdecode.models.rope import RotaryEmbedding
+from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
 

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.layers import RMSNorm
-from fdecode.models.rope import RotaryEmbedding
+from fdecode.models.layers.decoder_layer import RMSNorm
+from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import PagedContext
 from fdecode.ops.latent_kv import latent_attention, write_latent
 

@@ -1,4 +1,4 @@
-"""Per-expert checkpoint tensors -> the stacked layout of `fdecode.models.moe.Experts`.
+"""Per-expert checkpoint tensors -> the stacked layout of `fdecode.models.layers.moe.Experts`.
 
 Real checkpoints (and transformers' `save_pretrained`) write each routed expert apart:
 

@@ -1,6 +1,6 @@
 """Gated full attention (Qwen3-Next / Qwen3.5) over the paged KV cache.
 
-Per layer and call, as `fdecode.models.layers.Attention` (write keys before attending, attend over
+Per layer and call, as `fdecode.models.layers.decoder_layer.Attention` (write keys before attending, attend over
 the lane's context window through `fdecode.ops.attention`), with three differences:
 1. `q_proj` yields `[query | gate]` per head: a view `[..., heads, 2 * head_dim]`, then chunked;
 2. q and k heads are normalised with `OffsetRMSNorm`, then only their first `rotary_dim` channels
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.norms import OffsetRMSNorm
+from fdecode.models.layers.norms import OffsetRMSNorm
 from fdecode.ops.attention import PagedContext, paged_attention
 from fdecode.ops.kv import write_kv
 

@@ -13,7 +13,7 @@ Interface (what a family's decoder layer holds as its `mlp`):
 
 so a live transformers model's `mlp.experts.*` load as they are (shared storage), and a checkpoint's
 per-expert keys `mlp.experts.N.{gate,up,down}_proj.weight` are stacked by the loader
-(`fdecode.models.expert_weights`).
+(`fdecode.models.loading.expert_weights`).
 
 Cost follows the experts the tokens use, not E: for the P = N * K (token, slot) pairs the router
 picked, the block gathers those experts' weight matrices and runs one batched matmul per projection
@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import MLP
+from fdecode.models.layers.decoder_layer import MLP
 from fdecode.models.moe_config import MoEConfig
-from fdecode.models.routing import SigmoidRouter, SoftmaxRouter
+from fdecode.models.layers.routing import SigmoidRouter, SoftmaxRouter
 
 GATHER_BUDGET = 1 << 26  # elements of gathered expert weights one chunk of rows may hold (256 MiB in fp32)
 

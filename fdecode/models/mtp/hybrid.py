@@ -26,9 +26,9 @@ from torch import nn
 
 from fdecode.models.hybrid import AttentionBlock, init_hybrid_
 from fdecode.models.hybrid_config import FULL, HybridConfig
-from fdecode.models.mtp import MTPHead, mtp_input, run_one_layer_writing_all
-from fdecode.models.norms import OffsetRMSNorm
-from fdecode.models.partial_rope import PartialRotaryEmbedding
+from fdecode.models.mtp.head import MTPHead, mtp_input, run_one_layer_writing_all
+from fdecode.models.layers.norms import OffsetRMSNorm
+from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
 
 
 class HybridMTPHead(MTPHead):

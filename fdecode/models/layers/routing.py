@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdecode.models.float32 import Float32Module
+from fdecode.models.layers.float32 import Float32Module
 from fdecode.models.moe_config import MoEConfig
 
 

@@ -9,22 +9,23 @@
   cache and, by index, the SwiGLU `MLP` (dense) or `DeepseekMoE`; the model is `LlamaModel`'s forward
   over these layers (`RotaryEmbedding` over the `qk_rope_head_dim` channels).
 - Keys: `model.*` -> `*`; MTP module k at `model.layers.{num_hidden_layers + k}.*` (layout (b) of
-  `loading`, `nextn_mtp.rename`) -> module k of `NextNMTPHead`, around decoder layer
+  `loading`, `rename_nextn`) -> module k of `NextNMTPHead`, around decoder layer
   `num_hidden_layers + k` (MLA + MoE); per-expert `mlp.experts.N.*` are stacked by the loader.
 """
 
 from __future__ import annotations
 
-from fdecode.models import nextn_mtp
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.layers import DecoderLayer
+from fdecode.models.layers.decoder_layer import DecoderLayer
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import Family, _rope_from_hf
-from fdecode.models.mla import MLAttention
-from fdecode.models.moe import feed_forward
+from fdecode.models.families.family import Family
+from fdecode.models.families.hf_config import check_silu, rope_from_hf
+from fdecode.models.families.keys import rename_nextn
+from fdecode.models.layers.mla import MLAttention
+from fdecode.models.layers.moe import feed_forward
 from fdecode.models.moe_config import sigmoid_moe_from_hf
-from fdecode.models.nextn_mtp import NextNMTPHead
-from fdecode.models.rope import RotaryEmbedding, rope_inv_freq
+from fdecode.models.mtp.nextn import NextNMTPHead
+from fdecode.models.layers.rope import RotaryEmbedding, rope_inv_freq
 
 # transformers' DeepseekV3Config defaults for the MoE fields a config.json may leave out.
 _MOE_DEFAULTS = {
@@ -49,8 +50,7 @@ class DeepseekV3Model(LlamaModel):
 
 def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
     """DeepseekV3Config from a config.json dict of a DeepSeek-V3 checkpoint (transformers 4 or 5 names)."""
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    check_silu(hf)
     quant = hf.get("quantization_config")
     if quant:  # DeepSeek-V3's own release: fp8 weights with per-block weight_scale_inv tensors
         method = quant.get("quant_method") if isinstance(quant, dict) else quant
@@ -60,7 +60,7 @@ def config_from_hf(hf: dict[str, object]) -> DeepseekV3Config:
         )
     num_layers, heads = int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
     first_dense = int(hf.get("first_k_dense_replace") if hf.get("first_k_dense_replace") is not None else 3)
-    rope_theta, rope_scaling = _rope_from_hf(hf)
+    rope_theta, rope_scaling = rope_from_hf(hf)
     q_lora = hf.get("q_lora_rank", 1536)  # transformers' default; an explicit null means a plain q_proj
     rope_dim = int(hf.get("qk_rope_head_dim") or 64)
     cfg = DeepseekV3Config(
@@ -98,4 +98,4 @@ def mtp_head(cfg: DeepseekV3Config) -> NextNMTPHead:
     return NextNMTPHead(cfg, layer=decoder_layer, rotary=RotaryEmbedding(cfg))
 
 
-DEEPSEEK_V3 = Family(config_from_hf, nextn_mtp.rename, DeepseekV3Model, mtp_head)
+DEEPSEEK_V3 = Family(config_from_hf, rename_nextn, DeepseekV3Model, mtp_head)

@@ -1,6 +1,6 @@
 """The Qwen3-Next family (`qwen3_next`, Qwen3NextForCausalLM): config mapping, key mapping, layer pattern.
 
-Qwen3.5's hybrid (`fdecode.models.qwen3_5`: the same layer pattern, offset RMSNorms, gated attention
+Qwen3.5's hybrid (`fdecode.models.families.qwen3_5`: the same layer pattern, offset RMSNorms, gated attention
 with partial RoPE, Gated DeltaNet, checkpoint key names, MTP head under `mtp.*`) with two differences:
 
 - the DeltaNet projections are fused, `in_proj_qkvz` and `in_proj_ba`, each laid out per key head
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.hybrid_mtp import HybridMTPHead
-from fdecode.models.loading import Family
+from fdecode.models.mtp.hybrid import HybridMTPHead
+from fdecode.models.families.family import Family
 from fdecode.models.moe_config import softmax_moe_from_hf
-from fdecode.models.qwen3_5 import hybrid_fields, rename
+from fdecode.models.families.qwen3_5 import hybrid_fields, rename
 
 
 def config_from_hf(hf: dict[str, object]) -> HybridConfig:

@@ -4,31 +4,32 @@
   q/k/v only (o_proj has none), optional per-head RMSNorm of q and k (`use_qk_norm`) before a partial
   RoPE (`partial_rotary_factor`, default 0.5: the first half of each head rotates); the feed-forward
   is the dense SwiGLU for the first `first_k_dense_replace` layers, the DeepSeek-style MoE after
-  (`fdecode.models.moe`: sigmoid router with e_score_correction_bias, group-limited top-k, shared experts).
+  (`fdecode.models.layers.moe`: sigmoid router with e_score_correction_bias, group-limited top-k, shared experts).
 - MTP: `num_nextn_predict_layers` = n DeepSeek-style modules at `model.layers.{num_hidden_layers + k}.*`
   (`NextNMTPHead`, module k around MoE decoder layer `num_hidden_layers + k`; GLM-4.5 / 4.6 ship n = 1).
-- Keys: the Llama mapping (`model.*` -> `*`), MTP module k -> `mtp.layers.k.*` (`nextn_mtp.rename`);
+- Keys: the Llama mapping (`model.*` -> `*`), MTP module k -> `mtp.layers.k.*` (`rename_nextn`);
   per-expert `mlp.experts.N.*_proj.weight` keys are stacked by the loader.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 
-from fdecode.models import nextn_mtp
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers import DecoderLayer
+from fdecode.models.layers.decoder_layer import DecoderLayer
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading import Family, _rope_from_hf, shape_fields
-from fdecode.models.moe import feed_forward
+from fdecode.models.families.family import Family
+from fdecode.models.families.hf_config import check_silu, rope_from_hf, shape_fields
+from fdecode.models.families.keys import rename_nextn
+from fdecode.models.layers.moe import feed_forward
 from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
-from fdecode.models.nextn_mtp import NextNMTPHead
-from fdecode.models.partial_rope import PartialRotaryEmbedding
-from fdecode.models.rope import rope_inv_freq
+from fdecode.models.mtp.nextn import NextNMTPHead
+from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
+from fdecode.models.layers.rope import rope_inv_freq
 
-GLM4_MOE_TYPES = ("glm4_moe",)
 # Glm4MoeConfig's defaults for the fields a config.json may leave out.
 _MOE_DEFAULTS = {"n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "n_group": 1,
                  "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_shared_experts": 1}
@@ -42,9 +43,10 @@ class Glm4MoeConfig(ModelConfig):
     partial_rotary_factor: float = _DEFAULT_PARTIAL_ROTARY  # only the first head_dim * factor dims rotate
     mtp_num_layers: int = 0  # num_nextn_predict_layers: MTP modules the checkpoint may carry
 
+    families: ClassVar[tuple[str, ...]] = ("glm4_moe",)
+
     def __post_init__(self) -> None:
-        if self.model_type not in GLM4_MOE_TYPES:
-            raise ValueError(f"unsupported model_type {self.model_type!r} for Glm4MoeConfig")
+        self.check_model_type()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
@@ -57,11 +59,10 @@ class Glm4MoeConfig(ModelConfig):
 
 def config_from_hf(hf: dict[str, object]) -> Glm4MoeConfig:
     """Glm4MoeConfig from a config.json dict (transformers 5 or GLM's own field names)."""
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; fdecode implements silu")
+    check_silu(hf)
     rope = dict(hf.get("rope_parameters") or {})
     partial = float(rope.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or _DEFAULT_PARTIAL_ROTARY)
-    rope_theta, rope_scaling = _rope_from_hf({**hf, "rope_parameters": rope})
+    rope_theta, rope_scaling = rope_from_hf({**hf, "rope_parameters": rope})
     cfg = Glm4MoeConfig(
         **shape_fields(hf),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
@@ -102,4 +103,4 @@ class Glm4MoeMTPHead(NextNMTPHead):
         super().__init__(cfg, layer=glm_layer, rotary=PartialRotaryEmbedding(cfg, cfg.rotary_dim))
 
 
-GLM4_MOE = Family(config_from_hf, nextn_mtp.rename, Glm4MoeModel, Glm4MoeMTPHead)
+GLM4_MOE = Family(config_from_hf, rename_nextn, Glm4MoeModel, Glm4MoeMTPHead)

@@ -1,6 +1,6 @@
 """Partial RoPE: only the first `rotary_dim` channels of each head rotate, the rest pass through.
 
-The rotated part follows `fdecode.models.rope` exactly (rotate_half convention, every scaling type),
+The rotated part follows `fdecode.models.layers.rope` exactly (rotate_half convention, every scaling type),
 over a head of `rotary_dim` channels: inv_freq[i] = theta ** (-2i / rotary_dim). Qwen3.5's
 multimodal RoPE (mrope) equals this for text, where the temporal, height and width positions coincide.
 """
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.rope import RotaryEmbedding
+from fdecode.models.layers.rope import RotaryEmbedding
 
 
 def rotary_config(cfg: ModelConfig, rotary_dim: int) -> ModelConfig:

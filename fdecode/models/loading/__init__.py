@@ -1,0 +1,2 @@
+"""Hugging Face loading: `hf` (`from_hf`, `save_hf`), `checkpoint` (per-tensor safetensors reads),
+`expert_weights` (per-expert keys into stacked experts), `eos` (a model's stop ids)."""
