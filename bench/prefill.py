@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--json", default="bench/prefill.json")
+    p.add_argument("--json", default="bench/results/prefill.json")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see above)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
