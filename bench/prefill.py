@@ -29,7 +29,7 @@ import torch
 
 import fdecode
 import fdecode.ops.attention as attention
-from fdecode.bench import _synchronize, llama
+from fdecode.bench import llama, synchronize
 
 _in_attention = [0.0]  # seconds spent in the reference attention since the last reset
 
@@ -49,7 +49,7 @@ def time_prefill(step, prompts) -> tuple[float, float]:
     _in_attention[0] = 0.0
     start = time.perf_counter()
     state = step.prefill(prompts, max_new_tokens=16)
-    _synchronize()
+    synchronize()
     seconds = time.perf_counter() - start
     del state
     return seconds, _in_attention[0]
