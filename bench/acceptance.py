@@ -43,7 +43,7 @@ def main() -> int:
     print("| draft | K=1 | K=2 | K=3 | K=4 |\n|---|---|---|---|---|")
     for name in drafts:
         print(f"| {name} | " + " | ".join(f"{table[(name, k)]:.2f}" for k in (1, 2, 3, 4)) + " |")
-    with open("bench/acceptance.json", "w") as f:
+    with open("bench/results/acceptance.json", "w") as f:
         json.dump({f"{name} K={k}": v for (name, k), v in table.items()}, f, indent=1)
     return 0
 

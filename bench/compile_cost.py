@@ -41,7 +41,7 @@ def _measure(batch: int, plan: str) -> dict:
 
     import fdecode
     from fdecode.bench import llama
-    from fdecode.bench_sampling import VOCAB
+    from fdecode.bench.sampling import VOCAB
 
     def cpu() -> float:
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--backend", default="inductor")
-    p.add_argument("--json", default="bench/context.json")
+    p.add_argument("--json", default="bench/results/context.json")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = p.parse_args(argv)
     if args.threads:

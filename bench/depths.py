@@ -1,6 +1,6 @@
 """Each depth of the real pair's step, fixed and adaptive, side by side in one process.
 
-    python bench/depths.py --json bench/depths.json      # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
+    python bench/depths.py --json bench/results/depths.json      # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
 
 One step is compiled (inductor, greedy graph, one 256-token window, `adaptive_depth=True`); each depth's
 graph is compiled before anything is timed (`warmup(depths=...)`). For every prompt the script decodes

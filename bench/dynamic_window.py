@@ -21,16 +21,16 @@ import time
 import torch
 
 import fdecode
-from fdecode.bench import _synchronize, fdecode_loop, llama
+from fdecode.bench import fdecode_loop, llama, synchronize
 
 
 def decode(step, prompts, new_tokens: int, steps: int) -> tuple[float, list]:
     """Seconds per step of one greedy run of `steps` steps from a fresh prefill (device-resident, outputs
-    read at the end: `fdecode.bench.fdecode_loop`), and the tokens."""
-    _synchronize()
+    read at the end: `fdecode.bench.loops.fdecode_loop`), and the tokens."""
+    synchronize()
     start = time.perf_counter()
     outs, _ = fdecode_loop(step, prompts, new_tokens, steps)
-    _synchronize()
+    synchronize()
     return (time.perf_counter() - start) / steps, outs
 
 

@@ -25,7 +25,7 @@ import time
 import torch
 
 import fdecode
-from fdecode.bench import _synchronize, fdecode_loop
+from fdecode.bench import fdecode_loop, synchronize
 from fdecode.models.families.glm4_moe import Glm4MoeConfig, Glm4MoeModel, Glm4MoeMTPHead
 from fdecode.models.moe_config import MoEConfig
 
@@ -45,7 +45,7 @@ def glm_shaped(num_experts: int, *, hidden: int, vocab: int, top_k: int, seed: i
 def time_steps(step, prompts, new_tokens: int, steps: int) -> float:
     """Seconds per step over `steps` device-resident steps after a fresh prefill (not timed)."""
     state = step.prefill(prompts, max_new_tokens=new_tokens)
-    _synchronize()
+    synchronize()
     start = time.perf_counter()
     for _ in range(steps):
         state, out = step(state)

@@ -29,7 +29,7 @@ import torch
 
 import fdecode
 import fdecode.ops.attention as attention
-from fdecode.bench import _synchronize, llama
+from fdecode.bench import llama, synchronize
 
 _in_attention = [0.0]  # seconds spent in the reference attention since the last reset
 
@@ -49,7 +49,7 @@ def time_prefill(step, prompts) -> tuple[float, float]:
     _in_attention[0] = 0.0
     start = time.perf_counter()
     state = step.prefill(prompts, max_new_tokens=16)
-    _synchronize()
+    synchronize()
     seconds = time.perf_counter() - start
     del state
     return seconds, _in_attention[0]
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--json", default="bench/prefill.json")
+    p.add_argument("--json", default="bench/results/prefill.json")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see above)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """Where a step's time goes on the real pair, against what this machine's memory bandwidth allows.
 
     python bench/step_phases.py                 # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
-    python bench/step_phases.py --k 8 --json bench/step_phases.json
+    python bench/step_phases.py --k 8 --json bench/results/step_phases.json
 
 At B = 1 a decoder forward is bound by reading its weights: every row of a verify, and every draft
 forward, reads all of them once. The script measures the read bandwidth (the median of summing a

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     p.add_argument("--backend", default="inductor")
-    p.add_argument("--json", default="bench/ttft.json")
+    p.add_argument("--json", default="bench/results/ttft.json")
     p.add_argument("--full-static", action="store_true", help="stream every graph-per-window run to max_seq_len "
                    "too (each later window compiles: minutes each); by default those stop at their first token")
     p.add_argument("--child", nargs=3, metavar=("MAX_SEQ_LEN", "DYNAMIC", "FIRST_ONLY"), help=argparse.SUPPRESS)

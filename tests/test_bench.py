@@ -124,13 +124,13 @@ def test_transformers_copies_of_a_target_with_an_mtp_head_load_without_a_report(
     """The bench's transformers pair leaves the MTP head out: no "UNEXPECTED mtp.*" load report."""
     import logging
 
-    from fdecode.bench import _hf_pair, llama
+    from fdecode.bench import hf_pair, llama
     from fdecode.models import MTPHead
 
     target, draft = llama(256, 64, 2, seed=1), llama(256, 64, 1, seed=2)
     target.mtp = MTPHead.random(target.config, seed=3).bind(target)
     logger = logging.getLogger("transformers")  # its own handler, which pytest's capture does not see
     monkeypatch.setattr(logger, "handlers", [*logger.handlers, caplog.handler])
-    hf_target, _ = _hf_pair(target, draft)
+    hf_target, _ = hf_pair(target, draft)
     assert "UNEXPECTED" not in caplog.text and "mtp" not in caplog.text
     assert not any(name.startswith("mtp") for name in hf_target.state_dict())

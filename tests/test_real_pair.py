@@ -54,7 +54,7 @@ def test_truncated_real_pair_is_lossless_at_its_real_vocabulary(pair):
 def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
     """`fdecode bench --workloads qwen-coder` end to end (eager, K = 2, 6 tokens): every system commits
     target-only's tokens (the workload refuses otherwise) and the rows say what each ran."""
-    from fdecode.bench_pair import run_pair_workload
+    from fdecode.bench.pair import run_pair_workload
 
     target, draft, tokenizer = pair
     for model in (target, draft):

@@ -20,7 +20,7 @@ import time
 import torch
 
 import fdecode
-from fdecode.bench import _synchronize
+from fdecode.bench.timing import synchronize
 
 VOCAB = 151_936
 SYSTEMS = {
@@ -49,12 +49,12 @@ def run_sampling_workload(
         plan = step.plan_for(state).name
         window = step.config.bucket_for(state.max_position) * step.config.block_size
         outs = []
-        _synchronize()
+        synchronize()
         start = time.perf_counter()
         for _ in range(steps):
             state, out = step(state)
             outs.append(out.num_tokens)
-        _synchronize()
+        synchronize()
         seconds = time.perf_counter() - start
         committed = float(torch.stack(outs).float().mean())
         return seconds / steps, committed, plan, window

@@ -35,6 +35,7 @@ import torch
 import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.bench.results import Result
 from fdecode.ops.plan import GREEDY
 
 PROMPTS = {
@@ -133,10 +134,8 @@ def load_pair(*, hf: bool = True) -> tuple | None:
 
 def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
                       backend: str = "auto") -> list:
-    """The rows of the workload (`fdecode.bench.Result`) for `pair` (`load_pair`'s five; the transformers
-    models may be None: no transformers rows)."""
-    from fdecode.bench import Result
-
+    """The rows of the workload (`fdecode.bench.results.Result`) for `pair` (`load_pair`'s five; the
+    transformers models may be None: no transformers rows)."""
     target, draft, tokenizer, hf_target, hf_draft = pair
     hf = hf_target is not None
     print(f"... qwen-coder: compiling the B=1 step's depths 1 .. {k}", file=sys.stderr, flush=True)
@@ -174,13 +173,13 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
             extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None}
             if launches is not None:
                 extra["depths_launched"] = launches
-            rows.append(_row(Result, f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
+            rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
     if batch4:
-        rows += _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step, Result, backend)
+        rows += _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step, backend)
     return rows
 
 
-def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, Result, backend) -> list:
+def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, backend) -> list:
     prompts = [chat_ids(tokenizer, text) for text in BATCH]
     print(f"... qwen-coder: compiling the B=4 step (depth {k})", file=sys.stderr, flush=True)
     step = _compiled(target, draft, k, len(prompts), backend)
@@ -203,7 +202,7 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, Res
             extra.update(compile_s=compile_s, depths_launched=launches)
         else:  # transformers' padded batch against each prompt alone
             extra["tokens_equal_batch_1"] = [t == a for t, a in zip(tokens, alone)]
-        rows.append(_row(Result, "qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
+        rows.append(_row("qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
     return rows
 
 
@@ -212,7 +211,7 @@ def _one(run):
     return tokens[0], steps, launches
 
 
-def _row(Result, workload, system, batch, k, new_tokens, seconds, steps, extra):
+def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
     """A `Result`: tokens/s over new_tokens per lane (median, min, max of the repetitions)."""
     total = new_tokens * batch
     med = statistics.median(seconds)

@@ -1,0 +1,5 @@
+"""`python -m fdecode.bench`: the same as `fdecode bench`."""
+
+from fdecode.bench.cli import main
+
+raise SystemExit(main())

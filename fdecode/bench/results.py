@@ -1,0 +1,45 @@
+"""The rows `fdecode bench` reports, and their markdown table.
+
+A `Result` is one system on one workload at one batch size and K: tokens per second (the median
+of the timed runs, with the min and max), milliseconds per step, mean tokens per lane-step, and for
+the compiled fdecode step the compute floor and the overhead fraction 1 - floor / step. `extra` holds
+what a workload adds (the backend that ran, the prompt, the depths launched ..). `--json` writes the
+rows as they are (`dataclasses.asdict`), so the fields here are the JSON's fields. `markdown` renders
+rows as the table the CLI prints and BENCHMARKS.md quotes. The real-vocabulary sampling workload has
+rows of its own (`fdecode.bench.sampling`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Result:
+    workload: str
+    system: str
+    batch: int
+    k: int
+    tokens_per_s: float
+    tokens_per_s_min: float
+    tokens_per_s_max: float
+    step_ms: float
+    tokens_per_step: float
+    floor_ms: float | None = None
+    overhead: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def markdown(results: list[Result]) -> str:
+    lines = [
+        "| workload | B | K | system | tok/s (min-max) | ms/step | tok/lane-step | floor ms | overhead |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        floor = f"{r.floor_ms:.2f}" if r.floor_ms is not None else ""
+        over = f"{r.overhead:.0%}" if r.overhead is not None else ""
+        lines.append(
+            f"| {r.workload} | {r.batch} | {r.k} | {r.system} | {r.tokens_per_s:.0f} ({r.tokens_per_s_min:.0f}-"
+            f"{r.tokens_per_s_max:.0f}) | {r.step_ms:.2f} | {r.tokens_per_step:.2f} | {floor} | {over} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""Timing for the benchmarks: wall-clock runs of whole systems, compared side by side.
+
+`synchronize` waits for the accelerator (if any), so that a timed interval holds the work it
+launched. `interleaved_runs` times several systems in one process: one untimed warm-up call of each
+(which compiles), then the timed repetitions round-robin, every system once per round, so that a slow
+drift of a shared machine's speed lands on every system alike instead of on whichever ran during it;
+each system's figure is the median with min and max. `median_run` is the same for a single function.
+The ratios between systems timed together are what a benchmark here reports: absolute times depend on
+the machine and its load.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def synchronize() -> None:
+    """Wait for the accelerator (if any), so a timed run includes the work it launched."""
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    if accelerator is not None and torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
+def median_run(fn, reps: int) -> tuple[float, float, float, object]:
+    """(median, min, max seconds, last result) of `fn` over `reps` runs after one warm-up call."""
+    return interleaved_runs({"fn": fn}, reps)["fn"]
+
+
+def interleaved_runs(fns: dict, reps: int) -> dict[str, tuple[float, float, float, object]]:
+    """name -> (median, min, max seconds, last result) of each fn, after one warm-up call each (compiles).
+
+    The repetitions go round-robin (every fn once, then every fn again ..), so a slow drift of a shared
+    machine's speed (its other core, memory bandwidth) lands on every system alike instead of on whichever
+    ran during it: the ratios between rows are what a benchmark here reports."""
+    results = {name: fn() for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            synchronize()
+            start = time.perf_counter()
+            results[name] = fn()
+            synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), min(t), max(t), results[name]) for name, t in times.items()}
