@@ -87,8 +87,8 @@ def load():
 @contextlib.contextmanager
 def _one_gguf_parse():
     """transformers parses the GGUF three times (config, weights, tokenizer) and builds gguf's tensor-name
-    map once per tensor; inside this block each file is parsed once and each map built once (measured: a
-    64 s load of this model spent 28 s parsing and 14 s building maps). Both are pure functions of their
+    map once per tensor; inside this block each file is parsed once and each map built once (most of a
+    load's time went to those). Both are pure functions of their
     arguments; the originals are put back on exit."""
     import gguf
 

@@ -1,12 +1,11 @@
 """`weight_stationary`: an Inductor pass that runs the few-row matmuls of a CPU step as weight @ rows^T.
 
 A linear over a few rows lowers to mm(x [M, k], w^T [k, n]). With M = 2 .. 64 rows (a verify's K + 1
-per lane) and the CPU's BLAS at one or two threads, that call costs 1.6x-1.8x one row's matrix-vector
-product, which streams the weight once: measured on this project's 2-core CI machine (MKL, float32,
-SmolLM2-135M's 30 layers of shapes, one thread: 64 ms for one row, 104-114 ms for four). The same
-product computed the other way round, (w [n, k] @ x^T [k, M])^T, streams the weight as the single row
-does and costs 67-95 ms for 2-8 rows (the product comes out transposed and is copied back to row-major
-order, a few rows' worth, by an extern call: `aten._reshape_copy`, see `_row_major`). That difference is most of a CPU
+per lane) and the CPU's BLAS at one or two threads, that call costs well over one row's matrix-vector
+product, which streams the weight once. The same product computed the other way round,
+(w [n, k] @ x^T [k, M])^T, streams the weight as the single row does (the product comes out transposed
+and is copied back to row-major order, a few rows' worth, by an extern call: `aten._reshape_copy`, see
+`_row_major`); BENCHMARKS.md has the figures. That difference is most of a CPU
 verify's price over a one-token step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
 already) and more than `MAX_ROWS` rows are left alone. The result is the same product: only the
 summation order inside the BLAS call may differ, by float rounding.
@@ -21,7 +20,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 aten = torch.ops.aten
-MAX_ROWS = 64  # a verify of 16 lanes at K = 3; measured no slower than mm(x, w^T) up to here
+MAX_ROWS = 64  # a verify of 16 lanes at K = 3; no slower than mm(x, w^T) up to here (BENCHMARKS.md)
 TRANSPOSES = (aten.permute.default, aten.t.default)
 
 
@@ -54,10 +53,10 @@ def _row_major(graph: torch.fx.Graph, product: torch.fx.Node) -> torch.fx.Node:
     nor fuses (`_reshape_copy` has no Inductor lowering or decomposition: an implicit fallback).
 
     Why not a fused copy: Inductor 2.13's C++ kernels read the transposed products wrongly once several are
-    fused with their consumers (a 2-layer DeepSeek-shaped model's logits differed from eager by 1.5-1.7 with
-    three residual-stream products rewritten; right with `cpp.simdlen=1`). Why not a Python custom op (the
-    first version): its dispatch cost ~90 us a call, 20 ms a step over SmolLM2's 211 linears; this call is
-    the copy alone (SmolLM2 verify step 151 -> 136 ms, one thread, `bench`-style interleaved timing)."""
+    fused with their consumers (a DeepSeek-shaped model's logits differed from eager with residual-stream
+    products rewritten; right with `cpp.simdlen=1`; tests/test_cpu_matmul.py). Why not a Python custom op
+    (the first version): its per-call dispatch cost over a step's hundreds of linears; this call is the
+    copy alone."""
     transposed = _call(graph, aten.permute.default, product, [1, 0])  # a strided view
     return _call(graph, aten._reshape_copy.default, transposed, list(transposed.meta["val"].shape))  # row-major
 

@@ -21,12 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step. Measured on a
-# 2-core CPU (BENCHMARKS.md, bench/cold_start.py, bench/regions_step_time.py): a region call costs ~90 us
-# of host time in Inductor's wrapper; the bundled model (7 copies) compiled no faster with regions and
-# stepped 8.5 % slower; a 7-layer target with a 2-layer draft at K = 4 (15 copies) compiled in 62 s
-# instead of 108 s and stepped 6 % slower; the real 28 + 24-layer pair (124 copies) in 178 s instead of
-# 660 s, its 1.8 s step unchanged.
+# `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step: a region call
+# costs host time in Inductor's CPU wrapper, which few copies do not win back in compile time, and many
+# do (BENCHMARKS.md, "Cold start: each layer kind compiled once" and the regions' step time).
 AUTO_MIN_COPIES = 12
 # Distinct layer kinds one region may compile in one graph before torch refuses (its reuse cache). A step
 # sees a handful: the target's layers at K + 1 rows, the draft's at 2 rows and at 1, dense and MoE

@@ -26,15 +26,8 @@ rounded to the nearest 2**-30, so a sum of n of them is off by at most n * 2**-3
 about 7e-5 at n = 152k, and typically by sqrt(n) * 2**-32) and top_p * mass is
 rounded in float32.
 
-Cost per step, measured at V = 151,936, K = 3 (target rows: K + 1 per lane; drafts propose
-from their top-C candidates in every plan, `fdecode.step.propose`), target 256x4, draft 128x1,
-inductor on the project's 2-core CPU, nothing else running (`fdecode bench --workloads
-real-vocab`, step time over the greedy-only graph's, side by side in one run; BENCHMARKS.md):
-
-    plan (lanes)                              B = 1   B = 8
-    greedy (default config, greedy lanes)     0.97x   0.96x
-    top_k<=128 (T=0.7, top_p=0.8, top_k=20)   0.98x   1.06x
-    full+top_p (T=1, top_p=0.95)              0.95x   1.56x
+What each plan costs per step at a real vocabulary: BENCHMARKS.md, "Sampling at a real vocabulary"
+(`fdecode bench --workloads real-vocab`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ target forward. The controller keeps, per lane, how many of the drafts it verifi
 often a verified run ended at a rejection, read one step behind as the Engine reads outputs; a lane's
 acceptance rate is then a = accepted / (accepted + rejections), each count decayed by (1 - weight) per
 observation, starting from `prior` (two pseudo-drafts; 0.8, so a fresh lane starts deep, as a draft
-trained with its target is worth; measured on the real pair, a prior of 0.5 spent a short answer's first
-steps at depth 1). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
+trained with its target is worth: a low prior spends a short answer's first steps shallow). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
 where it runs steadily, and the controller launches the depth with the most expected tokens per unit of
 cost, summed over the running lanes (one depth serves the batch: lanes that disagree are weighed by what
 each would commit). The first step after a shallower one finds fewer drafts in its window; a rate is
