@@ -10,8 +10,8 @@ import torch
 import fdecode
 from fdecode.graphs.backends import choose_attention
 from fdecode.graphs.compile import fresh_code
-import kernel_semantics
 from fdecode.ops.attention import paged_attention, paged_context
+from support import kernel_semantics
 
 
 SHAPES = ((8, 2, 64), (8, 2, 64))  # (num_heads, num_kv_heads, head_dim) of target and draft
@@ -100,7 +100,7 @@ def test_reference_reads_exactly_the_window() -> None:
 
 
 # ------------------------------------------------------------------ device kernels' argument mapping, on CPU
-# (against the kernels' documented semantics: tests/kernel_semantics.py)
+# (against the kernels' documented semantics: tests/support/kernel_semantics.py)
 
 
 def step_rows(last: list[int], q_len: int) -> torch.Tensor:

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft
 from fdecode.config import BACKENDS
 from fdecode.graphs import backends
 from fdecode.graphs import torchair as npu
 from fdecode.ops import histogram, kv
+from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4)
 

@@ -59,10 +59,10 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     and the Engine must have copied a step's output before it launches the next: simulated here by making
     every call of the captured functions write into one persistent buffer."""
     import fdecode
-    from conftest import fdecode_target, independent_draft
     from fdecode.baseline import TargetOnly
     from fdecode.bench import fdecode_loop
     from fdecode.state import StepOutput
+    from support.llama_models import fdecode_target, independent_draft
 
     def replay_like(fn, pick, rebuild):
         buffer = []

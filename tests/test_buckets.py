@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fdecode
-from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
+from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 from torch._dynamo.utils import counters
 
 BUCKETS = (16, 32, 48)  # tokens; max_seq_len 100 adds the whole lane (100) as the last window

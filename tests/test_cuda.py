@@ -10,7 +10,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import fdecode
-from conftest import fdecode_target, independent_draft, steps_without_host_syncs
+from support.llama_models import fdecode_target, independent_draft
+from support.probes import steps_without_host_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is present")
 
@@ -57,7 +58,7 @@ def test_cudagraphs_greedy_equals_eager(recordings):
 
 
 def test_triton_kernel_equals_reference():
-    from test_prepare_triton import compare
+    from support.prepare_cases import compare
 
     from fdecode.ops.prepare_triton import prepare_next_draft_triton
 

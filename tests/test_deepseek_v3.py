@@ -17,7 +17,7 @@ from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.families.deepseek_v3 import DeepseekV3Model, config_from_hf
 from fdecode.models.dense import dense_forward
 from fdecode.models.layers.moe import DeepseekMoE
-from deepseek_models import VOCAB, hf_config, hf_deepseek, prompts
+from support.deepseek_models import VOCAB, hf_config, hf_deepseek, prompts
 
 VARIANTS = {
     "q_lora": {},

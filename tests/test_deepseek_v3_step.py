@@ -17,10 +17,10 @@ from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.families.deepseek_v3 import DeepseekV3Model
 from fdecode.models.moe_config import MoEConfig
 from fdecode.models.mtp.nextn import NextNMTPHead
-from deepseek_models import (
+from support.deepseek_models import (
     NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
 )
-from hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
+from support.hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 
 def test_target_as_its_own_draft_accepts_every_draft() -> None:
@@ -100,7 +100,7 @@ TINY_MLA = DeepseekV3Config(
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs,
     K = 2 with another random DeepSeek as the draft: a chi-square test against the exact distribution."""
-    from test_sampling import assert_two_new_tokens_follow_the_target
+    from support.stats import assert_two_new_tokens_follow_the_target
 
     target = DeepseekV3Model.random(TINY_MLA, seed=11, std=0.6)
     draft = DeepseekV3Model.random(TINY_MLA, seed=12, std=0.6)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
-from test_random_step import PROMPT, V, exact_distribution, tiny_draft, tiny_target
-from test_sampling import ALPHA, chi2_pvalue
+from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
+from support.stats import ALPHA, chi2_pvalue
+from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
 NEW = 20

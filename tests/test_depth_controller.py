@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, hf_greedy, independent_draft
 from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, step_costs
-from test_random_step import PROMPT, V, exact_distribution, tiny_draft, tiny_target
-from test_sampling import ALPHA, chi2_pvalue
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.stats import ALPHA, chi2_pvalue
+from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 
 K = 4
 COSTS = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a target, and a draft of 0.3 its bytes per proposal

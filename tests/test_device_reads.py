@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from device_reads import DeviceReads, HostSync
+from support.device_reads import DeviceReads, HostSync
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import fdecode
-from conftest import hf_greedy
 from fdecode.runtime.gate import DraftGate
-from test_ngram import NEW, grounded_prompts, ngram_step
-from test_random_step import LANES, PROMPT, check_follows_the_target, tiny_target
+from support.llama_models import hf_greedy
+from support.ngram_steps import NEW, grounded_prompts, ngram_step
+from support.tiny_vocab import LANES, PROMPT, check_follows_the_target, tiny_target
 
 
 def test_first_row_steps_commit_the_target_only_tokens():
@@ -38,7 +38,7 @@ def test_first_row_steps_commit_the_target_only_tokens():
 def test_first_row_steps_with_a_model_draft_stay_lossless(draft_kind):
     """`speculate=False` is any step's, not only an n-gram one's: a first-row step commits one token and
     the next window is drafted from it (as after a step that rejected every draft)."""
-    from test_lossless import PROMPTS, build
+    from support.runs import PROMPTS, build
 
     step, layers = build("self", draft_kind, 3)
     state = step.prefill(list(PROMPTS), max_new_tokens=NEW)

@@ -2,7 +2,7 @@
 
 A larger draft's extra ids are never proposed; the target ids a smaller draft lacks are never drafted
 and come from the residual draw. Greedy lanes still commit transformers' greedy tokens, and random
-lanes the target's exact distribution (the V = 5 enumeration of test_random_step).
+lanes the target's exact distribution (the V = 5 enumeration of support/tiny_vocab.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fdecode
-from conftest import VOCAB, fdecode_target, hf_greedy, independent_draft
 from fdecode.models import LlamaModel
-from test_random_step import LANES, TINY, V, exact_distribution, sampled_sequences, tiny_target
-from test_sampling import ALPHA, chi2_pvalue
+from support.llama_models import VOCAB, fdecode_target, hf_greedy, independent_draft
+from support.stats import ALPHA, chi2_pvalue
+from support.tiny_vocab import LANES, TINY, V, exact_distribution, sampled_sequences, tiny_target
 
 PROMPTS = [(5, 17, 33, 2), (90, 91, 3), (95, 80, 81, 82)]  # ids 80 .. 95 are missing from the smaller draft
 

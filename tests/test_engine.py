@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fdecode
-from conftest import VOCAB, fdecode_target, independent_draft
+from support.llama_models import VOCAB, fdecode_target, independent_draft
 
 K = 2
 
@@ -219,9 +219,9 @@ def device_tensors(step, state) -> list[torch.Tensor]:
 def test_admission_and_cancellation_never_wait_for_the_device():
     """Every engine.step() (launch, read, admissions of greedy and random requests, block-table growth)
     and cancel() of running and waiting requests, under a mode that raises on any host read of a device
-    tensor and on any blocking host <-> device copy (`tests/device_reads.py`); the tokens are those
+    tensor and on any blocking host <-> device copy (`tests/support/device_reads.py`); the tokens are those
     of the same schedule run without the mode."""
-    from device_reads import DeviceReads
+    from support.device_reads import DeviceReads
 
     def schedule(engine):
         events = []

@@ -1,7 +1,7 @@
 """The model's EOS ids are the default stop, as in transformers' `generate` (issue 18, item 1).
 
 Oracle: transformers' `generate(do_sample=False)` with the model's default generation config (eos from
-its config), on the tiny random Llama of conftest with `eos_token_id` set to a token its greedy
+its config), on the tiny random Llama of support/llama_models.py with `eos_token_id` set to a token its greedy
 continuation reaches after a few steps.
 """
 
@@ -14,8 +14,8 @@ import torch
 import transformers
 
 import fdecode
-from conftest import hf_config, hf_greedy, hf_target, independent_draft
 from fdecode.models import from_hf
+from support.llama_models import hf_config, hf_greedy, hf_target, independent_draft
 
 PROMPT = [1, 3]
 NEW = 20
@@ -33,7 +33,7 @@ def eos_ids() -> tuple[int, int]:
 
 
 def hf_with_eos(eos) -> transformers.LlamaForCausalLM:
-    """conftest's target with `eos_token_id=eos` in its config (and so in its default generation config)."""
+    """llama_models' target with `eos_token_id=eos` in its config (and so in its default generation config)."""
     model = transformers.LlamaForCausalLM(hf_config(2, eos_token_id=eos)).eval()
     model.load_state_dict(hf_target(2).state_dict())
     return model

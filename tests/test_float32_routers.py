@@ -12,10 +12,10 @@ import torch
 import transformers
 
 import fdecode
-from deepseek_models import hf_deepseek, random_mtp_state, save_with_mtp
 from fdecode.models import from_hf
 from fdecode.models.layers.routing import SigmoidRouter
-from glm_models import hf_glm, save_glm
+from support.deepseek_models import hf_deepseek, random_mtp_state, save_with_mtp
+from support.glm_models import hf_glm, save_glm
 
 ROWS = 4096
 

@@ -12,8 +12,8 @@ import fdecode
 from fdecode.models import from_hf
 from fdecode.models.loading.checkpoint import CheckpointTensors
 from fdecode.models.families.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
-from glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
-from hybrid_models import assert_prefill_logits_match, compiled, run, staggered
+from support.glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
+from support.hybrid_models import assert_prefill_logits_match, compiled, run, staggered
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -155,7 +155,7 @@ def test_inspect_one_graph_no_breaks_no_syncs() -> None:
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lane-runs of
     the GLM MoE target with its MTP head, K = 2: a chi-square test against the exact distribution."""
-    from test_sampling import assert_two_new_tokens_follow_the_target
+    from support.stats import assert_two_new_tokens_follow_the_target
 
     from fdecode.models.families.glm4_moe import Glm4MoeConfig
     from fdecode.models.moe_config import MoEConfig

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft, largest_cpu_allocation, mtp_head
 from fdecode.state import DecodeState
+from support.llama_models import fdecode_target, independent_draft, mtp_head
+from support.probes import largest_cpu_allocation
 
 # Writes through a view of the KV leaf (or the functional index_copy) make the compiled
 # step copy the whole cache every call; the cache must only ever be written by index_put.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 import fdecode
-from conftest import fdecode_target, fresh_forward, independent_draft, mtp_head
 from fdecode.ops import slot_of
+from support.llama_models import fdecode_target, fresh_forward, independent_draft, mtp_head
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
 

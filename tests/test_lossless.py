@@ -10,47 +10,11 @@ import pytest
 import torch
 
 import fdecode
-import kernel_semantics
 from fdecode.graphs import backends
 from fdecode.ops import kv
-from conftest import fdecode_target, hf_greedy, independent_draft, mtp_head
-
-PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
-NEW = 20
-
-
-def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None, **sampling):
-    """generate() plus the per-step accepted lengths of the active lanes."""
-    lengths = []
-    state = step.prefill(prompts, max_new_tokens=max_new_tokens, eos_token_id=eos, **sampling)
-    outs = [[] for _ in prompts]
-    out, from_step = state.step_output, False
-    while True:
-        packed = out.packed
-        for lane in range(len(prompts)):
-            n = int(packed[lane, -2])
-            outs[lane] += packed[lane, :n].tolist()
-            if n and from_step:
-                lengths.append(n)
-        if bool(out.finished[: len(prompts)].all()):
-            return outs, lengths
-        state, out = step(state)
-        from_step = True
-
-
-def build(kind: str, draft_kind: str, k: int, backend: str = "eager", **changes):
-    layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
-    target = fdecode_target(layers)
-    if draft_kind == "mtp":
-        draft = mtp_head(kind, target)
-    elif draft_kind == "ngram":
-        draft = "ngram"
-    else:
-        draft = independent_draft(kind, target)
-    cfg = fdecode.DecodeConfig(
-        **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": backend, **changes}
-    )
-    return fdecode.compile(target, draft, cfg), layers
+from support import kernel_semantics
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.runs import NEW, PROMPTS, build, run
 
 
 def check_against_hf(step, layers, eos=None):
@@ -151,7 +115,7 @@ def test_greedy_equals_transformers_with_the_npu_kv_write(draft_kind, monkeypatc
 @pytest.mark.parametrize("kernel", ["flash_attn", "npu_fused_infer_attention"])
 def test_greedy_equals_transformers_through_a_device_kernel_adapter(kernel, draft_kind, monkeypatch):
     """Whole generations through a device kernel's adapter, the kernel being its documented semantics
-    (tests/kernel_semantics.py): every forward's rows (verify, repair + current, single drafts, prefill)
+    (tests/support/kernel_semantics.py): every forward's rows (verify, repair + current, single drafts, prefill)
     see the right keys. For the NPU, with its KV write too: the NPU step, less the device."""
     monkeypatch.setitem(backends.ATTENTION_ELIGIBILITY, kernel, lambda cfg, shapes: None)  # only the device check
     if kernel == "npu_fused_infer_attention":

@@ -15,9 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import deepseek_models
-import glm_models
-import hybrid_models
 from fdecode.baseline import BeforeLoop
 from fdecode.models import from_hf
 from fdecode.models.loading.checkpoint import CheckpointTensors
@@ -26,7 +23,8 @@ from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.mtp.head import MTPHead
 from fdecode.models.mtp.nextn import NextNMTPHead
 from fdecode.ops.attention import paged_context
-from hybrid_models import PROMPTS, compiled, run
+from support import deepseek_models, glm_models, hybrid_models
+from support.hybrid_models import PROMPTS, compiled, run
 
 
 def save_deepseek(folder, *, layers: int, declared: int | None = None) -> None:

@@ -12,26 +12,11 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, hf_greedy
 from fdecode.ops.ngram import lookup, lookup_list
-from test_lossless import run
-from test_random_step import LANES, PROMPT, check_follows_the_target, tiny_target
-
-NEW = 20
-BASE = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
-
-
-def ngram_step(k=3, max_batch=4, backend="eager", draft="ngram", **changes):
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=max_batch, max_seq_len=96, block_size=4, backend=backend,
-                               **changes)
-    return fdecode.compile(fdecode_target(2), draft, cfg)
-
-
-def grounded_prompts() -> list[tuple[int, ...]]:
-    """Lane 0 holds its own greedy continuation (long matches), lane 1 is two tokens (no earlier
-    occurrence of anything at first), lane 2 ends in a repeat whose match runs to the end of the history."""
-    first = hf_greedy(BASE[0], NEW)
-    return [BASE[0] + tuple(first[:12]) + BASE[0], BASE[1], BASE[2] + (80, 81, 82)]
+from support.llama_models import fdecode_target, hf_greedy
+from support.ngram_steps import NEW, grounded_prompts, ngram_step
+from support.runs import run
+from support.tiny_vocab import LANES, PROMPT, check_follows_the_target, tiny_target
 
 
 @pytest.mark.parametrize(("max_n", "min_n"), [(3, 1), (2, 2), (4, 2), (1, 1)])
@@ -179,7 +164,7 @@ def test_the_before_loop_looks_up_on_the_host_and_matches():
 def test_a_hybrid_target_with_ngram_drafts_equals_transformers():
     """Qwen3.5 (Gated DeltaNet + gated attention): the verify's recurrent rollback works with lookup drafts
     (a prompt that repeats itself, so drafts are accepted and rejected)."""
-    import hybrid_models
+    from support import hybrid_models
 
     first = hybrid_models.hf_greedy(hybrid_models.PROMPTS[0])
     prompts = [hybrid_models.PROMPTS[0] + tuple(first) + hybrid_models.PROMPTS[0], hybrid_models.PROMPTS[2]]

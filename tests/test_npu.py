@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, independent_draft, mtp_head, steps_without_host_syncs
 from fdecode.graphs import torchair as npu
+from support.llama_models import fdecode_target, independent_draft, mtp_head
+from support.probes import steps_without_host_syncs
 
 UNAVAILABLE = npu.availability_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs an Ascend NPU: {UNAVAILABLE}")

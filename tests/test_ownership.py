@@ -16,7 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import fdecode
-from conftest import fdecode_target, independent_draft
+from support.llama_models import fdecode_target, independent_draft
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
 OTHER = [[40, 41, 42, 43, 44, 45], [3, 3, 3], [90, 1]]

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, hf_greedy, independent_draft
 from fdecode import SamplingParams
 from fdecode.ops.filters import candidate_filter, full_filter
 from fdecode.seeds import derived
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, backend="eager")
 PROMPTS = [[5, 6, 7], [9, 1], [3, 3, 4, 8]]

@@ -20,63 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-WIDTHS = (1, 3, 64, 130, 257)
-BLOCK_SIZES = (1, 2, 4, 16)
-COMBINATIONS = len(DTYPES) * len(WIDTHS) * len(BLOCK_SIZES)  # trial i takes combination i mod 60
-
-
-def random_case(gen: torch.Generator, device: str, trial: int = 0):
-    """One random input set for `prepare_next_draft` (see the module docstring for what it covers): the
-    dtype, hidden width and block size of combination `trial` (every one in 60 trials), the rest random."""
-
-    def randint(lo: int, hi: int, shape=()) -> torch.Tensor:  # inclusive bounds
-        return torch.randint(lo, hi + 1, shape, generator=gen)
-
-    batch, k = int(randint(1, 9)), int(randint(0, 5))
-    dtype = DTYPES[trial % len(DTYPES)]
-    width = WIDTHS[trial // len(DTYPES) % len(WIDTHS)]
-    block_size = BLOCK_SIZES[trial // (len(DTYPES) * len(WIDTHS)) % len(BLOCK_SIZES)]
-    window, max_blocks = k + 1, int(randint(1, 6))
-    lengths = randint(0, window, (batch,))
-    lengths[0] = window  # every case has a fully accepted lane and (below) an L = 1 and an inactive lane
-    if batch > 1:
-        lengths[1] = 1
-    if batch > 2:
-        lengths[2] = 0
-    tokens = randint(0, 1000, (batch, window))
-    accepted = torch.where(torch.arange(window)[None] < lengths[:, None], tokens, torch.full_like(tokens, -1))
-    base_pos = randint(-3, max_blocks * block_size + 2, (batch,))
-    tables = randint(-2, 40, (batch, max_blocks))
-    big = torch.randn(batch, window + 1, width + 5, generator=gen).to(dtype)
-    hidden = big[:, 1:, 2 : 2 + width]  # strided: not contiguous
-    placeholder = torch.randn(width, generator=gen).to(dtype)
-    args = (accepted, hidden, placeholder, base_pos, base_pos + 1, tables)
-    return tuple(a.to(device) for a in args) + (block_size,)
-
-
-def compare(device: str, trials: int, fn=None) -> int:
-    """Run `trials` random cases through `fn` (default: the registered op) and the reference; returns the count."""
-    from fdecode.ops.prepare import prepare_next_draft_reference
-
-    fn = fn or torch.ops.fdecode.prepare_next_draft
-    gen = torch.Generator().manual_seed(1234)
-    for trial in range(trials):
-        args = random_case(gen, device, trial)
-        got, want = fn(*args), prepare_next_draft_reference(*args)
-        for name, g, w in zip(("tokens", "hidden", "positions", "kv_lens", "slots"), got, want):
-            assert g.dtype == w.dtype and g.shape == w.shape, (trial, name, g.dtype, w.dtype, g.shape, w.shape)
-            assert torch.equal(g.cpu(), w.cpu()), (trial, name, g.cpu(), w.cpu(), [a for a in args])
-    return trials
-
-
-def interpreted_main() -> None:  # run in a subprocess with TRITON_INTERPRET=1
-    from fdecode.ops.prepare_triton import prepare_next_draft_triton
-
-    print("compared", compare("cpu", COMBINATIONS, prepare_next_draft_triton))
+from support.prepare_cases import COMBINATIONS
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)")
@@ -84,7 +29,7 @@ def test_triton_kernel_equals_reference_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), env.get("PYTHONPATH", "")])
-    code = "import test_prepare_triton as t; t.interpreted_main()"
+    code = "import support.prepare_cases as t; t.interpreted_main()"
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert f"compared {COMBINATIONS}" in done.stdout  # every dtype x width x block size once

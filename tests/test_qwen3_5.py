@@ -14,7 +14,9 @@ from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR
 from fdecode.models.families.qwen3_5 import config_from_hf
-from hybrid_models import PATTERNS, assert_prefill_logits_match, hf_config, hf_hybrid, paged, prompts, save_with_mtp
+from support.hybrid_models import (
+    PATTERNS, assert_prefill_logits_match, hf_config, hf_hybrid, paged, prompts, save_with_mtp,
+)
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))

@@ -17,7 +17,7 @@ from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.mtp.hybrid import HybridMTPHead
-from hybrid_models import (
+from support.hybrid_models import (
     NEW, PROMPTS, VOCAB, compiled, hf_greedy, hybrid_target, near_copy, run, save_with_mtp, scratch_states, staggered,
 )
 
@@ -130,7 +130,7 @@ TINY_HYBRID = HybridConfig(
 def test_random_sampling_follows_the_filtered_target() -> None:
     """Two new tokens over a 5-token vocabulary (25 outcomes, enumerated) from 1024 seeded lanes-runs,
     K = 2 with a draft that agrees only partly: a chi-square test against the exact distribution."""
-    from test_sampling import assert_two_new_tokens_follow_the_target
+    from support.stats import assert_two_new_tokens_follow_the_target
 
     target = HybridModel.random(TINY_HYBRID, seed=11, std=0.6)
     draft = near_copy(target, noise=0.6)

@@ -21,7 +21,9 @@ from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.layers.moe import QwenMoE
 from fdecode.models.families.qwen3_5 import moe_config_from_hf
 from fdecode.models.families.qwen3_next import config_from_hf as next_config_from_hf
-from hybrid_models import PATTERNS, PROMPTS, compiled, hf_config, hf_greedy, hf_hybrid, paged, prompts, run, save_with_mtp
+from support.hybrid_models import (
+    PATTERNS, PROMPTS, compiled, hf_config, hf_greedy, hf_hybrid, paged, prompts, run, save_with_mtp,
+)
 
 FAMILIES = ["qwen3_next", "qwen3_5_moe"]
 PATTERN = "full-lin-lin-full"

@@ -16,67 +16,12 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, fresh_forward, hf_greedy, independent_draft
-from fdecode.models import LlamaModel, ModelConfig
-from test_sampling import ALPHA, chi2_pvalue, reference_filter
-
-V = 5
-PROMPT = [1, 3, 2]
-LANES = 64
-TINY = ModelConfig(
-    vocab_size=V, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.runs import partial_step, run_lanes
+from support.stats import ALPHA, chi2_pvalue
+from support.tiny_vocab import (
+    LANES, V, check_follows_the_target, exact_distribution, sampled_sequences, tiny_draft, tiny_target,
 )
-
-
-def tiny_target() -> LlamaModel:
-    return LlamaModel.random(TINY, seed=11, std=0.6)
-
-
-def tiny_draft(kind: str, target: LlamaModel) -> LlamaModel:
-    if kind == "self":
-        return target
-    if kind == "random":
-        return LlamaModel.random(TINY.replace(num_layers=1), seed=5, std=0.6)
-    if kind == "adversarial":  # puts nearly all its mass on one token, whatever the context
-        draft = LlamaModel.random(TINY.replace(num_layers=1), seed=6, std=0.6)
-        with torch.no_grad():
-            draft.lm_head.weight.zero_()
-            draft.lm_head.weight[4] = 50.0
-        return draft
-    raise ValueError(kind)
-
-
-def logits_after(model: LlamaModel, seq: list[int]) -> torch.Tensor:
-    """Next-token logits after `seq` from a plain forward (one lane, fresh cache)."""
-    return fresh_forward(model, seq)[0][0, -1]
-
-
-def exact_distribution(target: LlamaModel, params: dict) -> torch.Tensor:
-    """P(t1, t2, t3 | PROMPT) under the filtered target, enumerated: [V**3] float64."""
-    def dist(seq):
-        return reference_filter(logits_after(target, seq), params["temperature"], params["top_k"], params["top_p"], params["min_p"])
-
-    probs = torch.zeros(V, V, V, dtype=torch.float64)
-    p1 = dist(PROMPT)
-    for a in range(V):
-        if p1[a] == 0:
-            continue
-        p2 = dist(PROMPT + [a])
-        for b in range(V):
-            if p2[b] > 0:
-                probs[a, b] = p1[a] * p2[b] * dist(PROMPT + [a, b])
-    return probs.flatten()
-
-
-def sampled_sequences(step, params: dict, batches: int) -> torch.Tensor:
-    """Three new tokens for LANES x batches independent seeds: [N, 3]."""
-    out = []
-    for batch in range(batches):
-        seeds = [1000 * batch + lane for lane in range(LANES)]
-        got = fdecode.generate(step, [PROMPT] * LANES, max_new_tokens=3, seed=seeds, **params)
-        out.append(torch.tensor(got))
-    return torch.cat(out)
-
 
 CASES = [
     # (draft, K, sampling parameters)
@@ -118,17 +63,6 @@ def test_drafts_truncated_to_their_candidates_keep_the_target_distribution(draft
     check_follows_the_target(step, target, params)
 
 
-def check_follows_the_target(step, target: LlamaModel, params: dict) -> None:
-    """Three new tokens of `step` on LANES x 40 seeds follow the filtered target's distribution (chi-square),
-    and none of them is one the filters exclude."""
-    samples = sampled_sequences(step, params, batches=40)
-    cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
-    expected = exact_distribution(target, params)
-    counts = torch.bincount(cells, minlength=V**3)
-    assert chi2_pvalue(counts, expected) > ALPHA
-    assert expected[counts > 0].min() > 0
-
-
 def test_draft_equal_to_target_accepts_everything():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
@@ -137,16 +71,6 @@ def test_draft_equal_to_target_accepts_everything():
     for _ in range(6):
         state, out = step(state)
         assert out.num_tokens.tolist() == [4, 4, 4, 4]
-
-
-def run_lanes(step, prompts, seeds, temperature=0.9):
-    return fdecode.generate(step, prompts, max_new_tokens=12, temperature=temperature, top_k=20, seed=seeds)
-
-
-def partial_step(backend="eager", k=2):
-    target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=3, max_seq_len=40, block_size=4, backend=backend)
-    return fdecode.compile(target, independent_draft("partial", target), cfg)
 
 
 def test_a_lanes_tokens_do_not_depend_on_the_other_lanes():
@@ -170,7 +94,7 @@ def test_same_seed_same_tokens_in_another_process():
     script = textwrap.dedent(
         """
         import sys; sys.path.insert(0, "tests")
-        import test_random_step as t
+        import support.runs as t
         print(t.run_lanes(t.partial_step(), [[5, 17, 33], [7, 3]], [42, 7]))
         """
     )

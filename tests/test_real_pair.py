@@ -13,7 +13,7 @@ import transformers
 
 import fdecode
 from fdecode.assets import qwen_coder
-from hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
+from support.hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
 
 pytestmark = pytest.mark.skipif(qwen_coder.missing_reason() is not None, reason=str(qwen_coder.missing_reason()))
 

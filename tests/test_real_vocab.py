@@ -17,7 +17,7 @@ import torch
 import fdecode
 from fdecode.models import LlamaModel, ModelConfig
 from fdecode.ops.plan import GREEDY, SamplingPlan
-from test_sampling import ALPHA, chi2_pvalue
+from support.stats import ALPHA, chi2_pvalue
 
 BIG_V = 32_768
 
@@ -73,7 +73,7 @@ def test_plan_follows_the_lanes_parameters():
 def test_admitting_a_random_request_switches_graphs_without_compiling_after_warmup():
     """A greedy batch runs the greedy graph; admitting a random request switches to the sampling graph
     (no new graph after warm-up); when it finishes, the batch is greedy again."""
-    from conftest import fdecode_target, independent_draft
+    from support.llama_models import fdecode_target, independent_draft
 
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="dynamo",
@@ -125,7 +125,7 @@ def test_consecutive_emitted_tokens_are_independent():
 def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
     """Alone, a top_k=10 lane runs the candidate plan; beside a lane without top-k, the batch runs the
     full-vocabulary plan. Both draw in token order from the same filtered distribution: same tokens."""
-    from conftest import fdecode_target, independent_draft
+    from support.llama_models import fdecode_target, independent_draft
 
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")

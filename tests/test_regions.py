@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import fdecode
-from conftest import fdecode_target, mtp_head, truncated
 from fdecode.bench import deepseek_v3
 from fdecode.ops import kv
 from fdecode.models.regions import layer_copies
 from fdecode.ops.attention import paged_context
-from hybrid_models import hybrid_target, near_copy
+from support.hybrid_models import hybrid_target, near_copy
+from support.llama_models import fdecode_target, mtp_head, truncated
 
 K = 3
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]

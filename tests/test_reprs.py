@@ -7,8 +7,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 import fdecode
-from conftest import fdecode_target, independent_draft
 from fdecode.state import StepOutput
+from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, backend="eager")
 

@@ -94,7 +94,7 @@ def test_the_code_path_follows_torch_accelerator(monkeypatch) -> None:
 def test_engine_reads_through_pinned_buffers_and_one_event_on_any_accelerator(fake_accelerator) -> None:
     """With an accelerator (faked: it reports the CPU), the Engine pins its read buffers and staging buffer,
     records its event after each launch or admission and waits on it once per read, as on CUDA."""
-    from conftest import fdecode_target, independent_draft
+    from support.llama_models import fdecode_target, independent_draft
 
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=48, block_size=4, backend="eager")

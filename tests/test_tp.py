@@ -1,6 +1,6 @@
 """Tensor parallelism: 2 gloo processes on CPU against single-process runs of the same models.
 
-The ranks run every scenario of `tp_worker.run_rank` once (module fixture `ranks`);
+The ranks run every scenario of `support.tp_worker.run_rank` once (module fixture `ranks`);
 the tests compare what they saw:
 - greedy TP=2 == TP=1, token for token (independent draft LM, MTP head, captured graph, n-gram drafts);
 - random lanes: both ranks accept the same tokens at every one of 200 steps, with no
@@ -18,7 +18,7 @@ import torch
 
 import fdecode
 from fdecode.models.parallel import check_shardable
-from tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
+from support.tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
 
 WORKER_TIMEOUT_S = 400  # a collective one rank never joins would otherwise hang the suite
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import fdecode
-from tp_worker import (
+from support.tp_worker import (
     PERTURBED_SEEDS, PROMPTS, SAMPLING, accepted_per_step, decode_config, partial_draft, spawn_ranks, target_model,
 )
 

@@ -15,9 +15,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from deepseek_models import deepseek_checkpoint_names
 from fdecode.models import from_hf
 from fdecode.models.families.glm4_moe import Glm4MoeMTPHead
+from support.deepseek_models import deepseek_checkpoint_names
 
 VOCAB = 97
 VARIANTS = {
