@@ -99,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                         dtype=getattr(torch, args.dtype), backend=args.backend,
                     )
             continue
-        if name in PAIR_WORKLOADS:
+        if name in PAIR_WORKLOADS:  # every real-pair name of the command in one run: one load, one compile
+            names = [n for n in args.workloads if n in PAIR_WORKLOADS]
+            if name != names[0]:
+                continue
+            chosen = None if "qwen-coder" in names else tuple(n.removeprefix("qwen-coder-") for n in names)
             pair = load_pair(hf=not args.no_hf)
-            one = None if name == "qwen-coder" else (name.removeprefix("qwen-coder-"),)
             if pair is not None:
-                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1, prompts=one,
-                                             batch4=not args.quick and one is None, backend=args.backend)
+                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1, prompts=chosen,
+                                             batch4=not args.quick and chosen is None, backend=args.backend)
             continue
         if name in REAL_WORKLOADS:
             from fdecode.assets import smollm2

@@ -77,8 +77,10 @@ def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: boo
         engine.depths.depths = (step.config.K,)
     ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
     got = engine.run()
-    launches = {d: n for d, n in engine.depths.launches.items() if n}
-    return [got[i] for i in ids], engine.steps, launches
+    info = {"depths_launched": {d: n for d, n in engine.depths.launches.items() if n}}
+    if adaptive:  # the seconds of each depth the controller weighed (`Step.warmup` timed them)
+        info["depth_costs_s"] = [round(c, 4) for c in engine.depths.costs]
+    return [got[i] for i in ids], engine.steps, info
 
 
 def hf_generate(model, prompts: list[list[int]], new_tokens: int, assistant=None) -> list[list[int]]:
@@ -173,10 +175,9 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
         wrong = [s for s, (_, (tokens, _, _)) in timed.items() if tokens != reference]
         if wrong:
             raise RuntimeError(f"qwen-coder[{name}]: {wrong} disagree with target-only's greedy tokens; no numbers")
-        for system, (seconds, (tokens, steps, launches)) in timed.items():
+        for system, (seconds, (tokens, steps, info)) in timed.items():
             extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None}
-            if launches is not None:
-                extra["depths_launched"] = launches
+            extra.update(info or {})
             rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
     if batch4:
         rows += _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step, backend)
@@ -200,10 +201,10 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
     if timed["fdecode"][1][0] != alone:
         raise RuntimeError("qwen-coder[batch]: the Engine's lanes disagree with batch 1's tokens; no numbers")
     rows = []
-    for system, (seconds, (tokens, steps, launches)) in timed.items():
+    for system, (seconds, (tokens, steps, info)) in timed.items():
         extra = {"prompts": list(BATCH)}
         if system == "fdecode":
-            extra.update(compile_s=compile_s, depths_launched=launches)
+            extra.update(compile_s=compile_s, **info)
         else:  # transformers' padded batch against each prompt alone
             extra["tokens_equal_batch_1"] = [t == a for t, a in zip(tokens, alone)]
         rows.append(_row("qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
@@ -211,8 +212,8 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
 
 
 def _one(run):
-    tokens, steps, launches = run
-    return tokens[0], steps, launches
+    tokens, steps, info = run
+    return tokens[0], steps, info
 
 
 def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):

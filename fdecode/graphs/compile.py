@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves, is_hybrid
 from fdecode.step import decode_step, general_plan
+
+TIMED_RUNS = 3  # `Step.warmup` times each depth's step this many times (the median is its cost)
 
 
 def fresh_code(fn: Callable, name: str) -> Callable:
@@ -269,8 +272,8 @@ class Step:
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
-        Each depth's step is then timed once more at the widest window (the fastest over plans): the
-        seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
+        Each depth's step is then timed at the widest window (the median of `TIMED_RUNS` runs, the fastest
+        plan): the seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
@@ -292,10 +295,13 @@ class Step:
                 state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
             for plan, depth in dict.fromkeys((plan, depth) for _, plan, depth in runs):
-                start = time.perf_counter()
-                state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
-                out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
-                seconds = time.perf_counter() - start
+                times = []
+                for _ in range(TIMED_RUNS):
+                    start = time.perf_counter()
+                    state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
+                    out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
+                    times.append(time.perf_counter() - start)
+                seconds = statistics.median(times)
                 self.depth_seconds[depth] = min(seconds, self.depth_seconds.get(depth, seconds))
         return dict(self.compile_seconds)
 

@@ -6,12 +6,15 @@ and target rows that would be thrown away, and where they are accepted a deep on
 target forward. The controller keeps, per lane, how many of the drafts it verified were accepted and how
 often a verified run ended at a rejection, read one step behind as the Engine reads outputs; a lane's
 acceptance rate is then a = accepted / (accepted + rejections), each count decayed by (1 - weight) per
-observation, starting from `prior` (two pseudo-drafts; 0.8, so a fresh lane starts deep, as a draft
-trained with its target is worth: a low prior spends a short answer's first steps shallow). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
+observation (weight 0.15: a memory of about seven steps), starting from `prior` (two pseudo-drafts; 0.8,
+so a fresh lane starts deep, as a draft trained with its target is worth: a low prior spends a short
+answer's first steps shallow). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
 where it runs steadily, and the controller launches the depth with the most expected tokens per unit of
 cost, summed over the running lanes (one depth serves the batch: lanes that disagree are weighed by what
-each would commit). The first step after a shallower one finds fewer drafts in its window; a rate is
-learnt only from the drafts each step did verify (min(depth, drafts carried)). The costs
+each would commit). It keeps the last depth unless another scores `hysteresis` (5 %) better: a rate
+estimated from a few steps is noisy, and a switch costs: the first step after a shallower one finds
+fewer drafts in its window. A rate is learnt only from the drafts each step did verify (min(depth,
+drafts carried)). The costs
 (`step_costs`) are each depth's step time where `Step.warmup(depths=...)` timed them
 (a verify row is not free on a CPU, which bytes alone miss), else a model, `depth_costs`,
 the bytes of weights a step reads (the target's once, the draft's once per proposal): with the model a
@@ -67,7 +70,7 @@ class DepthController:
     read one step behind; `admit` starts a lane afresh."""
 
     def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
-                 weight: float = 0.25, prior: float = 0.8):
+                 weight: float = 0.15, prior: float = 0.8, hysteresis: float = 0.05):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
             raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
@@ -75,6 +78,10 @@ class DepthController:
             raise ValueError(f"DepthController weight must be in (0, 1], got {weight!r}")
         if not 0 <= prior <= 1:
             raise ValueError(f"DepthController prior must be in [0, 1], got {prior!r}")
+        if not hysteresis >= 0:
+            raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
+        self.hysteresis = hysteresis
+        self.depth: int | None = None  # the last launch's depth (None: none since the batch was empty)
         self.num_draft_tokens, self.costs, self.weight, self.prior = k, list(costs), weight, prior
         self.depths = tuple(range(1, k + 1)) if depths is None else tuple(depths)
         self.lanes: dict[int, list[float]] = {}  # lane -> [accepted drafts, rejections] (decayed, prior included)
@@ -84,6 +91,8 @@ class DepthController:
 
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
+        if not self.lanes:
+            self.depth = None  # a fresh batch: its first depth comes from the priors alone
         self.lanes[lane] = [2 * self.prior, 2 * (1 - self.prior)]
         self.carried[lane] = self.num_draft_tokens
         self.admissions[lane] = self.admissions.get(lane, 0) + 1
@@ -100,11 +109,15 @@ class DepthController:
         def score(depth: int) -> float:  # in the steady state of that depth (its windows carry `depth` drafts)
             return sum(expected_tokens(self.rate(b), depth) for b in self.lanes) / self.costs[depth]
 
-        return max(sorted(self.depths, reverse=True), key=score)  # ties: the deeper step
+        scores = {d: score(d) for d in self.depths}
+        best = max(sorted(self.depths, reverse=True), key=scores.__getitem__)  # ties: the deeper step
+        if self.depth in scores and scores[best] < (1 + self.hysteresis) * scores[self.depth]:
+            return self.depth  # a switch's first step verifies only the drafts carried: not worth a near tie
+        return best
 
     def launch(self) -> tuple[int, dict[int, tuple[int, int]]]:
         """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`."""
-        depth = self.choose()
+        depth = self.depth = self.choose()
         self.launches[depth] += 1
         verified = {b: (min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
         from_step = max(depth, 1)  # what a step of this depth proposes (an LM draft or MTP head)
