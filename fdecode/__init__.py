@@ -1,4 +1,4 @@
-"""fdecode: speculative decoding as one pure, compiled function per decode iteration.
+"""fdecode: speculative decoding as one pure, compiled function per decode iteration (docs/design.md, "Why").
 
     cfg   = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=8, max_seq_len=2048)
     step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, "mtp" or "ngram"

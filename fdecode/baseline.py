@@ -1,4 +1,5 @@
-"""Baselines the benchmarks compare against: the "before" loop and target-only decoding.
+"""Baselines the benchmarks compare against: the "before" loop and target-only decoding
+(docs/design.md, "Why").
 
 `BeforeLoop` is the usual speculative-decoding loop that fdecode replaces. It uses the
 same models, the same compiled forwards and the same semantics (repair row, redirect,

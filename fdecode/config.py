@@ -1,4 +1,4 @@
-"""`DecodeConfig`: the static half of a decode step.
+"""`DecodeConfig`: the static half of a decode step (docs/design.md, "The state").
 
 Everything here is a Python scalar that is baked into the captured graph
 (shapes, K, block size, dtype, device), so the config is frozen and hashable.

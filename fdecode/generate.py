@@ -1,4 +1,4 @@
-"""`fdecode.generate`: the convenience loop, on top of `Engine`.
+"""`fdecode.generate`: the convenience loop, on top of `Engine` (docs/design.md, "The Engine").
 
 Every prompt becomes a request; the engine admits as many as there are lanes
 (and KV blocks), steps until all have finished, and returns each prompt's new

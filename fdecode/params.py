@@ -1,4 +1,5 @@
-"""`SamplingParams`: how one request is decoded, and how a call's arguments become one per request.
+"""`SamplingParams`: how one request is decoded, and how a call's arguments become one per request
+(docs/design.md, "Priming").
 
 `prefill`, `generate` and `Engine.add_request` take either `params=` (one `SamplingParams` for the
 whole call, or one per prompt) or the keyword shortcuts (temperature, top_k, top_p, min_p, seed: a

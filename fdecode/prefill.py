@@ -1,4 +1,4 @@
-"""Priming: the host -> device transition that builds the first `DecodeState`.
+"""Priming: the host -> device transition that builds the first `DecodeState` (docs/design.md, "Priming").
 
 For each prompt p[0 .. n-1] the host
 1. checks it (ids in the vocabulary, length + budget within `max_seq_len`),

@@ -1,4 +1,5 @@
-"""Host values as notebook users hold them, turned into Python values once, before any check.
+"""Host values as notebook users hold them, turned into Python values once, before any check
+(docs/design.md, "Priming").
 
 Every argument that takes a number also takes a numpy scalar (`np.float32(0.7)`, `np.int64(5)`), a 0-d
 numpy array or a 0-d tensor (`logits.argmax()`); every argument that takes token ids (a prompt, stop

@@ -1,4 +1,5 @@
-"""`SeedSource`: the seeds of requests that name none, agreed across tensor-parallel ranks.
+"""`SeedSource`: the seeds of requests that name none, agreed across tensor-parallel ranks
+(docs/design.md, "Tensor parallelism").
 
 A random lane's tokens are a pure function of its seed (`fdecode.ops.random`),
 so every rank of a tensor-parallel step must give a request the same seed, or

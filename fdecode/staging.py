@@ -1,4 +1,5 @@
-"""Host <-> device copies that do not make the host wait: pinned staging and events, on any accelerator.
+"""Host <-> device copies that do not make the host wait: pinned staging and events, on any accelerator
+(docs/design.md, "The Engine").
 
 A copy between pageable host memory and an accelerator is synchronous: the host waits for it, and so for
 all the device work queued before it. The host side of fdecode (priming, the `Engine`, the benchmark's

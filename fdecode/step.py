@@ -1,5 +1,5 @@
 """The decode step: validate -> sample -> prepare -> draft, one pure function of the state
-(docs/design.md, "The step").
+(docs/design.md, "The iteration").
 
     state --validate--> target logits/hidden over the window [t, d1 .. dK]           (`validate`)
           --sample----> accepted tokens (greedy lanes: argmax match; random lanes:    (`commit`)

@@ -20,8 +20,9 @@ batch 4 each prompt's batch-1 tokens (lanes are independent), else nothing is re
 batched tokens may differ where padding moves a near-tie; the row says whether they agreed.
 
 The step is compiled once per batch size with `context_buckets=(256,)`: one window, so that compiling
-stays a few minutes per depth graph on a CPU (docs/design.md, "Compile regions"). Skipped, naming the
-script that fetches the pair, where the models are missing.
+stays a few minutes per depth graph on a CPU
+(docs/design.md, "Compile regions: each layer kind compiled once"). Skipped, naming the script that
+fetches the pair, where the models are missing.
 """
 
 from __future__ import annotations

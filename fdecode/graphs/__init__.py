@@ -1,4 +1,5 @@
-"""Capture: backends, eligibility, the compiled `Step`, and graph inspection."""
+"""Capture: backends, eligibility, the compiled `Step`, and graph inspection
+(docs/design.md, "Backends and kernels")."""
 
 from fdecode.graphs.backends import choose_backend
 from fdecode.graphs.compile import Step, compile

@@ -1,4 +1,4 @@
-"""Backend eligibility and capture, in one place.
+"""Backend eligibility and capture, in one place (docs/design.md, "Backends and kernels").
 
 Each backend has one function that, given the config, the resolved models and
 the draft kind, says `None` (it can capture this step) or returns the reason it

@@ -1,4 +1,5 @@
-"""`fdecode.compile`: bind models and config into a `Step`, captured by the chosen backend."""
+"""`fdecode.compile`: bind models and config into a `Step`, captured by the chosen backend
+(docs/design.md, "Backends and kernels")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`weight_stationary`: an Inductor pass that runs the few-row matmuls of a CPU step as weight @ rows^T.
+"""`weight_stationary`: an Inductor pass that runs the few-row matmuls of a CPU step as weight @ rows^T
+(docs/design.md, "Prompt lookup: n-gram drafts").
 
 A linear over a few rows lowers to mm(x [M, k], w^T [k, n]). With M = 2 .. 64 rows (a verify's K + 1
 per lane) and the CPU's BLAS at one or two threads, that call costs well over one row's matrix-vector

@@ -1,4 +1,4 @@
-"""`fdecode.inspect`: what a step captures, for graph-capture tests.
+"""`fdecode.inspect`: what a step captures, for graph-capture tests (docs/design.md, "Invariants").
 
 The step is traced by Dynamo (without `fullgraph`, so breaks are counted rather
 than raised) and lowered by AOTAutograd to ATen, the level every backend

@@ -1,4 +1,5 @@
-"""The Ascend NPU backend: torchair (`torch_npu`'s Dynamo backend), imported lazily.
+"""The Ascend NPU backend: torchair (`torch_npu`'s Dynamo backend), imported lazily
+(docs/backends.md, "Per backend").
 
 Two graph modes (`DecodeConfig.torchair_mode`):
 - `"reduce-overhead"` (default): ACL graph capture (torchair's `npugraph_ex` mode).

@@ -1,4 +1,5 @@
-"""Static description of a Llama-family decoder (Llama, Qwen2, Qwen3) and its KV layout.
+"""Static description of a Llama-family decoder (Llama, Qwen2, Qwen3) and its KV layout
+(docs/design.md, "Model families and the registry").
 
 `ModelConfig` is frozen and hashable: it is baked into compiled graphs, so it
 holds only Python scalars that never change for a given set of weights.

@@ -1,4 +1,5 @@
-"""What every fdecode decoder LM shares, whatever its layers: the KV config, tied embeddings, random init.
+"""What every fdecode decoder LM shares, whatever its layers: the KV config, tied embeddings, random init
+(docs/design.md, "Model families and the registry").
 
 A family's model (`LlamaModel`, `HybridModel`) subclasses `DecoderLM` and sets `config`,
 `embed_tokens` and `lm_head`; it overrides `init_random_` where its parameters need other values.

@@ -1,4 +1,5 @@
-"""Static description of a DeepSeek-V3 decoder: multi-head latent attention (MLA) shapes, dense layers.
+"""Static description of a DeepSeek-V3 decoder: multi-head latent attention (MLA) shapes, dense layers
+(docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
 A `DeepseekV3Config` is a `ModelConfig` (frozen, hashable, baked into graphs). As in transformers'
 `DeepseekV3Config`, `head_dim` is the rotary width `qk_rope_head_dim` (what `RotaryEmbedding` reads,

@@ -1,4 +1,5 @@
-"""Hybrid decoder LM (Qwen3.5): Gated DeltaNet and gated full-attention layers, by `layer_types`.
+"""Hybrid decoder LM (Qwen3.5): Gated DeltaNet and gated full-attention layers, by `layer_types`
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 Every layer is pre-norm residual, `x + mixer(norm(x))` then `+ mlp(norm(.))`, with `OffsetRMSNorm`s
 and the SwiGLU `MLP`, or the MoE block (`fdecode.models.layers.moe`) where `HybridConfig.sparse_mlp` says; the mixer is `GatedAttention` over the paged KV (full-attention layers, KV

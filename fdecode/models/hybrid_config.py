@@ -1,4 +1,5 @@
-"""Static description of a hybrid decoder: which layer is which mixer, and the mixers' shapes.
+"""Static description of a hybrid decoder: which layer is which mixer, and the mixers' shapes
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 A hybrid decoder (Qwen3.5, Qwen3-Next) interleaves *linear attention* layers (Gated DeltaNet: a
 recurrent state per lane, no KV) with *full attention* layers (paged KV, as every fdecode model).

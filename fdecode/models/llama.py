@@ -1,4 +1,5 @@
-"""Llama-family decoder LM (Llama, Qwen2, Qwen3) over a caller-owned paged KV cache.
+"""Llama-family decoder LM (Llama, Qwen2, Qwen3) over a caller-owned paged KV cache
+(docs/design.md, "Model families and the registry").
 
 The module owns weights only. The KV cache is an argument written in place
 (a state leaf under the donation contract, see docs/design.md), so one forward is a

@@ -1,4 +1,5 @@
-"""Static description of a mixture-of-experts feed-forward layer, and its reading from config.json.
+"""Static description of a mixture-of-experts feed-forward layer, and its reading from config.json
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 `MoEConfig` is frozen and hashable (it sits inside a family's `ModelConfig`, baked into graphs).
 Two routing styles, named by `router`:

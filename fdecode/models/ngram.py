@@ -1,4 +1,5 @@
-"""`NgramDraft`: prompt lookup (n-gram) drafts, a draft with no weights and no KV.
+"""`NgramDraft`: prompt lookup (n-gram) drafts, a draft with no weights and no KV
+(docs/design.md, "Prompt lookup: n-gram drafts").
 
 `fdecode.compile(target, "ngram", cfg)` (or `NgramDraft(max_n=..., min_n=...)`) proposes, for each
 lane, the K tokens that followed the latest earlier occurrence of its last n committed tokens,

@@ -1,4 +1,5 @@
-"""Tensor parallelism (Megatron style) for the Llama family and the MTP head, sharded at load time.
+"""Tensor parallelism (Megatron style) for the Llama family and the MTP head, sharded at load time
+(docs/design.md, "Tensor parallelism").
 
 Each of the N ranks of a process group holds 1/N of every large weight and runs the
 same step on the same state; the collectives are functional (`_c10d_functional`),

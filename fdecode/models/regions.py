@@ -1,4 +1,5 @@
-"""Compile each repeated decoder layer once inside the one step graph (hierarchical compilation).
+"""Compile each repeated decoder layer once inside the one step graph (hierarchical compilation)
+(docs/design.md, "Compile regions: each layer kind compiled once").
 
 A step graph unrolls the target's layers once and the draft's layers once per draft forward, so
 without help Inductor generates, compiles and loads code for layers x (K + 1) copies, and compile time

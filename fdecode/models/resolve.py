@@ -1,4 +1,5 @@
-"""Turn what users pass to `fdecode.compile` into fdecode models on the step's device and dtype.
+"""Turn what users pass to `fdecode.compile` into fdecode models on the step's device and dtype
+(docs/design.md, "Backends and kernels").
 
 The caller's models are never changed: the step gets module trees of its own (`owned`) whose
 parameters are the caller's very objects where they already have the step's device and dtype

@@ -1,4 +1,5 @@
-"""A draft LM whose vocabulary is larger or smaller than the target's (the same tokenizer, padded differently).
+"""A draft LM whose vocabulary is larger or smaller than the target's (the same tokenizer, padded differently)
+(docs/design.md, "MTP head vs draft LM").
 
 Speculative decoding compares the draft's distribution q with the target's p over the target's V ids,
 so the draft is fitted to them at its two ends, and nowhere else:

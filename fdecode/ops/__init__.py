@@ -1,4 +1,5 @@
-"""Pure functions and custom ops of the decode step (the math; graphs/ only composes them)."""
+"""Pure functions and custom ops of the decode step (the math; graphs/ only composes them)
+(docs/design.md, "The iteration")."""
 
 from fdecode.ops.paging import slot_of
 from fdecode.ops.prepare import prepare_next_draft, prepare_next_draft_reference

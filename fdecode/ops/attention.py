@@ -1,4 +1,5 @@
-"""Paged attention over a lane's context window: one interface, a pure-torch reference, device kernels.
+"""Paged attention over a lane's context window: one interface, a pure-torch reference, device kernels
+(docs/design.md, "Backends and kernels").
 
 Per forward, `paged_context` turns (block tables, query positions) into what
 every layer reads; per layer, `paged_attention` attends the queries to the keys

@@ -1,4 +1,5 @@
-"""Gated DeltaNet recurrence (Yang et al. 2024, "Gated Delta Networks"), row by row, as pure functions.
+"""Gated DeltaNet recurrence (Yang et al. 2024, "Gated Delta Networks"), row by row, as pure functions
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 Per value head, with S a [dk, dv] matrix kept in float32, a row t with key k_t (L2-normalised),
 query q_t (L2-normalised, times dk**-0.5), value v_t, decay g_t <= 0 and write strength beta_t:

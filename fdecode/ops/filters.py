@@ -1,4 +1,5 @@
-"""Per-lane sampling filters: temperature, top-k, top-p, min-p, as fixed-shape tensor math.
+"""Per-lane sampling filters: temperature, top-k, top-p, min-p, as fixed-shape tensor math
+(docs/design.md, "Lossless rejection sampling").
 
 Order (the usual one): probs = softmax(logits / T); keep the top-k; renormalise;
 keep the smallest top set whose mass reaches top-p; keep tokens with

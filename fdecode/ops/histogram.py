@@ -1,4 +1,5 @@
-"""Per-row weighted histograms (`scatter_add` semantics), the core of the radix threshold searches.
+"""Per-row weighted histograms (`scatter_add` semantics), the core of the radix threshold searches
+(docs/design.md, "Lossless rejection sampling").
 
 `histogram(index, weight, bins)[r, j] = sum(weight[r, v] for v where index[r, v] == j)`, with
 integer weights, so the sums are the same in any order on any backend. Two ways, one meaning:

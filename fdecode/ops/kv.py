@@ -1,4 +1,4 @@
-"""Writing a forward's keys and values into the paged KV cache leaf, in place.
+"""Writing a forward's keys and values into the paged KV cache leaf, in place (docs/design.md, "Invariants").
 
 The cache leaf is `kv: [num_layers, 2, num_slots, Hkv, D]` (an MLA model's latent
 cache has one kind instead of keys and values: `fdecode.ops.latent_kv`); a forward's B*Q

@@ -1,4 +1,5 @@
-"""The paged latent cache of multi-head latent attention (MLA, DeepSeek-V2/V3), and attention over it.
+"""The paged latent cache of multi-head latent attention (MLA, DeepSeek-V2/V3), and attention over it
+(docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
 An MLA layer caches, per token, one vector shared by every head: the compressed kv `c` (after
 `kv_a_layernorm`, `kv_lora_rank` = R values) followed by the rotated shared rope key `k_pe`

@@ -1,4 +1,5 @@
-"""Prompt lookup (n-gram drafts) as fixed-shape tensor math, and the same lookup on host lists.
+"""Prompt lookup (n-gram drafts) as fixed-shape tensor math, and the same lookup on host lists
+(docs/design.md, "Prompt lookup: n-gram drafts").
 
 Per lane, the history holds the committed token at each position (prompt included; -1 where
 nothing is committed yet). With P the position of the last committed token, the lookup takes the

@@ -1,4 +1,4 @@
-"""Paged-KV addressing: where the KV of position p of lane b lives.
+"""Paged-KV addressing: where the KV of position p of lane b lives (docs/design.md, "Invariants").
 
     slot(b, p) = block_tables[b, p // bs] * bs + p % bs
     slot(b, p) = 0 (scratch) if p < 0, p // bs >= max_blocks, or the block id < 0

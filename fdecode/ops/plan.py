@@ -1,4 +1,5 @@
-"""`SamplingPlan`: which sampling code a step graph contains, chosen on the host per step.
+"""`SamplingPlan`: which sampling code a step graph contains, chosen on the host per step
+(docs/design.md, "Invariants").
 
 The host knows every lane's sampling parameters (it wrote them at prefill and
 admission), as it knows the attention window, so it picks the cheapest graph

@@ -1,4 +1,5 @@
-"""`fdecode::prepare_next_draft`: turn a step's accepted tokens into the next draft's first input.
+"""`fdecode::prepare_next_draft`: turn a step's accepted tokens into the next draft's first input
+(docs/design.md, "The iteration").
 
 Per lane b (W = K + 1, L = count(accepted[b] >= 0), L == 0 means inactive):
 

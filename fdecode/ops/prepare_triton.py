@@ -1,4 +1,5 @@
-"""Triton kernel of `fdecode::prepare_next_draft`, registered as the op's CUDA kernel where triton imports.
+"""Triton kernel of `fdecode::prepare_next_draft`, registered as the op's CUDA kernel where triton imports
+(docs/backends.md, "The fused op on each backend").
 
 One program per lane b computes exactly what `prepare_next_draft_reference` does
 (the spec, see `fdecode.ops.prepare`):

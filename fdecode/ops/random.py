@@ -1,4 +1,5 @@
-"""Counter-based randomness: Philox4x32-10 (Salmon et al., SC'11), a pure function of (key, counter).
+"""Counter-based randomness: Philox4x32-10 (Salmon et al., SC'11), a pure function of (key, counter)
+(docs/design.md, "Invariants").
 
 Each lane carries a `seed` (the 64-bit Philox key, seeds are in [0, 2**63)) and a
 `counter` that advances once per transition (prefill or step). Transition n of a

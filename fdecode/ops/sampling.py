@@ -1,4 +1,5 @@
-"""Acceptance and stop conditions of the decode step, as fixed-shape tensor math.
+"""Acceptance and stop conditions of the decode step, as fixed-shape tensor math
+(docs/design.md, "Lossless rejection sampling").
 
 Glossary (per lane; W = K + 1):
 - *target argmax* g[j]: the target's greedy token after window row j.

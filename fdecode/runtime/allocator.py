@@ -1,4 +1,5 @@
-"""Host-side KV block allocator: blocks 1 .. num_blocks-1 (block 0 is the scratch block)."""
+"""Host-side KV block allocator: blocks 1 .. num_blocks-1 (block 0 is the scratch block)
+(docs/design.md, "The Engine")."""
 
 from __future__ import annotations
 

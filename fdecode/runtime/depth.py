@@ -1,4 +1,5 @@
-"""`DepthController`: how many drafts each launch of an `Engine` verifies (`DecodeConfig.adaptive_depth`).
+"""`DepthController`: how many drafts each launch of an `Engine` verifies (`DecodeConfig.adaptive_depth`)
+(docs/design.md, "Prompt lookup: n-gram drafts").
 
 A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
 (`fdecode.step.proposals`), so where drafts are rarely accepted a shallow step saves the draft forwards

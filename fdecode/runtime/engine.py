@@ -1,4 +1,4 @@
-"""`Engine`: the host loop that feeds a compiled step without waiting on it.
+"""`Engine`: the host loop that feeds a compiled step without waiting on it (docs/design.md, "The Engine").
 
 Each `engine.step()`:
 1. launches the device step on the current state (all admitted lanes),

@@ -1,4 +1,5 @@
-"""`DraftGate`: when an `Engine` stops verifying n-gram drafts, and when it tries them again.
+"""`DraftGate`: when an `Engine` stops verifying n-gram drafts, and when it tries them again
+(docs/design.md, "Prompt lookup: n-gram drafts").
 
 A step's shapes are fixed, so every lane verifies K + 1 rows, proposal or not: the price of a
 draft that is not accepted is K extra target rows. Prompt lookup proposes wherever some earlier

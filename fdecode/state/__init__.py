@@ -1,4 +1,4 @@
-"""What a decode step carries: the immutable state pytree and its output."""
+"""What a decode step carries: the immutable state pytree and its output (docs/design.md, "The state")."""
 
 from fdecode.state.decode_state import DecodeState, HostInfo, StepOutput
 from fdecode.state.ownership import KVPools, KVTicket

@@ -1,4 +1,5 @@
-"""`DecodeState` and `StepOutput`: the immutable pytrees a decode step consumes and returns.
+"""`DecodeState` and `StepOutput`: the immutable pytrees a decode step consumes and returns
+(docs/design.md, "The state").
 
 Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
 - *committed*: a token that is part of the output sequence; *t* is the last

@@ -1,4 +1,5 @@
-"""Who may use a step's KV pools: host-side tickets, checked by storage, never lost by pytree use.
+"""Who may use a step's KV pools: host-side tickets, checked by storage, never lost by pytree use
+(docs/design.md, "KV pool ownership").
 
 A `Step` owns its KV pools (`KVPools`); every state over a pool belongs to one *chain*: the states a
 prefill (or `empty_state`) starts and the states its steps return. The step finds a state's pool from

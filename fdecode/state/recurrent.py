@@ -1,4 +1,5 @@
-"""The recurrent state of hybrid models (Gated DeltaNet layers) in `DecodeState`, with rollback.
+"""The recurrent state of hybrid models (Gated DeltaNet layers) in `DecodeState`, with rollback
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 Leaves, lane first, per model (`target_*`, `draft_*`; L = its linear-attention layers, R = copies):
 

@@ -1,4 +1,5 @@
-"""The DeepSeek-V3 family: config mapping, checkpoint key mapping and layer pattern (`loading.Family`).
+"""The DeepSeek-V3 family: config mapping, checkpoint key mapping and layer pattern (`loading.Family`)
+(docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
 - Config: `model_type` "deepseek_v3" (`DeepseekV3ForCausalLM`): the MLA shapes (`DeepseekV3Config`),
   RoPE from `rope_parameters` / `rope_scaling` (DeepSeek's YaRN with `mscale` / `mscale_all_dim`),

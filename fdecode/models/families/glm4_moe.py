@@ -1,4 +1,5 @@
-"""The GLM-4.5 / 4.6 family (`glm4_moe`, transformers' `Glm4MoeForCausalLM`): config, keys, layers.
+"""The GLM-4.5 / 4.6 family (`glm4_moe`, transformers' `Glm4MoeForCausalLM`): config, keys, layers
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 - Layers: Llama-style pre-norm `DecoderLayer`s (plain RMSNorm) whose attention is GQA with biases on
   q/k/v only (o_proj has none), optional per-head RMSNorm of q and k (`use_qk_norm`) before a partial

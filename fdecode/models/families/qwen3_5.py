@@ -1,4 +1,5 @@
-"""The Qwen3.5 and Qwen3.5-MoE families: config mapping, checkpoint key mapping and layer pattern (`loading.Family`).
+"""The Qwen3.5 and Qwen3.5-MoE families: config mapping, checkpoint key mapping and layer pattern (`loading.Family`)
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 - Config: `model_type` "qwen3_5_text" (Qwen3_5ForCausalLM), or "qwen3_5" (the multimodal checkpoint,
   whose text part sits under `text_config`). Which layer is which: `layer_types`, else every

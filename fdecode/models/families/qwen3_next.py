@@ -1,4 +1,5 @@
-"""The Qwen3-Next family (`qwen3_next`, Qwen3NextForCausalLM): config mapping, key mapping, layer pattern.
+"""The Qwen3-Next family (`qwen3_next`, Qwen3NextForCausalLM): config mapping, key mapping, layer pattern
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 Qwen3.5's hybrid (`fdecode.models.families.qwen3_5`: the same layer pattern, offset RMSNorms, gated attention
 with partial RoPE, Gated DeltaNet, checkpoint key names, MTP head under `mtp.*`) with two differences:

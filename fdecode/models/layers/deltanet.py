@@ -1,4 +1,5 @@
-"""Gated DeltaNet mixer (Qwen3-Next / Qwen3.5 linear attention) over a caller-held recurrent state.
+"""Gated DeltaNet mixer (Qwen3-Next / Qwen3.5 linear attention) over a caller-held recurrent state
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
     x -> in_proj_qkv (q | k | v), in_proj_z, in_proj_b, in_proj_a      (Qwen3.5, `GatedDeltaNet`)
       or in_proj_qkvz, in_proj_ba laid out per key head                 (Qwen3-Next, `FusedGatedDeltaNet`)

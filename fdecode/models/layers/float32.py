@@ -1,4 +1,5 @@
-"""`Float32Module`: a module whose floating weights stay float32 whatever the model's dtype.
+"""`Float32Module`: a module whose floating weights stay float32 whatever the model's dtype
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 transformers keeps DeepSeek-V3's and GLM-4.5's MoE routers in float32 in a bf16 model
 (`_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]`): the expert choice is a

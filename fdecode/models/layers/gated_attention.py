@@ -1,4 +1,5 @@
-"""Gated full attention (Qwen3-Next / Qwen3.5) over the paged KV cache.
+"""Gated full attention (Qwen3-Next / Qwen3.5) over the paged KV cache
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 Per layer and call, as `fdecode.models.layers.decoder_layer.Attention` (write keys before attending, attend over
 the lane's context window through `fdecode.ops.attention`), with three differences:

@@ -1,4 +1,5 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3) over the paged latent cache.
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) over the paged latent cache
+(docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
 Per layer and call (names mirror transformers' `DeepseekV3Attention`; H heads, shapes in
 `fdecode.models.deepseek_config`):

@@ -1,4 +1,5 @@
-"""Mixture-of-experts feed-forward, one block for every MoE family, in fixed shapes.
+"""Mixture-of-experts feed-forward, one block for every MoE family, in fixed shapes
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 Interface (what a family's decoder layer holds as its `mlp`):
 

@@ -1,4 +1,5 @@
-"""RMSNorm variants of the Qwen3.5 family (the Llama-style `RMSNorm` lives in `layers.py`).
+"""RMSNorm variants of the Qwen3.5 family (the Llama-style `RMSNorm` lives in `layers.py`)
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 - `OffsetRMSNorm`: `x * rsqrt(mean(x^2) + eps) * (1 + w)`, w initialised at 0, scaled in float32 and
   cast back once (Gemma / Qwen3-Next / Qwen3.5: every norm of the decoder, q/k norms included).

@@ -1,4 +1,5 @@
-"""Partial RoPE: only the first `rotary_dim` channels of each head rotate, the rest pass through.
+"""Partial RoPE: only the first `rotary_dim` channels of each head rotate, the rest pass through
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
 The rotated part follows `fdecode.models.layers.rope` exactly (rotate_half convention, every scaling type),
 over a head of `rotary_dim` channels: inv_freq[i] = theta ** (-2i / rotary_dim). Qwen3.5's

@@ -1,4 +1,5 @@
-"""MoE routers: token -> (K expert ids, K weights), fixed shapes, no host sync, no token ever dropped.
+"""MoE routers: token -> (K expert ids, K weights), fixed shapes, no host sync, no token ever dropped
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 Both routers take `x` [N, H] and return `(weights [N, K] float32, experts [N, K] int64)`; the order of
 the K slots carries no meaning (the experts' outputs are summed). Names mirror transformers

@@ -1,4 +1,5 @@
-"""A checkpoint folder's safetensors as a lazy mapping: key -> tensor, read one tensor at a time.
+"""A checkpoint folder's safetensors as a lazy mapping: key -> tensor, read one tensor at a time
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 `CheckpointTensors(folder)` lists the keys from `model.safetensors.index.json` (sharded checkpoints)
 or from the headers of every `*.safetensors` file, and reads a tensor only when it is looked up,

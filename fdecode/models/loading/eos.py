@@ -1,4 +1,5 @@
-"""The model's EOS ids: what transformers' `generate` and vLLM stop on when a request names none.
+"""The model's EOS ids: what transformers' `generate` and vLLM stop on when a request names none
+(docs/design.md, "Priming").
 
 transformers stops at `generation_config.eos_token_id`. A model built from a config gets a
 generation config copied from it (`GenerationConfig.from_model_config`); `from_pretrained` reads a

@@ -1,4 +1,5 @@
-"""Per-expert checkpoint tensors -> the stacked layout of `fdecode.models.layers.moe.Experts`.
+"""Per-expert checkpoint tensors -> the stacked layout of `fdecode.models.layers.moe.Experts`
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
 Real checkpoints (and transformers' `save_pretrained`) write each routed expert apart:
 

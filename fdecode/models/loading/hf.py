@@ -1,4 +1,5 @@
-"""Load and save fdecode models in the Hugging Face layout.
+"""Load and save fdecode models in the Hugging Face layout
+(docs/design.md, "Model families and the registry").
 
 `from_hf` accepts a transformers model instance or a local checkpoint folder
 (config.json + safetensors, sharded with `model.safetensors.index.json` or not; read

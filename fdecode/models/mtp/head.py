@@ -1,4 +1,4 @@
-"""Multi-token-prediction (MTP) head, DeepSeek-V3 / Qwen3-Next style.
+"""Multi-token-prediction (MTP) head, DeepSeek-V3 / Qwen3-Next style (docs/design.md, "MTP head vs draft LM").
 
 One step predicts the token after `tokens` from that token and the hidden state
 the previous model (the target, or the previous MTP step) produced for the

@@ -1,4 +1,5 @@
-"""The MTP head of a hybrid model (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): `MTPHead` from the hybrid blocks.
+"""The MTP head of a hybrid model (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): `MTPHead` from the hybrid blocks
+(docs/design.md, "Hybrid models: Qwen3.5, Qwen3-Next, Qwen3.5-MoE and the recurrent state").
 
     x      = fc([enorm(embed(token)); hnorm(hidden_in)])                    (embedding first)
     h      = layers[j mod n](x)          draft forward j of a step, n = `mtp_num_hidden_layers`

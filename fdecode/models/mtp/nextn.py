@@ -1,4 +1,5 @@
-"""The DeepSeek-V3 / GLM-4.5 MTP head ("nextn"): `MTPHead` of n modules around the family's decoder layer.
+"""The DeepSeek-V3 / GLM-4.5 MTP head ("nextn"): `MTPHead` of n modules around the family's decoder layer
+(docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
     x_m    = eh_proj_m(cat([enorm_m(embed(token)), hnorm_m(hidden_in)], -1))   (embedding first)
     h      = layer_a(x_a)          draft forward j runs module a = j mod n, n = `num_nextn_predict_layers`
