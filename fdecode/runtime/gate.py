@@ -7,8 +7,8 @@ n-gram matches, which in free text is often and mostly wrong. The host cannot se
 time (it reads outputs one step behind, and reading the window would sync the device), but it
 sees how many drafts each verified step accepted. So the gate keeps a running mean of the most
 drafts any running lane accepted per verified step (the plain mean of the first 1 / weight steps, then
-an exponential one: a prior of K accepted drafts would cost ~7 verified steps of a fresh free-text
-prompt before the first pause, 5 % of a 48-token answer on SmolLM2); while that mean is below `threshold` the
+an exponential one: a prior of K accepted drafts would cost a fresh free-text prompt several verified
+steps before its first pause); while that mean is below `threshold` the
 Engine runs first-row steps (`Step(..., speculate=False)`: one target row, one token per lane,
 the next window still proposed), for a pause that doubles each time a trial step fails again, up
 to `max_pause`. A trial that accepts enough resets the pause. Admitting a request resets it all
