@@ -24,15 +24,11 @@ import torch
 
 import fdecode
 from fdecode.assets import qwen_coder
+from fdecode.bench.pair import PROMPTS as PAIR_PROMPTS, chat_ids
 from fdecode.ops.plan import GREEDY
 from fdecode.runtime.depth import depth_costs
 
-PROMPTS = {
-    "write": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
-    "edit": "Rename the variable x to counts in this function and reply with the whole function only.\n\n"
-            "def tally(words):\n    x = {}\n    for w in words:\n        x[w] = x.get(w, 0) + 1\n"
-            "    return x\n",
-}
+PROMPTS = {name: PAIR_PROMPTS[name] for name in ("write", "edit")}  # the workload's first two
 
 
 def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
@@ -89,9 +85,7 @@ def main(argv=None) -> int:
     costs = depth_costs(step.target, step.draft, step.config)
     results = {"k": args.k, "new": args.new, "costs_gb": costs, "prompts": {}}
     for name, text in PROMPTS.items():
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-        prompt = tokenizer(chat)["input_ids"]
+        prompt = chat_ids(tokenizer, text)
         rows = {f"depth {d}": fixed(step, prompt, d, args.new) for d in range(1, args.k + 1)}
         rows[f"engine, depth {args.k}"] = adaptive(step, prompt, args.new, (args.k,))
         rows["engine, adaptive"] = adaptive(step, prompt, args.new)

@@ -33,10 +33,11 @@ import torch
 
 import fdecode
 from fdecode.assets import qwen_coder
+from fdecode.bench.pair import PROMPTS, chat_ids
 from fdecode.graphs.backends import capture
 from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
-PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
+PROMPT = PROMPTS["write"]  # the workload's code-writing prompt
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -71,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     target_dir, draft_dir = qwen_coder.safetensors_folders()
     k = args.k
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                         tokenize=False)
-    prompt = tokenizer(text)["input_ids"]
+    prompt = chat_ids(tokenizer, PROMPT)
     cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=1, max_seq_len=512, backend="eager", sampling=False)
     eager = fdecode.compile(str(target_dir), str(draft_dir), cfg)
     target, draft = eager.target, eager.draft
