@@ -7,16 +7,10 @@ backend, an explicit request that is ineligible raises with the reason, or, with
 `fallback=True`, runs the next eligible backend in `PREFERENCE` order (eager at
 worst) and says why. `capture` turns the step function into what runs.
 
-| backend     | device     | what it is                                               |
-|-------------|------------|----------------------------------------------------------|
-| `eager`     | any        | the reference: the same pure function, no compilation   |
-| `aot_eager` | any        | Dynamo + AOTAutograd capture, eager kernels (capture checks) |
-| `dynamo`    | any        | Dynamo capture only, its FX graph run op by op (the cheapest capture check: graphs, guards, recompiles) |
-| `inductor`  | CPU, CUDA  | `torch.compile(fullgraph=True, dynamic=False)`           |
-| `cudagraphs`| CUDA       | inductor + CUDA graph replay (`mode="reduce-overhead"`); KV leaves are marked static |
-| `torchair`  | Ascend NPU | torchair: ACL graph (`npugraph_ex`, default) or GE graph (`torchair_mode="max-autotune"`) |
-
-`auto` prefers cudagraphs on a CUDA device, torchair on an NPU, then inductor, then eager.
+Backends: `eager`, `aot_eager`, `dynamo` (any device), `inductor` (CPU, CUDA),
+`cudagraphs` (CUDA; KV leaves marked static), `torchair` (Ascend NPU). `auto`
+prefers cudagraphs on a CUDA device, torchair on an NPU, then inductor, then
+eager. What each backend is: the cited section.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """`fdecode.inspect`: what a step captures, for graph-capture tests (docs/design.md, "Invariants").
 
 The step is traced by Dynamo (without `fullgraph`, so breaks are counted rather
-than raised) and lowered by AOTAutograd to ATen, the level every backend
-(inductor, CUDA graphs, torchair) starts from. The report counts graphs, breaks,
-ops by qualified name, and the nodes that force a device -> host sync. Since
-torch 2.10 `fullgraph=True` accepts `.item()` and `nonzero` (scalar outputs are
-captured), so syncs are found by scanning the graph, not by trusting capture.
-Layers compiled once as nested compile regions (`fdecode.models.regions`) are
-`invoke_subgraph` calls of a subgraph: ops and syncs are counted as executed, a
-subgraph's nodes once per call, and `GraphReport.regions` says how many distinct
-subgraphs were compiled and how often each is called.
+than raised) and lowered by AOTAutograd to ATen. The report counts graphs, breaks,
+ops by qualified name, and the nodes that force a device -> host sync (found by
+scanning the graph, not by trusting capture). Ops of nested compile regions
+(`fdecode.models.regions`) are counted as executed; `GraphReport.regions` says how
+many distinct subgraphs were compiled and how often each is called.
 
-Inspection copies nothing: it traces (and runs) the step on fake tensors of the
-state's shapes, strides, dtypes and devices (`FakeTensorMode`), so no second KV
-pool is allocated, no kernel runs, and the caller's state is neither written nor
-consumed. What the step's real backend did (recompiles, CUDA-graph skips) is read
-from Dynamo's records of the step's own graphs, and the process's counters
-(`torch._dynamo.utils.counters`) are reported alongside.
+Inspection copies nothing: it traces the step on fake tensors of the state's shapes,
+strides, dtypes and devices, so no second KV pool is allocated, no kernel runs, and
+the caller's state is neither written nor consumed. What the step's real backend did
+(recompiles, CUDA-graph skips) is read from Dynamo's records of the step's own graphs,
+and the process's counters (`torch._dynamo.utils.counters`) are reported alongside.
 """
 
 from __future__ import annotations

@@ -2,28 +2,16 @@
 (docs/backends.md, "Per backend").
 
 Two graph modes (`DecodeConfig.torchair_mode`):
-- `"reduce-overhead"` (default): ACL graph capture (torchair's `npugraph_ex` mode).
-  The step's ATen kernels are captured and replayed like CUDA graphs, so every op
-  runs as in eager; the fused op is captured through its meta (fake) registration
-  and runs its registered implementation. ACL graph capture cannot hold torch's
-  random ops: fdecode's counter-based PRNG (`fdecode.ops.random`) uses none.
-- `"max-autotune"`: a GE graph. Every FX node must have a GE converter. torchair
-  has none for some ATen ops (`GE_UNCONVERTED`); the step avoids or supplies
-  each one it would contain (measured with `fdecode.inspect`, see docs/backends.md):
-  the paged KV write goes through torch_npu's `npu_scatter_nd_update_` on an NPU
-  (`fdecode.ops.kv`), the min-p filter takes `max(dim)` (not `amax`), and the
-  float-bits view of the top-k/top-p filters (`aten.view.dtype`) gets a converter
-  here (GE `Bitcast`), as does the fused op (the AscendC `MtpPrepareNextDraft`
-  kernel, which must be installed as a custom-op package). The attention must be
-  the NPU kernel (`npu_fused_infer_attention_score`, which torchair converts): the
-  reference's SDPA lowers to fused SDPA overloads that GE cannot convert.
-  `GE_BLOCKERS` is what remains unconverted: nothing, re-measured by
-  tests/test_backends.py.
+- `"reduce-overhead"` (default): ACL graph capture (torchair's `npugraph_ex` mode); the
+  step's ATen kernels are captured and replayed like CUDA graphs, the fused op through
+  its meta (fake) registration.
+- `"max-autotune"`: a GE graph; every FX node needs a GE converter. The step avoids the
+  ATen ops torchair leaves unconverted (`GE_UNCONVERTED`) or gets a converter here
+  (`aten.view.dtype` to GE `Bitcast`; the fused op to the AscendC `MtpPrepareNextDraft`
+  kernel, which must be installed as a custom-op package), and needs the NPU attention
+  kernel. `GE_BLOCKERS`, what remains unconverted, is empty.
 
-Recommended static-graph settings: `dynamic=False`, parameters frozen (GE:
-`experimental_config.frozen_parameter`), KV leaves marked static
-(`torch._dynamo.mark_static_address`, done by `Step`).
-
+Static-graph settings: `dynamic=False`, parameters frozen (GE), KV leaves marked static.
 Nothing here imports torch_npu or torchair at module import time.
 """
 

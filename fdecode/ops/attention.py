@@ -1,43 +1,18 @@
 """Paged attention over a lane's context window: one interface, a pure-torch reference, device kernels
 (docs/design.md, "Backends and kernels").
 
-Per forward, `paged_context` turns (block tables, query positions) into what
-every layer reads; per layer, `paged_attention` attends the queries to the keys
-of positions 0 .. window-1 of their lane, where the window is the block table's
-width (a context bucket: the step passes only the first `context_blocks`
-columns, so attention costs what the real context costs, not `max_seq_len`).
-
-Key j of lane b lives in slot `block_tables[b, j // bs] * bs + j % bs`.
-Visibility: key j is seen by a query at position p iff j <= p. The KV rows of
-the current call are written before attending, so a query sees the keys
-written by earlier rows of the same call; unallocated blocks (-1) read the
-scratch block 0 and are masked by position anyway. Key 0 is always visible, so
-a padding row (negative position) attends to something and stays finite.
+Per forward, `paged_context` turns (block tables, query positions) into what every layer reads; per
+layer, `paged_attention` attends the queries to the keys of positions 0 .. window-1 of their lane,
+the window being the block table's width (the step passes only the first `context_blocks` columns).
+Key j of lane b lives in slot `block_tables[b, j // bs] * bs + j % bs`; a query at position p sees
+key j iff j <= p. The call's KV rows are written before attending, so a query sees the keys written
+by earlier rows of the same call; unallocated blocks (-1) read the scratch block 0 and are masked by
+position. Key 0 is always visible, so a padding row (negative position) stays finite.
 
 Kernels (chosen by `fdecode.graphs.backends.choose_attention`, which states why one is not used):
-- "torch": gather the window's keys and values, then SDPA with a boolean mask.
-  The reference, and the kernel on CPU.
-- "flash_attn" (CUDA, where the `flash-attn` package is installed):
-  `flash_attn_with_kvcache` reads the paged cache in place through the block
-  table, with device-side lengths `cache_seqlens = last query position + 1`
-  and `causal=True`, which aligns the Q query rows to the end of the sequence.
-  That is exactly fdecode's rows: each call's rows of a lane sit at
-  consecutive positions ending at its last one (verify: base_pos .. base_pos + K;
-  draft forward 0: repair at P - 1, current at P; later drafts: one row).
-  The lengths are clamped to the window (the table's columns * block_size): an
-  inactive lane keeps a stale `base_pos`, which after the window shrinks lies
-  past its table, and the kernel would read past the block table. The call
-  goes through the registered op `fdecode::flash_attn_paged` (a
-  `torch.library.custom_op` with a fake implementation), because
-  `flash_attn_with_kvcache` calls flash-attn's C++ extension directly, which
-  `torch.compile(fullgraph=True)` cannot trace.
-- "npu_fused_infer_attention" (Ascend NPU, torch_npu): `npu_fused_infer_attention_score`
-  with the paged cache read in place through the block table (`block_table`,
-  BnBsH layout `[num_blocks, bs, Hkv * D]`, BSND queries). Its per-lane lengths
-  are host integers, which a captured graph bakes in and the host does not know
-  (positions live on the device), so every lane gets the window's length
-  (static per window graph) and visibility comes from the same boolean mask as
-  the reference (`sparse_mode=0`, True = masked in torch_npu's convention).
+"torch" (gather, then SDPA with a boolean mask: the reference, and the CPU kernel); "flash_attn"
+(CUDA, `flash_attn_with_kvcache` through the registered op `fdecode::flash_attn_paged`) and
+"npu_fused_infer_attention" (Ascend NPU) both read the paged cache in place via the block table.
 """
 
 from __future__ import annotations

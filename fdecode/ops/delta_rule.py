@@ -4,21 +4,14 @@
 Per value head, with S a [dk, dv] matrix kept in float32, a row t with key k_t (L2-normalised),
 query q_t (L2-normalised, times dk**-0.5), value v_t, decay g_t <= 0 and write strength beta_t:
 
-    S     <- S * exp(g_t)
-    delta  = beta_t * (v_t - S^T k_t)
-    S     <- S + k_t delta^T
-    o_t    = S^T q_t
+    S <- S * exp(g_t);   delta = beta_t * (v_t - S^T k_t);   S <- S + k_t delta^T;   o_t = S^T q_t
 
 Before it, the q|k|v channels go through a depthwise causal conv1d (kernel k, SiLU) whose state is
-the last k - 1 inputs of each channel (the *conv window*).
-
-Rows run in order; a row with `valid` False leaves both states exactly as they were (its output is
-computed but meaningless). That is how a 2-row draft forward skips its repair row, and how prompts
-of different lengths share a padded prefill. With `snapshots=True` the functions return the state
-after every row ([B, Q, ...]), which is what verify-with-rollback selects from once the accepted
-length is known (`fdecode.state.recurrent`); otherwise only the state after the last row.
-
-This is the reference (and, on every backend, the implementation): Q is at most K + 1 in a step.
+the last k - 1 inputs of each channel (the *conv window*). Rows run in order; a row with `valid`
+False leaves both states exactly as they were (its output is computed but meaningless). With
+`snapshots=True` the functions return the state after every row ([B, Q, ...]), which
+verify-with-rollback selects from (`fdecode.state.recurrent`); otherwise only the state after
+the last row. This is the reference and, on every backend, the implementation.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
 """Per-lane sampling filters: temperature, top-k, top-p, min-p, as fixed-shape tensor math
 (docs/design.md, "Lossless rejection sampling").
 
-Order (the usual one): probs = softmax(logits / T); keep the top-k; renormalise;
-keep the smallest top set whose mass reaches top-p; keep tokens with
-p >= min_p * max(p); renormalise. Per-lane parameters are tensors, so changing
-them never recompiles; "off" values are k = 0, top_p = 1, min_p = 0. A lane with
-T = 0 is greedy: its filtered distribution is not used (T = 1 keeps the math finite).
-`filtered_probs` is the specification; the step runs one of two implementations
-of it, chosen by its `SamplingPlan` (`fdecode.ops.plan`):
+Order: probs = softmax(logits / T); keep the top-k; renormalise; keep the smallest top set whose
+mass reaches top-p; keep tokens with p >= min_p * max(p); renormalise. Per-lane parameters are
+tensors, so changing them never recompiles; "off" values are k = 0, top_p = 1, min_p = 0. A lane
+with T = 0 is greedy: its filtered distribution is not used (T = 1 keeps the math finite).
+`filtered_probs` is the specification; the step runs one of two implementations of it, chosen by
+its `SamplingPlan` (`fdecode.ops.plan`): `candidate_filter` (every random lane has
+1 <= top_k <= C: one `torch.topk` of C, then everything over the C candidates) or `full_filter`
+(the whole vocabulary; exact top-k / top-p thresholds by radix select, no sort).
 
-- **Candidates** (`candidate_filter`, every random lane has 1 <= top_k <= C): one
-  `torch.topk` of C over the vocabulary, then everything (top-k ties, softmax,
-  top-p by a cumulative sum, min-p) over the C sorted candidates. One pass over V.
-- **Full vocabulary** (`full_filter`): softmax and min-p over V; the exact k-th
-  largest probability (top-k) and the exact top-p threshold only where the plan
-  says some lane uses them, each by a radix select over the bit patterns of the
-  float32 probabilities (non-negative floats order as their bits): 2 passes of
-  15-bit digits (4 of 8 bits below 2**15 tokens), each one int32 histogram of
-  counts or of fixed-point mass (`fdecode.ops.histogram`; integers: the same sums in any order, on any backend),
-  then a suffix sum over the bins picks the digit. No sort of the vocabulary,
-  and no int64 tensor of its size.
-
-Float-level caveats: ties at a threshold are all kept (in the candidate path only
-within the C candidates); top-p mass is summed in fixed point (each probability
-rounded to the nearest 2**-30, so a sum of n of them is off by at most n * 2**-31,
-about 7e-5 at n = 152k, and typically by sqrt(n) * 2**-32) and top_p * mass is
-rounded in float32.
-
-What each plan costs per step at a real vocabulary: BENCHMARKS.md, "Sampling at a real vocabulary"
-(`fdecode bench --workloads real-vocab`).
+Float-level caveats: ties at a threshold are all kept (in the candidate path only within the C
+candidates); top-p mass is summed in fixed point (each probability rounded to the nearest
+2**-30), and top_p * mass is rounded in float32.
 """
 
 from __future__ import annotations

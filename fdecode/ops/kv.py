@@ -3,22 +3,15 @@
 The cache leaf is `kv: [num_layers, 2, num_slots, Hkv, D]` (an MLA model's latent
 cache has one kind instead of keys and values: `fdecode.ops.latent_kv`); a forward's B*Q
 rows of layer `layer` go to slots `slots: [B, Q]` (0 = the scratch slot, which
-padding rows may write in any order). Two ways, one meaning:
+padding rows may write in any order). Two ways, one meaning, chosen per device type
+(`KV_WRITE`, static when the step is traced):
 
 - `"index_put"` (CPU, CUDA): one `index_put_` on the whole leaf with the index
-  tuple (layer, kind, slot). Inductor lowers it to a scatter of B*Q rows; writing
-  through a `kv[layer]` view, or the functional `index_copy`, makes a compiled
-  step copy the entire cache every call.
+  tuple (layer, kind, slot).
 - `"scatter_nd"` (Ascend NPU): `ScatterNdUpdate(kv, indices, updates)` with
   `indices: [2*B*Q, 3]` rows (layer, kind, slot) and `updates: [2*B*Q, Hkv, D]`:
-  torch_npu's `npu_scatter_nd_update_`, which torchair's GE mode converts
-  (GE has no converter for `index_put`; the ACL graph mode runs it as is).
-  Elsewhere (tests on CPU) the same call goes to `fdecode::scatter_nd_update_`,
-  which has that op's schema and documented semantics, so the graph an NPU
-  captures can be built and measured without an NPU.
-
-The way is chosen per device type (`KV_WRITE`), which is static when the step
-is traced, so it costs no branch in the graph.
+  torch_npu's `npu_scatter_nd_update_`; elsewhere the same call goes to
+  `fdecode::scatter_nd_update_`, which has that op's schema and semantics.
 """
 
 from __future__ import annotations

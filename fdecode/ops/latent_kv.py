@@ -3,25 +3,16 @@
 
 An MLA layer caches, per token, one vector shared by every head: the compressed kv `c` (after
 `kv_a_layernorm`, `kv_lora_rank` = R values) followed by the rotated shared rope key `k_pe`
-(`qk_rope_head_dim` = Dr values). The leaf has the paged layout of every fdecode cache with one
-kind and one head instead of keys and values of Hkv heads:
+(`qk_rope_head_dim` = Dr values), in the paged layout of every fdecode cache with one kind and one
+head instead of keys and values of Hkv heads:
 
     kv: Tensor  # [num_layers, 1, num_slots, 1, R + Dr]   kv[l, 0, s, 0] = [c | k_pe] of slot s
 
-so a token costs R + Dr values per layer (576 in DeepSeek-V3's shapes) where the expanded keys and
-values would cost H * (Dn + Dr + Dv) (128 * 320 = 40960).
-
-Attention reads the latent directly (vLLM's and FlashMLA's decode path): with
-`kv_b_proj = [W_uk; W_uv]` per head (W_uk: [Dn, R] to the no-rope key, W_uv: [Dv, R] to the value),
-
-    q_nope . k_nope = q_nope . (W_uk c) = (W_uk^T q_nope) . c         (absorbed into the query)
-    sum_j p_j v_j   = W_uv (sum_j p_j c_j)                            (absorbed into the output)
-
-so each head's query becomes `[W_uk^T q_nope | q_pe]` (R + Dr values), the keys are the cached
-latents themselves (one "head" shared by all H query heads, as multi-query attention) and the values
-are their first R values; the caller applies W_uv to the R-dimensional output. No per-head key or
-value of a context position is ever formed. The window, its key slots and the visibility mask are
-the `PagedContext` every layer reads (`fdecode.ops.attention`).
+Attention reads the latent directly: with `kv_b_proj = [W_uk; W_uv]` per head, each head's query
+becomes `[W_uk^T q_nope | q_pe]` (R + Dr values), the keys are the cached latents (one "head" shared
+by all H query heads) and the values their first R values; the caller applies W_uv to the
+R-dimensional output. The window, its key slots and the visibility mask are the `PagedContext`
+every layer reads (`fdecode.ops.attention`).
 """
 
 from __future__ import annotations

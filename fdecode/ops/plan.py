@@ -1,9 +1,8 @@
 """`SamplingPlan`: which sampling code a step graph contains, chosen on the host per step
 (docs/design.md, "Invariants").
 
-The host knows every lane's sampling parameters (it wrote them at prefill and
-admission), as it knows the attention window, so it picks the cheapest graph
-that is exact for the lanes that may be active, without reading the device:
+The host knows every lane's sampling parameters, so it picks, without reading the device, the
+cheapest graph that is exact for the lanes that may be active:
 
 - no random lane: the greedy-only graph (argmax verification, no filters, no PRNG);
 - every random lane has 1 <= top_k <= `candidates` (`DecodeConfig.top_k_candidates`):
@@ -11,9 +10,8 @@ that is exact for the lanes that may be active, without reading the device:
 - otherwise the full-vocabulary graph, with the exact top-k and top-p threshold
   searches only where some random lane uses them (min-p costs one max, always in).
 
-Each plan is a graph of its own (one for every attention window where the backend
-takes a symbolic window width, else one per window: `fdecode.graphs.compile.Step`);
-switching plans picks a graph and never recompiles one.
+Each plan is a graph of its own (`fdecode.graphs.compile.Step`); switching plans picks a
+graph and never recompiles one.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """`fdecode::prepare_next_draft`: turn a step's accepted tokens into the next draft's first input
 (docs/design.md, "The iteration").
 
-Per lane b (W = K + 1, L = count(accepted[b] >= 0), L == 0 means inactive):
+Per lane b (W = K + 1, L = count(accepted[b] >= 0), L == 0 means inactive), two rows, interleaved
+[repair_0, current_0, repair_1, current_1, ...]:
 
-    last = accepted[b, L-1];  prev = accepted[b, L-2] if L > 1 else last
-    P    = base_pos[b] + L                              # position of `last`
-    rows (2 per lane, interleaved [repair_0, current_0, repair_1, current_1, ...]):
-      repair : token prev, position P-1, hidden[b, L-2] (placeholder if L == 1)
-      current: token last, position P,   hidden[b, L-1]
-    kv_lens[b]   = base_kv[b] + L
-    repair slot  = slot(b, P-1) if L == W else slot(b, P+1)
-    current slot = slot(b, P)
+    last = accepted[b, L-1];  prev = accepted[b, L-2] if L > 1 else last;  P = base_pos[b] + L
+    repair : token prev, position P-1, hidden[b, L-2] (placeholder if L == 1),
+             slot(b, P-1) if L == W else slot(b, P+1)
+    current: token last, position P,   hidden[b, L-1], slot(b, P)
+    kv_lens[b] = base_kv[b] + L
 
-The repair row exists because the draft never saw the last draft dK: when every
-draft is accepted (L == W), dK is committed and its draft-KV entry is missing,
-so the repair row writes it at P-1. Otherwise the entry at P-1 is already valid
-and the repair row's write is redirected to P+1, a future position that the next
-draft forward (or the next current row) overwrites, so valid KV is never clobbered.
-Inactive lanes (L == 0) emit token 0 at their base position with the placeholder
-hidden and write only the scratch slot.
-
-`prepare_next_draft_reference` is the spec; the registered op dispatches to it on
+Inactive lanes emit token 0 at their base position with the placeholder hidden and write only the
+scratch slot. `prepare_next_draft_reference` is the spec; the registered op dispatches to it on
 CPU, and per-device kernels are tested against it.
 """
 

@@ -1,25 +1,12 @@
 """Triton kernel of `fdecode::prepare_next_draft`, registered as the op's CUDA kernel where triton imports
 (docs/backends.md, "The fused op on each backend").
 
-One program per lane b computes exactly what `prepare_next_draft_reference` does
-(the spec, see `fdecode.ops.prepare`):
-
-    L = count(accepted[b] >= 0); last = accepted[b, L-1]; prev = accepted[b, L-2] if L > 1 else last
-    P = base_pos[b] + L; rows 2b (repair) and 2b+1 (current)
-    tokens = [prev, last]; positions = [P-1, P]; kv_lens[b] = base_kv[b] + L
-    hidden = [hidden[b, L-2] or placeholder, hidden[b, L-1] or placeholder]
-    slots  = [slot(repair target), slot(P)], 0 for an inactive lane (L == 0)
-
-`accepted[b, L-1]` is read as a masked sum over the row (no data-dependent load
-address), so a row that is not a clean prefix gives the reference's answer too.
-Slots follow `fdecode.ops.paging.slot_of`: 0 (scratch) for p < 0, a block index
-past the table, or a negative block id. The hidden rows are copied in chunks of
-BLOCK_H columns in the hidden dtype (a copy, so bit-exact).
-
-Inputs the kernel does not cover (integer tensors other than int64, a placeholder
-of another dtype than hidden) run the reference on the device instead.
-Tested against the reference on CPU with the Triton interpreter (TRITON_INTERPRET=1)
-and on CUDA in tests/test_cuda.py.
+One program per lane b computes exactly what `prepare_next_draft_reference` does (the spec, see
+`fdecode.ops.prepare`): rows 2b (repair) and 2b+1 (current), slots by
+`fdecode.ops.paging.slot_of`, 0 for an inactive lane (L == 0), hidden rows copied bit for bit.
+Inputs the kernel does not cover (integer tensors other than int64, a placeholder of another
+dtype than hidden) run the reference on the device instead. Tested against the reference on CPU
+with the Triton interpreter (TRITON_INTERPRET=1) and on CUDA in tests/test_cuda.py.
 """
 
 from __future__ import annotations

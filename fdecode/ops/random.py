@@ -7,19 +7,10 @@ lane reads the 128-bit counter blocks
 
     (index, n mod 2**32, n // 2**32, 0)        index = 0, 1, ... (4 words each)
 
-under the lane's key. Philox is a bijection of the 128-bit block for a fixed key,
-so the blocks of distinct (seed, counter) pairs are distinct by construction: the
-streams of two transitions never overlap, whatever their lengths, and numbers
-depend on nothing but the lane's own seed and step count (not on the other lanes,
-the batch size, the backend or the device). No generator object, no global state,
-no host sync. A transition draws only O(K) numbers per lane (the sampler needs
-two per draw, `fdecode.ops.sampling.sample`), so the 10 rounds cost nothing.
-
-The rounds are written in plain int64 arithmetic that every backend lowers
-exactly: the 32 x 32 -> 64-bit products are split at the constant's 16-bit halves so no
-intermediate exceeds 2**49, shifts are floor divisions by powers of two, and xor
-is `(a | b) - (a & b)`. (Ascend GE graphs have no converters for bitwise xor and
-shifts; this form needs neither, and is bit-identical in eager and compiled code.)
+under the lane's key, so the streams of two transitions never overlap, and numbers
+depend on nothing but the lane's own seed and step count. No generator object, no
+global state, no host sync. The rounds are plain int64 arithmetic (no bitwise xor
+or shift), bit-identical in eager and compiled code, on every backend.
 """
 
 from __future__ import annotations

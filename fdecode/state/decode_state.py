@@ -1,31 +1,17 @@
 """`DecodeState` and `StepOutput`: the immutable pytrees a decode step consumes and returns
 (docs/design.md, "The state").
 
-Glossary (per lane b; B = max_batch, K = drafts, W = K + 1, E = max_stop_ids):
-- *committed*: a token that is part of the output sequence; *t* is the last
-  committed token, which is not yet in the target KV.
-- *verified tokens* (K+1 = W of them): `tokens[b] = [t, d1 .. dK]`, validated at positions
-  `base_pos[b] + 0..K`. (*Window* means the attention window only: `DecodeConfig.context_buckets`.)
-- *accepted*: the L new tokens a step commits (1 <= L <= W for an active lane,
-  0 for an inactive one), reported padded with -1.
-- *greedy lane* (temperature 0) commits the target argmax; a *random lane*
-  commits tokens distributed exactly as the target's filtered distribution
-  (speculative rejection sampling, see `fdecode.ops.sampling`).
+Terms (per lane b: *committed*, *t*, *verified tokens* `tokens[b] = [t, d1 .. dK]`, *accepted*,
+*greedy* and *random* lanes; B = max_batch, K = drafts, W = K + 1) are those of docs/design.md,
+"Glossary".
 
-Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV
-leaves (and a hybrid model's recurrent-state leaves, `fdecode.state.recurrent`) are
-written in place and aliased into the new state, so a step costs O(work), never
-O(cache capacity). A state passed to a step (or one sharing its KV:
-a `replace` or pytree copy of it) is refused from then on; so is a state whose KV
-pool a later `prefill` took over. The rules, and how a step tells which pool a
-state is over (by storage), are in `fdecode.state.ownership`.
-
-Host bookkeeping (`HostInfo`: `max_position`, `lane_sampling`, the KV ticket) is
-not a leaf: it travels as the pytree context, so `tree_map` keeps it (dropping
-what describes a leaf the map changed), as do `replace`, `clone` and `copy`.
-
-Both dataclasses compare by identity (`eq=False`), and their reprs show shapes,
-dtypes, devices and host data only: printing a state never syncs the device.
+Donation contract (JAX `donate_argnums`): a step consumes its input state. The KV leaves (and a
+hybrid model's recurrent-state leaves, `fdecode.state.recurrent`) are written in place and aliased
+into the new state, so a step costs O(work), never O(cache capacity). A state passed to a step (or
+one sharing its KV: a `replace` or pytree copy of it) is refused from then on; so is a state whose
+KV pool a later `prefill` took over (the rules: `fdecode.state.ownership`). Host bookkeeping
+(`HostInfo`) is not a leaf but the pytree context. Both dataclasses compare by identity
+(`eq=False`), and printing a state never syncs the device.
 """
 
 from __future__ import annotations

@@ -3,29 +3,14 @@
 
 A `Step` owns its KV pools (`KVPools`); every state over a pool belongs to one *chain*: the states a
 prefill (or `empty_state`) starts and the states its steps return. The step finds a state's pool from
-the storage of its KV leaves (`pool_of`), not from anything attached to the state; a state carries a
-`KVTicket`, a tensor-free host token for "the transition that made me", which `state.replace`,
-`clone`, pytree rebuilds (`tree_map`: the ticket is in the pytree context) and `copy` pass on.
-
-Rules, all checked on the host before a graph runs (`KVPools.check`), so a state that may read
-overwritten KV raises instead of running:
-
-- *Donation.* A step spends its input's ticket and gives the state it returns a new one: any other
-  state carrying the spent ticket (the input, its `replace`d or `tree_map`ped copies) is refused.
-- *One prefill chain at a time.* `Step.prefill` takes over the pool of the previous prefill's chain
-  when any of that chain's states is still alive (the README loop `state = step.prefill(...)` keeps
-  the old chain's last state alive while the new prefill runs), and spends that chain's ticket: its
-  states are refused from then on. So a loop of generations runs in one pool, at the addresses the
-  graphs were captured with.
-- *Side-by-side chains.* `Step.empty_state()` (what an `Engine` and `warmup` start from) and
-  `Step.prefill(..., concurrent=True)` start a chain no prefill takes over: its pool stays its own
-  while any state carrying the chain's current ticket is alive, and is reused once none is.
-- A state over a pool without a ticket of that pool (`dataclasses.replace`, `DecodeState(...)` of a
-  pool's KV, a `replace` that swapped one pool's KV for another's) is refused: nothing says which
-  chain it belongs to. A state whose KV is not a pool's (a `clone`, a `deepcopy`) is its own chain.
-
-Of the free pools the step keeps one (the oldest, the addresses the graphs were most likely captured
-with), so it holds one cache more than the chains alive at once.
+the storage of its KV leaves (`pool_of`); a state carries a `KVTicket`, a tensor-free host token for
+"the transition that made me", which `state.replace`, `clone`, `tree_map` (the ticket is in the pytree
+context) and `copy` pass on. `KVPools.check` refuses on the host, before a graph runs, a state that
+may read overwritten KV: one carrying a ticket a step spent (donation) or a later plain `prefill`
+spent taking over its chain's pool, and one over a pool without a ticket of that pool
+(`dataclasses.replace`, `DecodeState(...)` of a pool's KV, a `replace` mixing two pools' KV).
+`Step.empty_state()` and `prefill(..., concurrent=True)` start side-by-side chains no prefill
+takes over. A state whose KV is no pool's (a `clone`, a `deepcopy`) is its own chain.
 """
 
 from __future__ import annotations

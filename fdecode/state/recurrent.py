@@ -7,21 +7,11 @@ Leaves, lane first, per model (`target_*`, `draft_*`; L = its linear-attention l
     rec:  [B, L, R, Hv, dk, dv]     float32    delta-rule states
 
 A model without linear-attention layers (Llama, an MTP head) has L = 0: empty leaves, no work.
-
-- Target (R = 1): the state after every committed position < base_pos (t is not yet in it, as for
-  the KV). The verify forward over the window [t, d1 .. dK] returns the state after each row j
-  (W snapshots); once the accepted length L is known, the committed state becomes snapshot L - 1,
-  selected on the device (`commit_verify`). L = 0 (an inactive lane) keeps the old state bit for bit.
-- Draft LM (R = K): the states the last advance left after its rows at positions P, P+1 .. P+K-1
-  (the current row, then drafts d'1 .. d'(K-1)). The next advance, L accepted, needs the state
-  after position P' - 1 = P + L - 1, which is copy L - 1 for L <= K; for L = W (every draft
-  accepted, d'K never went through the draft) it starts from copy K - 1 and lets its repair row
-  (d'K at P' - 1) advance the state, a row that is skipped (`valid` False) when L < W. The rows
-  of the advance refill the K copies (`commit_ring`); lanes that committed nothing keep theirs.
-
-Priming runs the prompt over a zero state with the rows past each prompt skipped: the target's
-state after the prompt goes to copy 0, the draft's to every copy (the first advance reads copy 0).
-Each update of a leaf in the step is one in-place copy, so the leaf is donated like the KV.
+Target (R = 1): the state after every committed position < base_pos; `commit_verify` makes it
+verify snapshot L - 1 on the device (L = 0 keeps it bit for bit). Draft LM (R = K): the states
+after the last advance's rows at P .. P+K-1; the next advance starts from copy min(L, K) - 1, and
+`commit_ring` refills the copies. Priming puts the target's state in copy 0, the draft's in every
+copy. Each update of a leaf in the step is one in-place copy, so the leaf is donated like the KV.
 """
 
 from __future__ import annotations
