@@ -1,18 +1,13 @@
 """Baselines the benchmarks compare against: the "before" loop and target-only decoding
 (docs/design.md, "Why").
 
-`BeforeLoop` is the usual speculative-decoding loop that fdecode replaces. It uses the
-same models, the same compiled forwards and the same semantics (repair row, redirect,
-scratch slot), but after every validation it reads the target argmax and the window back
-to the host, rebuilds the next inputs there in Python (last/prev tokens, hidden-row
-indices, positions, slots of the draft forwards and of the next validation) and uploads
-them before it can launch the draft. The device idles for that whole round trip. It is
-the fair version of that loop on an accelerator: per iteration one packed device -> host
-read into a pinned buffer (the one wait) and one packed pinned upload with
-`non_blocking=True` (`fdecode.staging`), not a synchronous pageable copy per input.
-
+`BeforeLoop` is the usual speculative-decoding loop that fdecode replaces: the same models, compiled
+forwards and semantics (repair row, redirect, scratch slot), but after every validation it reads the
+target argmax and the window back to the host, rebuilds the next inputs there in Python and uploads
+them before it can launch the draft. Per iteration: one packed device -> host read into a pinned
+buffer (the one wait) and one packed pinned upload with `non_blocking=True` (`fdecode.staging`).
 With an n-gram draft (`draft="ngram"`) the host does the prompt lookup itself (`lookup_list`, the
-same rule as the step's) between the read and the upload, as vLLM, SGLang and transformers do.
+same rule as the step's) between the read and the upload.
 
 `TargetOnly` is plain greedy autoregressive decoding with the target, compiled, one
 token per step, device-resident (the host only launches).

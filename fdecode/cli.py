@@ -1,4 +1,5 @@
-"""`fdecode` console script.
+"""`fdecode` console script
+(docs/design.md, "Benchmarks, assets and tools").
 
     fdecode demo                                   # the bundled model: stream Python code, then 3-way speeds
     fdecode demo --draft model                     # ... with its independent draft LM instead of the MTP head

@@ -4,17 +4,11 @@
 `prefill`, `generate` and `Engine.add_request` take either `params=` (one `SamplingParams` for the
 whole call, or one per prompt) or the keyword shortcuts (temperature, top_k, top_p, min_p, seed: a
 number for the whole call or one per prompt; max_new_tokens, eos_token_id, ignore_eos: for the whole
-call), never both. `request_params` turns either into one resolved `SamplingParams` per request:
-- seed: a seed given for the whole call is a seed for the call: request i gets `seeds.derived(seed,
-  i)` (request 0 the seed itself), so best-of-n lanes differ; per-prompt seeds are kept as given; an
-  unset seed is drawn from the step's `SeedSource` (the same on every tensor-parallel rank);
-- eos_token_id: unset means the model's EOS ids (`DecodeConfig.eos_token_id`, resolved by
-  `fdecode.compile` from the model's generation config, as transformers' `generate` and vLLM do); an
-  explicit id or list overrides them, `[]` or `ignore_eos=True` stops on none;
-- max_new_tokens: unset means up to `max_seq_len` (the budget itself is per prompt, `check_budgets`).
-A message about a whole-call value names only the argument; one about a per-prompt value names the
-prompt once ("prompt 1: top_p must be ..."). Filters given to greedy requests (temperature 0), which
-ignore them, are warned about once per call.
+call), never both. `request_params` turns either into one resolved `SamplingParams` per request: a
+whole-call seed gives request i `seeds.derived(seed, i)`, an unset one comes from the step's
+`SeedSource`; an unset eos_token_id means the model's EOS ids, `[]` or `ignore_eos=True` none; an
+unset max_new_tokens means up to `max_seq_len` (the budget itself is per prompt, `check_budgets`).
+Filters given to greedy requests (temperature 0), which ignore them, are warned about once per call.
 """
 
 from __future__ import annotations

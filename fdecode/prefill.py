@@ -1,24 +1,16 @@
 """Priming: the host -> device transition that builds the first `DecodeState` (docs/design.md, "Priming").
 
-For each prompt p[0 .. n-1] the host
-1. checks it (ids in the vocabulary, length + budget within `max_seq_len`),
-2. hands the lane KV blocks and builds its block table,
-3. runs the target over the prompt (KV at positions 0 .. n-1), whose last row
-   gives the first new token g (argmax for a greedy lane, a sample from the
-   filtered distribution for a random one, with the lane's counter 0),
-4. runs the draft over the prompt (for an MTP head, the token at p is paired
-   with the target hidden from p - 1; position 0 gets the zero placeholder);
-   an n-gram draft runs nothing, the prompt goes into its lane's history row,
-5. hands `step.advance` the one-token accepted run [g] with base_pos = n - 1:
-   the same prepare + draft path as every step, so the new window is
-   [g, d'1 .. d'K] at base_pos = n.
+For each prompt p[0 .. n-1] the host checks it (ids in the vocabulary, length + budget within
+`max_seq_len`), hands the lane KV blocks and builds its block table, runs the target over the prompt
+(KV at 0 .. n-1; the last row gives the first new token g, argmax or a sample with the lane's counter
+0) and the draft (an MTP head pairs the token at p with the target hidden from p - 1; an n-gram draft
+only takes the prompt into its history row), then hands `step.advance` the accepted run [g] with
+base_pos = n - 1, so the new window is [g, d'1 .. d'K] at base_pos = n.
 
-Everything that can be wrong with the input raises here, before any tensor is
-touched. Prefill runs eagerly (prompt lengths vary); the step graph never sees it.
-It never waits for the device: host quantities come from host data, every host
-value goes up in one packed non-blocking upload (`fdecode.staging.Uploads`), and
-attention reads the context bucket of the longest prompt (`DecodeConfig.bucket_for`),
-not the whole lane.
+Everything that can be wrong with the input raises here, before any tensor is touched. Prefill runs
+eagerly (prompt lengths vary); the step graph never sees it. It never waits for the device: every
+host value goes up in one packed non-blocking upload (`fdecode.staging.Uploads`), and attention reads
+the context bucket of the longest prompt (`DecodeConfig.bucket_for`), not the whole lane.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
-"""`fdecode profile`: timelines of the before loop and the compiled step, side by side.
+"""`fdecode profile`: timelines of the before loop and the compiled step, side by side
+(docs/design.md, "Benchmarks, assets and tools").
 
     fdecode profile [--out profile/] [--iterations 8] [--model DIR] [-k 3]
 
-Decodes one prompt greedily with the bundled model and its MTP head (real speculation:
-the drafts are the head's, accepted or not by the target), records the same number of
-iterations of each system with `torch.profiler`, writes one Chrome trace per system
-(open them in Perfetto), and renders `timeline.png`: the before loop on top, with each
-iteration's validate / host round trip / draft segments, and the fdecode step below it.
-It prints the time per iteration and per committed token of each, and the mean
-validate-to-draft gap, which is the time the host round trip keeps the draft from starting.
-
-On a CPU-only machine the host and the device are the same cores, so there is a
-single row per system. On an accelerator, the device-kernel rows come from the
-traces.
+Decodes one prompt greedily with the bundled model and its MTP head (real speculation), records the
+same number of iterations of each system with `torch.profiler`, writes one Chrome trace per system
+(open them in Perfetto), and renders `timeline.png`: the before loop on top, with each iteration's
+validate / host round trip / draft segments, and the fdecode step below it. It prints the time per
+iteration and per committed token of each, and the mean validate-to-draft gap, which is the time the
+host round trip keeps the draft from starting. On a CPU-only machine the host and the device are the
+same cores, so there is a single row per system; on an accelerator, the device-kernel rows come from
+the traces.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What fdecode shows while it works: progress bars and one-line notices, on stderr.
+"""What fdecode shows while it works: progress bars and one-line notices, on stderr
+(docs/design.md, "Benchmarks, assets and tools").
 
 `bar` is tqdm's notebook bar where Jupyter can draw one (ipywidgets installed) and
 the plain text bar everywhere else: `tqdm.auto` alone picks the notebook bar in any

@@ -2,22 +2,15 @@
 (docs/design.md, "The iteration").
 
     state --validate--> target logits/hidden over the window [t, d1 .. dK]           (`validate`)
-          --sample----> accepted tokens (greedy lanes: argmax match; random lanes:    (`commit`)
-                        rejection sampling), cut at stop ids and budgets, a recurrent
-                        target rolled back to the accepted prefix
+          --sample----> accepted tokens, cut at stop ids and budgets                  (`commit`)
           --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`) (`advance`)
-          --draft-----> K draft forwards -> next window [last, d'1 .. d'K]            (`propose_lm`)
-                        (an n-gram draft: a lookup in the lane's token history instead,
-                        -1 where nothing is proposed; `propose_ngram`)
+          --draft-----> K draft forwards, or an n-gram lookup -> [last, d'1 .. d'K]   (`propose_lm`,
+                                                                                       `propose_ngram`)
 
-The phases hand over typed tuples: `Verified` (validate -> sample) and `Committed` (sample -> advance,
-the accepted run and its length, computed once). Nothing here reads a tensor value on the host: every
-per-lane quantity stays a tensor, so the whole function captures as one graph with fixed shapes. The KV
-leaves are written in place (donation contract, see `DecodeState`); everything else in the returned
-state is freshly built (`next_state`).
-
-`advance` (prepare + draft) is shared with priming: after a prefill the host hands it a one-token
-accepted run, and the device-resident path takes over; both draw the target's token with `target_draw`.
+The phases hand over typed tuples, `Verified` and `Committed`. Nothing here reads a tensor value on
+the host, so the whole function captures as one graph with fixed shapes. The KV leaves are written in
+place (donation contract, see `DecodeState`); everything else in the returned state is freshly built
+(`next_state`). `advance` is shared with priming, which hands it a one-token accepted run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Byte-level tokenizer: token i < 256 is the byte i; three special tokens follow.
+"""Byte-level tokenizer: token i < 256 is the byte i; three special tokens follow
+(docs/design.md, "Benchmarks, assets and tools").
 
     BOS = 256, EOS = 257, PAD = 258; vocab_size = 259.
 

@@ -1,4 +1,5 @@
-"""The bundled model, trained by `examples/train_tiny.py` (see BENCHMARKS.md for its figures).
+"""The bundled model, trained by `examples/train_tiny.py` (see BENCHMARKS.md for its figures)
+(docs/design.md, "Benchmarks, assets and tools").
 
 - `TINY`: a 4-layer byte-level Llama (2.8 M parameters) with a jointly trained MTP head (`mtp.*`),
   trained on the Python standard library's sources; Hugging Face layout, bfloat16 weights.

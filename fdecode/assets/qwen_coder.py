@@ -1,4 +1,5 @@
-"""A real draft/target pair: Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft).
+"""A real draft/target pair: Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft)
+(docs/design.md, "Benchmarks, assets and tools").
 
 Both come as Q4_K_M GGUF files that `../shared/models/qwen-coder-pair` (in this project's workspace)
 downloads and checks; it prints their folder, by default `~/.cache/fdecode-models/qwen-coder-pair`

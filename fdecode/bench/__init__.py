@@ -1,4 +1,5 @@
-"""Benchmarks of fdecode: `fdecode bench` (`main`) and the helpers the scripts in bench/ share.
+"""Benchmarks of fdecode: `fdecode bench` (`main`) and the helpers the scripts in bench/ share
+(docs/design.md, "Benchmarks, assets and tools").
 
 Outside the library's import graph: nothing in fdecode imports this package but the CLI's `bench`
 subcommand. One concept a module: `timing` (synchronize, interleaved and median runs), `results`

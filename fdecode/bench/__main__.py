@@ -1,4 +1,6 @@
-"""`python -m fdecode.bench`: the same as `fdecode bench`."""
+"""`python -m fdecode.bench`: the same as `fdecode bench`.
+(docs/design.md, "Benchmarks, assets and tools").
+"""
 
 from fdecode.bench.cli import main
 

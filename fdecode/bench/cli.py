@@ -1,23 +1,17 @@
-"""`fdecode bench`: before / after side by side, in one process, on the same weights and prompts.
+"""`fdecode bench`: before / after side by side, in one process, on the same weights and prompts
+(docs/design.md, "Benchmarks, assets and tools").
 
-Systems (greedy, independent draft):
-  target-only   compiled target, one token per step (TargetOnly)
-  before        the host-round-trip speculative loop (BeforeLoop, compiled forwards)
-  fdecode-eager the fdecode step, uncompiled
-  fdecode       the fdecode step, compiled (inductor; the default DecodeConfig, whose greedy plan runs); with
-                n-gram drafts, gated as an Engine runs it (first-row steps while drafts fail, `fdecode.runtime.gate`)
-  fdecode-ungated  n-gram drafts: the compiled step verifying K + 1 rows every step
-  hf-generate   transformers `generate`, batch 1 only
-  hf-assisted   transformers assisted generation with the same draft and a constant K, batch 1 only
-  hf-prompt-lookup  transformers prompt lookup (`prompt_lookup_num_tokens` = K), batch 1, n-gram workloads
+Systems: target-only (compiled target, one token per step, `TargetOnly`), before (the host-round-trip
+loop, `BeforeLoop`), fdecode-eager and fdecode (the step uncompiled and compiled with inductor, the
+default DecodeConfig; with n-gram drafts gated as an Engine runs it, `fdecode.runtime.gate`),
+fdecode-ungated (n-gram drafts verified every step), and at batch 1 only hf-generate, hf-assisted
+(the same draft, a constant K) and hf-prompt-lookup (`prompt_lookup_num_tokens` = K, n-gram workloads).
 
-Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled fdecode
-step also the compute floor (one compiled target forward over K + 1 tokens plus K
-compiled draft forwards, timed in isolation) and the overhead fraction 1 - floor / step.
-Warm-up runs are excluded; each figure is the median of `--reps` runs, with min and max.
-Target-only is measured once per target, batch and prompts, and that figure is in every row that
-uses it (all K, and the bundled MTP and draft workloads alike). `--json FILE` also writes the rows.
-The bench refuses to report a workload whose systems disagree on the greedy tokens.
+Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled step also the
+compute floor and the overhead fraction 1 - floor / step. Each figure is the median of `--reps`
+runs after warm-up, with min and max; target-only is measured once per target, batch and prompts and
+shared by every row that uses it. `--json FILE` also writes the rows. The bench refuses to report a
+workload whose systems disagree on the greedy tokens.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The compute floor of a compiled fdecode step: what its forwards alone cost.
+"""The compute floor of a compiled fdecode step: what its forwards alone cost
+(docs/design.md, "Benchmarks, assets and tools").
 
 One compiled target forward over the K + 1 tokens a step verifies, plus K compiled draft forwards
 (the first over two tokens, the others over one), each timed in isolation on the step's own models,

@@ -1,4 +1,5 @@
-"""The decoding loops `fdecode bench` times the fdecode step with, and its mean accepted length.
+"""The decoding loops `fdecode bench` times the fdecode step with, and its mean accepted length
+(docs/design.md, "Benchmarks, assets and tools").
 
 `fdecode_loop` prefills, then runs a step until every lane finished (reading each output) or for a
 given number of steps device-resident (the outputs read once at the end, as an async host loop would

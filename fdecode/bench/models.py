@@ -1,4 +1,5 @@
-"""The random models `fdecode bench` and the scripts in bench/ measure on, built from a size and a seed.
+"""The random models `fdecode bench` and the scripts in bench/ measure on, built from a size and a seed
+(docs/design.md, "Benchmarks, assets and tools").
 
 `llama`: a random Llama (hidden / 64 heads, at least 2, half as many KV heads), the random-draft
 and draft=target workloads' target and draft. `qwen3_5`: a random Qwen3.5-shaped hybrid (Gated DeltaNet

@@ -1,26 +1,14 @@
-"""`fdecode bench --workloads qwen-coder`: the real draft/target pair against transformers, side by side.
+"""`fdecode bench --workloads qwen-coder`: the real draft/target pair against transformers, side by side
+(docs/design.md, "Benchmarks, assets and tools").
 
-Qwen2.5-Coder-1.5B-Instruct as the target and Qwen2.5-Coder-0.5B-Instruct as its draft
-(`fdecode.assets.qwen_coder`: fetched by `../shared/models/qwen-coder-pair`), fp32, greedy, chat prompts
-(`PROMPTS`: code writing, code editing, free text). Per prompt at batch 1, in one process, every system
-once per repetition and the repetitions round-robin:
-
-  hf-generate        transformers' greedy `generate`
-  hf-assisted        transformers' assisted generation with the 0.5B draft, its default schedule
-  target-only        the compiled target alone, one token per step (`fdecode.baseline.TargetOnly`)
-  before             the host-round-trip speculative loop at K (`fdecode.baseline.BeforeLoop`)
-  fdecode depth d    the step at depth d = 1 .. K, each output read at once (`step(state, depth=d)`)
-  fdecode            an `Engine` verifying K drafts every step: what the default `DecodeConfig` runs
-  fdecode-adaptive   an `Engine` choosing each launch's depth (`adaptive_depth`; costs timed by `warmup`)
-
-At batch 4 (the prompts of `BATCH`): the Engine against transformers' batched greedy `generate` (left
-padding; assisted generation does not batch). Every system decodes exactly `new_tokens` tokens (no EOS
-stop, as in the other workloads); every batch-1 system must commit target-only's tokens, and the Engine at
-batch 4 each prompt's batch-1 tokens (lanes are independent), else nothing is reported. transformers'
-batched tokens may differ where padding moves a near-tie; the row says whether they agreed.
-
-The step is compiled once per batch size with `context_buckets=(256,)`: one window, so that compiling
-stays a few minutes per depth graph on a CPU
+Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft) (`fdecode.assets.qwen_coder`), fp32,
+greedy, chat prompts (`PROMPTS`). At batch 1, per prompt, round-robin: hf-generate, hf-assisted (its
+default schedule), target-only, before (at K), fdecode depth d (`step(state, depth=d)`, d = 1 .. K),
+fdecode (an `Engine` verifying K drafts) and fdecode-adaptive (`adaptive_depth`). At batch 4 (`BATCH`):
+the Engine against transformers' batched greedy `generate` (left padding). Every system decodes exactly
+`new_tokens` tokens (no EOS stop); every batch-1 system must commit target-only's tokens, and the Engine
+at batch 4 each prompt's batch-1 tokens, else nothing is reported; the row says whether transformers'
+batched tokens agreed. The step is compiled once per batch size with `context_buckets=(256,)`
 (docs/design.md, "Compile regions: each layer kind compiled once"). Skipped, naming the script that
 fetches the pair, where the models are missing.
 """

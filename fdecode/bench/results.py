@@ -1,4 +1,5 @@
-"""The rows `fdecode bench` reports, and their markdown table.
+"""The rows `fdecode bench` reports, and their markdown table
+(docs/design.md, "Benchmarks, assets and tools").
 
 A `Result` is one system on one workload at one batch size and K: tokens per second (the median
 of the timed runs, with the min and max), milliseconds per step, mean tokens per lane-step, and for

@@ -1,4 +1,5 @@
-"""The real-vocabulary sampling workload of `fdecode bench` (`--workloads real-vocab`).
+"""The real-vocabulary sampling workload of `fdecode bench` (`--workloads real-vocab`)
+(docs/design.md, "Benchmarks, assets and tools").
 
 At V = 151,936 (Qwen's vocabulary) with a small random target and draft, the
 step time of the greedy-only graph (`DecodeConfig(sampling=False)`) against the

@@ -1,4 +1,5 @@
-"""One workload of `fdecode bench`: every system on the same target, draft and prompts, in one process.
+"""One workload of `fdecode bench`: every system on the same target, draft and prompts, in one process
+(docs/design.md, "Benchmarks, assets and tools").
 
 `run_workload` builds the fdecode step (eager and compiled) for a batch size and K, the baselines
 over the compiled step's models (target-only and the host-round-trip `before` loop), and at batch 1

@@ -1,4 +1,5 @@
-"""Timing for the benchmarks: wall-clock runs of whole systems, compared side by side.
+"""Timing for the benchmarks: wall-clock runs of whole systems, compared side by side
+(docs/design.md, "Benchmarks, assets and tools").
 
 `synchronize` waits for the accelerator (if any), so that a timed interval holds the work it
 launched. `interleaved_runs` times several systems in one process: one untimed warm-up call of each

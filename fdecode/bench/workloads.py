@@ -1,4 +1,5 @@
-"""The named workloads of `fdecode bench --workloads`: which target, draft and prompts each runs.
+"""The named workloads of `fdecode bench --workloads`: which target, draft and prompts each runs
+(docs/design.md, "Benchmarks, assets and tools").
 
 random-draft / draft=target: random Llamas of the `--target` / `--draft` sizes (the target as its own
 draft accepts every token). bundled-mtp / bundled-draft: the bundled model with its MTP head / its

@@ -1,23 +1,14 @@
 """Static description of a DeepSeek-V3 decoder: multi-head latent attention (MLA) shapes, dense layers
 (docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
-A `DeepseekV3Config` is a `ModelConfig` (frozen, hashable, baked into graphs). As in transformers'
-`DeepseekV3Config`, `head_dim` is the rotary width `qk_rope_head_dim` (what `RotaryEmbedding` reads,
-YaRN included) and `num_kv_heads` equals `num_heads`; the attention shapes are the MLA fields:
-
-    q_lora_rank       Rq   queries: q_a_proj (H -> Rq), q_a_layernorm, q_b_proj; None: one q_proj
-    kv_lora_rank      R    the compressed kv of a token (kv_a_proj_with_mqa's first R outputs)
-    qk_nope_head_dim  Dn   per-head query/key channels without RoPE (from kv_b_proj for keys)
-    qk_rope_head_dim  Dr   per-head query channels with RoPE, and the one rope key all heads share
-    v_head_dim        Dv   per-head value channels (from kv_b_proj)
-
-Layers `first_k_dense_replace` .. have the sigmoid-routed MoE `moe` (`fdecode.models.layers.moe`), the
-others (all of them when `moe` is None) the dense SwiGLU MLP of `intermediate_size`.
-`mtp_num_layers` (`num_nextn_predict_layers`) = n MTP modules follow at layer indices
-`num_layers` .. `num_layers + n - 1` (`fdecode.models.mtp.nextn`: any n, module j mod n in draft forward j).
-
-The paged cache holds the latent, `R + Dr` values per token and layer (`fdecode.ops.latent_kv`),
-never the per-head keys and values: `kv_shape` is `[L, 1, num_slots, 1, R + Dr]`.
+A `DeepseekV3Config` is a `ModelConfig` (frozen, hashable, baked into graphs). As in transformers,
+`head_dim` is the rotary width `qk_rope_head_dim` and `num_kv_heads` equals `num_heads`; the attention
+shapes are the MLA fields `q_lora_rank` (Rq; None: one q_proj), `kv_lora_rank` (R), `qk_nope_head_dim`
+(Dn), `qk_rope_head_dim` (Dr) and `v_head_dim` (Dv). Layers `first_k_dense_replace` .. have the
+sigmoid-routed MoE `moe` (`fdecode.models.layers.moe`), the others (all of them when `moe` is None) the
+dense SwiGLU MLP of `intermediate_size`. `mtp_num_layers` (`num_nextn_predict_layers`) = n MTP modules
+follow at layer indices `num_layers` .. `num_layers + n - 1` (`fdecode.models.mtp.nextn`). The paged
+cache holds the latent, `R + Dr` values per token and layer: `kv_shape` is `[L, 1, num_slots, 1, R + Dr]`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Whole-sequence forwards (training, scoring) through the same paged layers decoding uses.
+"""Whole-sequence forwards (training, scoring) through the same paged layers decoding uses
+(docs/design.md, "Model families and the registry").
 
 Each of the B sequences gets a block of its own, one block = the whole sequence
 (`block_size = T`), in a throwaway KV cache: sequence b lives in block b + 1

@@ -1,30 +1,13 @@
 """Tensor parallelism (Megatron style) for the Llama family and the MTP head, sharded at load time
 (docs/design.md, "Tensor parallelism").
 
-Each of the N ranks of a process group holds 1/N of every large weight and runs the
-same step on the same state; the collectives are functional (`_c10d_functional`),
-so Dynamo captures them as graph nodes and the step stays one graph.
-
-    q/k/v, gate/up     column-parallel: rank r keeps output rows r/N .. (r+1)/N (its heads,
-                       its MLP slice); no communication
-    o, down            row-parallel: rank r keeps the matching input columns; the partial
-                       products are summed by an all-reduce, the bias (if any) added once after
-    embedding          vocabulary-parallel: rank r holds rows r*V/N ..; tokens outside the
-                       shard embed to exact zeros, an all-reduce sums them (exact: x + 0 = x)
-    LM head            vocabulary-parallel, then all-gathered: every rank gets the full
-                       logits [B, Q, V], bit-identical across ranks
-    KV cache           rank r holds its Hkv/N heads: `kv_config` is the per-rank shape, so the
-                       state's KV leaves differ per rank while every other leaf is replicated
-    norms, RoPE, MTP eh_proj   replicated
-
-Rank consistency by construction: logits (and hidden states) are identical on every rank
-and the PRNG key is in the state, so every rank samples the same tokens without talking.
-`DecodeConfig(broadcast_accepted=True)` adds the catch-all for non-deterministic kernels:
-every token the step derives state from (accepted runs, draft proposals, the first token
-of a prefill) is broadcast from the group's first rank inside the graph (`rank0_tokens`).
-The drafts need it as much as the accepted run: a draft is written into the KV (draft
-forwards, then the next validate) before it is accepted, and a rank whose KV heads saw
-other tokens corrupts every rank's all-reduced activations.
+Each of the N ranks of a process group holds 1/N of every large weight and runs the same step on the
+same state; the collectives are functional (`_c10d_functional`), so the step stays one graph. q/k/v
+and gate/up are column-parallel, o and down row-parallel (all-reduce), the embedding and the LM head
+vocabulary-parallel (the LM head all-gathered: every rank gets the full, bit-identical logits), the
+KV cache split by heads (`kv_config` is the per-rank shape), norms, RoPE and the MTP eh_proj
+replicated. Ranks agree by construction; `DecodeConfig(broadcast_accepted=True)` also broadcasts
+every token the step derives state from, from the group's first rank (`rank0_tokens`).
 
 Loading: every rank reads the whole checkpoint (`from_hf`), then keeps its slices
 (`shard_state_dict`); the full weights are freed unless the caller holds them.

@@ -1,20 +1,14 @@
 """Compile each repeated decoder layer once inside the one step graph (hierarchical compilation)
 (docs/design.md, "Compile regions: each layer kind compiled once").
 
-A step graph unrolls the target's layers once and the draft's layers once per draft forward, so
-without help Inductor generates, compiles and loads code for layers x (K + 1) copies, and compile time
-grows with depth and K. `call_layer` runs a layer through `torch.compiler.nested_compile_region`: under
-`torch.compile` the first call of each distinct layer (its module structure, input shapes, dtypes and
-strides) is traced and compiled once, and every later call of the same kind is one `invoke_subgraph`
-node that calls that code. The captured step is still one graph: no break, no host sync, the same
-state in and out. In eager mode (the `eager` backend, prefill) the region is a plain call.
-
-Reuse needs identical inputs. A layer's place in the KV leaf is therefore a [1] int64 tensor
-(`layer_index`), not a Python int, which would be a different constant in every layer's region; the
-reference attention and the "index_put" KV write index the whole leaf with it (one gather, one scatter
-of the call's rows, as with an int). flash-attn and the NPU kernel take a per-layer view of the leaf,
-which needs an int, so with those kernels (and the NPU's "scatter_nd" write) layers run unrolled, as
-they do with `DecodeConfig.layer_regions=False`. `PagedContext.regions` says which applies.
+`call_layer` runs a layer through `torch.compiler.nested_compile_region`: under `torch.compile` the
+first call of each distinct layer (module structure, input shapes, dtypes, strides) is compiled once,
+and every later call of the same kind is one `invoke_subgraph` node calling that code, instead of
+layers x (K + 1) unrolled copies. The captured step is still one graph; in eager mode (the `eager`
+backend, prefill) the region is a plain call. Reuse needs identical inputs, so a layer's place in
+the KV leaf is a [1] int64 tensor (`layer_index`), not a Python int. flash-attn, the NPU kernel and
+the NPU's "scatter_nd" write need an int, so with them layers run unrolled, as they do with
+`DecodeConfig.layer_regions=False`; `PagedContext.regions` says which applies.
 """
 
 from __future__ import annotations

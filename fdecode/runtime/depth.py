@@ -2,24 +2,13 @@
 (docs/design.md, "Prompt lookup: n-gram drafts").
 
 A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
-(`fdecode.step.proposals`), so where drafts are rarely accepted a shallow step saves the draft forwards
-and target rows that would be thrown away, and where they are accepted a deep one commits more tokens per
-target forward. The controller keeps, per lane, how many of the drafts it verified were accepted and how
-often a verified run ended at a rejection, read one step behind as the Engine reads outputs; a lane's
-acceptance rate is then a = accepted / (accepted + rejections), each count decayed by (1 - weight) per
-observation (weight 0.15: a memory of about seven steps), starting from `prior` (two pseudo-drafts; 0.8,
-so a fresh lane starts deep, as a draft trained with its target is worth: a low prior spends a short
-answer's first steps shallow). With that rate a step of depth d commits 1 + a + ... + a^d tokens in expectation
-where it runs steadily, and the controller launches the depth with the most expected tokens per unit of
-cost, summed over the running lanes (one depth serves the batch: lanes that disagree are weighed by what
-each would commit). It keeps the last depth unless another scores `hysteresis` (5 %) better: a rate
-estimated from a few steps is noisy, and a switch costs: the first step after a shallower one finds
-fewer drafts in its window. A rate is learnt only from the drafts each step did verify (min(depth,
-drafts carried)). The costs
-(`step_costs`) are each depth's step time where `Step.warmup(depths=...)` timed them
-(a verify row is not free on a CPU, which bytes alone miss), else a model, `depth_costs`,
-the bytes of weights a step reads (the target's once, the draft's once per proposal): with the model a
-run's schedule depends only on its outputs and is reproducible.
+(`fdecode.step.proposals`). The controller keeps, per lane, decayed counts of the verified drafts that
+were accepted and of verified runs that ended at a rejection (read one step behind, as the Engine reads
+outputs; starting from `prior`), so a lane's acceptance rate a gives 1 + a + ... + a^d expected tokens
+at depth d; each launch takes the depth with the most expected tokens per unit of cost, summed over the
+running lanes, and keeps the last depth unless another scores `hysteresis` better. The costs
+(`step_costs`) are each depth's step time where `Step.warmup(depths=...)` timed them, else the model
+`depth_costs` (bytes of weights read), with which a run's schedule depends only on its outputs.
 
 Lossless whatever it chooses: every depth commits the target's tokens (greedy) or its distribution
 (random lanes); a random lane's draws depend on the schedule and so on its batch, as with `DraftGate`.

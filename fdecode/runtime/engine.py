@@ -1,31 +1,17 @@
 """`Engine`: the host loop that feeds a compiled step without waiting on it (docs/design.md, "The Engine").
 
-Each `engine.step()`:
-1. launches the device step on the current state (all admitted lanes),
-2. reads the *previous* step's output from a persistent host buffer after one
-   event wait (one step behind: on an accelerator the device is already running
-   step 1 while the host reads), turns it into events, and retires finished lanes
-   (their blocks return to the pool),
-3. queues a non-blocking copy of this step's output into the host buffer,
-4. admits waiting requests into free lanes by priming (prefill written into the
-   lanes of the live state, no recompilation: shapes are fixed by `max_batch`);
-   their first token is copied the same way and read with the next output.
+Each `engine.step()` (1) launches the device step on the current state (all admitted lanes), (2) reads
+the *previous* step's output from a persistent host buffer after one event wait, turns it into events
+and retires finished lanes (their blocks return to the pool), (3) queues a non-blocking copy of this
+step's output into the host buffer, (4) admits waiting requests into free lanes by priming (no
+recompilation: shapes are fixed by `max_batch`; their first token is read with the next output).
+Stop conditions are applied on the device; the host learns of a finished lane one step later.
 
-Stop conditions (stop ids, budgets, `max_seq_len`) are applied on the device; a
-finished lane is inactive there at once and writes only the scratch slot, while
-the host learns of it one step later.
-
-Paged allocation with lookahead: the host knows a lane's committed length one step
-late and the device can advance W = K + 1 positions per step, so before each launch
-every lane owns the blocks of positions up to `known + 2W + K` (capped at prompt +
-budget): the step in flight and the next one can never reach an unowned block. A
-request is admitted when a lane and its first blocks are free (else it waits);
-blocks return on finish or cancel. By default admission also counts the blocks a
-request may still grow into (prompt + budget) as spoken for, so growth never fails.
-With `overcommit=True` only the first blocks must be free, so more requests run
-at once; if the pool then runs dry while a lane grows, the device writes that
-lane's missing rows to the scratch slot, cuts its output to the rows it can trust
-and stops it, and its last event carries the error. Other lanes are never touched.
+Before each launch every lane owns the blocks of every position the step in flight and the next one
+can reach (capped at prompt + budget). A request is admitted when a lane and its first blocks are free
+(else it waits); by default it also reserves the blocks it may grow into, so growth never fails. With
+`overcommit=True` only the first blocks must be free; a lane that then runs dry is cut on the device
+and stopped, and its last event carries the error. Other lanes are never touched.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """`DraftGate`: when an `Engine` stops verifying n-gram drafts, and when it tries them again
 (docs/design.md, "Prompt lookup: n-gram drafts").
 
-A step's shapes are fixed, so every lane verifies K + 1 rows, proposal or not: the price of a
-draft that is not accepted is K extra target rows. Prompt lookup proposes wherever some earlier
-n-gram matches, which in free text is often and mostly wrong. The host cannot see a proposal in
-time (it reads outputs one step behind, and reading the window would sync the device), but it
-sees how many drafts each verified step accepted. So the gate keeps a running mean of the most
-drafts any running lane accepted per verified step (the plain mean of the first 1 / weight steps, then
-an exponential one: a prior of K accepted drafts would cost a fresh free-text prompt several verified
-steps before its first pause); while that mean is below `threshold` the
-Engine runs first-row steps (`Step(..., speculate=False)`: one target row, one token per lane,
-the next window still proposed), for a pause that doubles each time a trial step fails again, up
-to `max_pause`. A trial that accepts enough resets the pause. Admitting a request resets it all
-(a new prompt may be worth drafting from).
+A step's shapes are fixed, so every lane verifies K + 1 rows, proposal or not. The host cannot see a
+proposal in time, but it sees (one step behind) how many drafts each verified step accepted. The gate
+keeps a running mean of the most drafts any running lane accepted per verified step (the plain mean
+of the first 1 / weight steps, then an exponential one); while it is below `threshold` the Engine runs
+first-row steps (`Step(..., speculate=False)`: one target row, one token per lane, the next window
+still proposed) for a pause that doubles each time a trial step fails again, up to `max_pause`; after
+a pause one trial step is verified. A trial that accepts enough resets the pause; admitting a request
+resets it all.
 
-The host learns of a launch one launch later, so the gate plans for that: after a pause, one trial
-step is verified and the gate runs first-row steps until the trial's output is read (a trial costs
-one verified step, not two), and an observation that brings the mean back to `threshold` ends the
-pause it arrives in.
-
-Lossless either way: a first-row step commits what target-only decoding would, and a lane
-without a proposal commits the same token in both kinds of step. The schedule depends only on
-the outputs, so a run is reproducible; but a random lane's draws then depend on its batch (the
-schedule is the batch's), which `DecodeConfig(draft_gate=False)` avoids.
+Lossless either way: a first-row step commits what target-only decoding would. The schedule depends
+only on the outputs, so a run is reproducible; but a random lane's draws then depend on its batch,
+which `DecodeConfig(draft_gate=False)` avoids.
 """
 
 from __future__ import annotations

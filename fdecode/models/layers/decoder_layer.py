@@ -1,4 +1,5 @@
-"""Building blocks shared by the target LM and the MTP head: RMSNorm, paged attention, SwiGLU MLP.
+"""Building blocks shared by the target LM and the MTP head: RMSNorm, paged attention, SwiGLU MLP
+(docs/design.md, "Model families and the registry").
 
 Paged attention, per layer and per call (all shapes fixed, no host sync):
 1. project the B*Q query tokens to q, k, v; (Qwen3) RMSNorm each head of q and k; RoPE at `positions`;

@@ -2,20 +2,11 @@
 (docs/design.md, "Multi-head latent attention: DeepSeek-V3 and the latent cache").
 
 Per layer and call (names mirror transformers' `DeepseekV3Attention`; H heads, shapes in
-`fdecode.models.deepseek_config`):
-1. queries: `q_proj(x)`, or `q_b_proj(q_a_layernorm(q_a_proj(x)))` when `q_lora_rank` is set;
-   per head `[q_nope (Dn) | q_pe (Dr)]`;
-2. `kv_a_proj_with_mqa(x) = [c (R) | k_pe (Dr)]`, `c <- kv_a_layernorm(c)`; `k_pe` is one key shared
-   by every head;
-3. RoPE on q_pe and k_pe only. With `rope_interleave` (DeepSeek's layout) the rope channels are pairs
-   (x0, x1), (x2, x3), ...: they are de-interleaved (evens, then odds), which turns transformers'
-   interleaved rotation into the rotate-half one of `RotaryEmbedding` (YaRN and its cos/sin mscale
-   included; q and k get the same permutation, so their dot products are unchanged);
-4. the latent `[c | k_pe]` of each row is written into the cache before attending (as every fdecode
-   attention), then attention reads the latents with `kv_b_proj` absorbed
-   (`fdecode.ops.latent_kv`): query `[W_uk^T q_nope | q_pe]`, output `W_uv (attention over c)`,
-   softmax scale `1/sqrt(Dn + Dr)` times DeepSeek's YaRN mscale^2;
-5. `o_proj` over the H * Dv outputs.
+`fdecode.models.deepseek_config`): queries `q_proj(x)` or `q_b_proj(q_a_layernorm(q_a_proj(x)))`, per
+head `[q_nope (Dn) | q_pe (Dr)]`; `kv_a_proj_with_mqa(x) = [c (R) | k_pe (Dr)]`, `c` normed, `k_pe` one
+key shared by every head; RoPE on q_pe and k_pe only (de-interleaved first under `rope_interleave`);
+the latent `[c | k_pe]` of each row is written into the cache before attending, then attention reads
+the latents with `kv_b_proj` absorbed (`fdecode.ops.latent_kv`); `o_proj` over the H * Dv outputs.
 
 Every call (prefill, verify, draft) takes this absorbed path; no per-head key or value of a context
 position is formed.

@@ -1,30 +1,16 @@
 """Mixture-of-experts feed-forward, one block for every MoE family, in fixed shapes
 (docs/design.md, "Mixture of experts: the MoE block, GLM-4.5, the DeepSeek-style MTP head").
 
-Interface (what a family's decoder layer holds as its `mlp`):
-
     block = moe_block(cfg, moe)       # DeepseekMoE ("sigmoid" router) or QwenMoE ("softmax")
     y = block(x)                      # x [..., H] -> [..., H], any leading shape, model dtype
     mlp = feed_forward(cfg, moe, i, first_dense=k)   # layer i: dense MLP below k, else moe_block
 
-`Experts` holds the E routed SwiGLU experts stacked, in transformers' fused layout:
-
-    gate_up_proj: [E, 2I, H]   rows 0..I-1 = gate_proj, I..2I-1 = up_proj of each expert
-    down_proj:    [E, H, I]
-
-so a live transformers model's `mlp.experts.*` load as they are (shared storage), and a checkpoint's
-per-expert keys `mlp.experts.N.{gate,up,down}_proj.weight` are stacked by the loader
-(`fdecode.models.loading.expert_weights`).
-
-Cost follows the experts the tokens use, not E: for the P = N * K (token, slot) pairs the router
-picked, the block gathers those experts' weight matrices and runs one batched matmul per projection
-(`Experts.forward`); E only sizes the router's logits. No capacity, no token dropped, no host sync, no
-data-dependent shape: the decode step (N = B * (K+1) rows) computes exactly what transformers does.
-Rows are processed in chunks whose gathered weights stay under `GATHER_BUDGET` elements, or of one
-row where a row's K experts alone exceed it (a long prefill never gathers more at once).
-
-Sums are float32: each expert's output (model dtype) times its float32 weight, summed over the K
-slots, cast back once; transformers accumulates per expert in the model dtype (the same in float32).
+`Experts` holds the E routed SwiGLU experts stacked in transformers' fused layout, `gate_up_proj`
+[E, 2I, H] (each expert's gate_proj rows, then its up_proj rows) and `down_proj` [E, H, I]; a
+checkpoint's per-expert keys are stacked by the loader (`fdecode.models.loading.expert_weights`).
+Cost follows the experts the tokens use, not E: one batched matmul per projection over the gathered
+weights of the chosen (token, slot) pairs, in chunks under `GATHER_BUDGET` elements; no capacity, no
+token dropped, no host sync, no data-dependent shape. Sums over the K slots are float32.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
-"""Rotary position embedding (RoPE), computed from positions on the fly.
+"""Rotary position embedding (RoPE), computed from positions on the fly
+(docs/design.md, "Model families and the registry").
 
-Each pair of channels (i, i + D/2) of a head is rotated by the angle
-`position * inv_freq[i]` (the "rotate_half" convention of HF Llama: the two
-halves of the head are the real and imaginary parts, not interleaved pairs).
-Scaled variants only change `inv_freq`, plus, for YaRN, a constant factor
-(`attention_scaling`) multiplied into cos and sin:
-
-- linear (position interpolation): inv_freq / factor.
-- llama3 (Llama 3.1): wavelengths longer than original_ctx / low_freq_factor are
-  divided by `factor`, shorter than original_ctx / high_freq_factor are kept, and
-  the band in between is blended linearly in `original_ctx / wavelength`.
-- yarn (Peng et al. 2023, arXiv:2309.00071): per dimension, blend between the
-  interpolated (inv_freq / factor) and the original frequency with a ramp over
-  the dimensions that make between `beta_slow` and `beta_fast` rotations in the
-  original context; attention_scaling = 0.1 * ln(factor) + 1 ("mscale").
-
-cos/sin are never tabulated: they are computed from `positions` at every call,
-so any position (even past max_position_embeddings) works, and shapes stay fixed.
+Each pair of channels (i, i + D/2) of a head is rotated by `position * inv_freq[i]` (HF Llama's
+"rotate_half" convention: the two halves are the real and imaginary parts, not interleaved pairs).
+Scaled variants only change `inv_freq`, plus, for YaRN, a factor `attention_scaling` on cos and sin:
+linear (position interpolation) inv_freq / factor; llama3 (Llama 3.1) divides wavelengths longer
+than original_ctx / low_freq_factor by `factor`, keeps those shorter than original_ctx /
+high_freq_factor, and blends the band between linearly in `original_ctx / wavelength`; yarn (Peng et
+al. 2023, arXiv:2309.00071) blends per dimension between inv_freq / factor and the original frequency
+with a ramp over the dimensions that make between `beta_slow` and `beta_fast` rotations in the
+original context, attention_scaling = 0.1 * ln(factor) + 1 ("mscale"). cos/sin are never tabulated
+but computed from `positions` at every call, so any position (even past max_position_embeddings)
+works and shapes stay fixed.
 """
 
 from __future__ import annotations

@@ -5,13 +5,10 @@ Both routers take `x` [N, H] and return `(weights [N, K] float32, experts [N, K]
 the K slots carries no meaning (the experts' outputs are summed). Names mirror transformers
 (`mlp.gate.weight`, `mlp.gate.e_score_correction_bias`), so checkpoints map 1:1.
 
-- `SigmoidRouter` (DeepSeek-V3 / GLM-4.5, `DeepseekV3TopkRouter`): logits in float32, from a weight and
-  bias kept in float32 in a model of any dtype, as transformers keeps them (`Float32Module`);
-  s = sigmoid(logits). topk_method "noaux_tc": the choice
-  scores c = s + e_score_correction_bias; each of `n_group` groups is scored by the sum of its best
-  two c, a token keeps its `topk_group` best groups, then the top K of c inside them. topk_method
-  "greedy": the top K of s (no groups; the bias loads and is unused). Weights: the chosen s
-  (never c), divided by their sum (+1e-20) when `norm_topk_prob`, times `routed_scaling_factor`.
+- `SigmoidRouter` (DeepSeek-V3 / GLM-4.5, `DeepseekV3TopkRouter`): float32 logits and parameters
+  (`Float32Module`), s = sigmoid(logits); topk_method "noaux_tc" (grouped, on s +
+  e_score_correction_bias) or "greedy" (the top K of s); weights: the chosen s, renormalised when
+  `norm_topk_prob`, times `routed_scaling_factor`.
 - `SoftmaxRouter` (Qwen3-Next / Qwen3.5-MoE, `Qwen3NextTopKRouter`): logits in the model dtype,
   p = softmax(logits) in float32, the top K of p, divided by their sum when `norm_topk_prob`,
   rounded to the model dtype as transformers does.

@@ -1,21 +1,14 @@
 """Load and save fdecode models in the Hugging Face layout
 (docs/design.md, "Model families and the registry").
 
-`from_hf` accepts a transformers model instance or a local checkpoint folder
-(config.json + safetensors, sharded with `model.safetensors.index.json` or not; read
-without transformers and never through pickle). A folder is read one tensor at a time
-(`fdecode.models.loading.checkpoint.CheckpointTensors`, `safetensors.safe_open`): every key is
-checked first, then each tensor is read, converted and kept, so the checkpoint is never
-in memory twice. `save_hf` writes a folder both fdecode and
-`transformers.AutoModelForCausalLM.from_pretrained` can read.
-
-MoE experts: per-expert keys `...mlp.experts.N.{gate,up,down}_proj.weight` (checkpoints,
-`save_pretrained`) or transformers' fused `experts.gate_up_proj` / `experts.down_proj` (a live
-model) both load into the stacked layout (`fdecode.models.loading.expert_weights`).
+`from_hf` accepts a transformers model instance or a local checkpoint folder (config.json +
+safetensors, sharded with `model.safetensors.index.json` or not; read without transformers and
+never through pickle, one tensor at a time, so the checkpoint is never in memory twice). `save_hf`
+writes a folder both fdecode and `transformers.AutoModelForCausalLM.from_pretrained` can read.
+MoE experts load from per-expert keys or fused tensors alike (`fdecode.models.loading.expert_weights`).
 
 Which family loads a checkpoint: `fdecode.models.registry` (by config.json's `model_type`); its
-`Family` maps the config and the key names (`fdecode.models.families.keys`: HF `model.<name>` is fdecode
-`<name>`, an MTP head in any of three layouts is `mtp.*`).
+`Family` maps the config and the key names (`fdecode.models.families.keys`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Multi-token-prediction (MTP) head, DeepSeek-V3 / Qwen3-Next style (docs/design.md, "MTP head vs draft LM").
 
-One step predicts the token after `tokens` from that token and the hidden state
-the previous model (the target, or the previous MTP step) produced for the
-token before it:
+One step predicts the token after `tokens` from that token and the hidden state the previous model
+(the target, or the previous MTP step) produced for the token before it:
 
     h      = layer(eh_proj(cat([enorm(embed(tokens)), hnorm(hidden_in)], -1)))
     logits = lm_head(norm(h))
 
-The head has one decoder layer (so a 1-layer paged KV cache, `kv_config`) and
-borrows the target's embedding and LM head: `bind(target)` keeps references,
-outside the module tree, so they are neither copied nor saved twice. Its KV
-entry at position p pairs the token at p with the hidden from p - 1.
-Heads of n layers (`HybridMTPHead`, `NextNMTPHead`) override `run_layers`: draft
-forward j (`depth`) runs layer j mod n, and every other layer writes its keys and
-values of the rows (`run_one_layer_writing_all`).
+One decoder layer (a 1-layer paged KV cache, `kv_config`); `bind(target)` borrows the target's
+embedding and LM head, outside the module tree, so they are neither copied nor saved twice. Its KV
+entry at position p pairs the token at p with the hidden from p - 1. Heads of n layers
+(`HybridMTPHead`, `NextNMTPHead`) override `run_layers`: draft forward j (`depth`) runs layer j mod n,
+and every other layer writes its keys and values of the rows (`run_one_layer_writing_all`).
 """
 
 from __future__ import annotations

@@ -8,16 +8,10 @@
 
 n gated full-attention layers (`hybrid.AttentionBlock`, MoE MLPs where the family has them), each with
 its own layer of the head's paged KV; `fc`, the norms, and the target's embedding and LM head
-(borrowed, `MTPHead.bind`) are shared by all n. Draft forward j runs layer j mod n (reused cyclically
-when K > n, as vLLM's `spec_step_idx % num_mtp_layers`). As in vLLM's Qwen3-Next / Qwen3.5 MTP, the
-head chains its *normed* output: forward j >= 1 gets `out` of forward j - 1 as `hidden_in`.
-
-Every row of every forward (prefill rows included) writes the keys and values of *all* n layers, each
-from the row's `x`; only layer j mod n attends and proposes. So each layer's KV holds an entry at every
-position any draft row wrote, as a one-layer head's does, and no layer ever reads a slot it did not
-write (vLLM writes a layer's cache only where the layer runs, leaving the other positions to whatever
-the slot held). Cost: n - 1 extra k/v projections per row.
-Checkpoint keys `mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.layers.N.*`, `mtp.norm` are renamed by the family.
+(borrowed, `MTPHead.bind`) are shared by all n. Forward j >= 1 gets the normed `out` of forward j - 1
+as `hidden_in`. Every row of every forward writes the keys and values of all n layers, each from the
+row's `x`; only layer j mod n attends and proposes. Checkpoint keys `mtp.fc`, `mtp.pre_fc_norm_*`,
+`mtp.layers.N.*`, `mtp.norm` are renamed by the family.
 """
 
 from __future__ import annotations

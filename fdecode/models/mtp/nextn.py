@@ -5,26 +5,13 @@
     h      = layer_a(x_a)          draft forward j runs module a = j mod n, n = `num_nextn_predict_layers`
     logits = lm_head(norm_a(h))    (norm_m: module m's `shared_head.norm`)
 
-The checkpoint puts module k after the target's layers, at `model.layers.{num_hidden_layers + k}.*`:
-`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, the decoder layer's own keys (`self_attn.*`, `mlp.*`,
-its two norms), and optional copies of the target's `embed_tokens` / `shared_head.head`, which the
-head does not load: it borrows the target's (`MTPHead.bind`). `families.keys.rename_nextn` maps the keys to
-`mtp.layers.k.{enorm, hnorm, eh_proj, norm, layer.*}`; a checkpoint that declares n modules but lacks
-a key of one is refused by the loader, naming the key, before any tensor is read. Module k is
-reused cyclically when K > n (vLLM's `spec_step_idx % num_mtp_layers`). As in vLLM's DeepSeek MTP,
-the head chains the layer output *before* the norm to its next forward.
-
-Each module has its own layer of the head's paged KV (`kv_config`: the family config with
-num_layers = n). Every row of every forward (prefill rows included) writes the keys and values of
-*all* n modules, module m's from its own x_m (its own norms and eh_proj over the row's token and
-hidden_in); only module a attends and proposes (`mtp.run_one_layer_writing_all`). So no module ever
-reads a slot it did not write, as in a one-module head. Cost per row: n - 1 extra enorm / hnorm /
-eh_proj, input norms and k/v (GLM) or latent (DeepSeek MLA) projections; no extra attention or MLP.
-
-`layer(cfg, index)` builds the family's decoder layer `index` (module k's is `num_hidden_layers + k`;
-GLM-4.5: GQA + MoE; DeepSeek-V3: MLA + MoE), any module with `layers.DecoderLayer`'s call signature
-and its `write_kv`; `rotary` is the family's RoPE; `norm` the RMSNorm class of enorm / hnorm /
-shared_head.norm.
+Module k is checkpoint layer `model.layers.{num_hidden_layers + k}.*`, loaded as
+`mtp.layers.k.{enorm, hnorm, eh_proj, norm, layer.*}` (`families.keys.rename_nextn`); the embedding
+and LM head are the target's (`MTPHead.bind`). Each module has its own layer of the head's paged KV,
+every row writes all n modules' keys and values (`mtp.run_one_layer_writing_all`), and the layer
+output before the norm chains to the next forward. `layer(cfg, index)` builds the family's decoder
+layer `index` (GLM-4.5: GQA + MoE; DeepSeek-V3: MLA + MoE), any module with `layers.DecoderLayer`'s
+call signature and its `write_kv`; `rotary` is the family's RoPE; `norm` the RMSNorm class of the norms.
 """
 
 from __future__ import annotations
