@@ -15,7 +15,6 @@ fetches the pair, where the models are missing.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
@@ -25,6 +24,7 @@ import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.bench.results import Result
+from fdecode.bench.timing import interleaved_runs
 from fdecode.ops.plan import GREEDY
 
 PROMPTS = {
@@ -89,18 +89,6 @@ def _compiled(target, draft, k: int, batch: int, backend: str):
     return fdecode.compile(target, draft, cfg)
 
 
-def _timed(systems: dict, reps: int) -> dict[str, tuple[list[float], object]]:
-    """name -> (seconds of each repetition, last result); every system once per round, rounds in turn."""
-    times, results = {name: [] for name in systems}, {}
-    for _ in range(reps):
-        for name, fn in systems.items():
-            print(f"...   {name}", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            results[name] = fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: (times[name], results[name]) for name in systems}
-
-
 def load_pair(*, hf: bool = True) -> tuple | None:
     """(fdecode target, fdecode draft, tokenizer, transformers target, transformers draft) of the real pair in
     float32, every model without an EOS stop; the transformers models are None where hf is False. None, with
@@ -159,12 +147,12 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
             systems["hf-assisted"] = lambda: (hf_generate(hf_target, [prompt], new_tokens, hf_draft)[0], None, None)
         print(f"... qwen-coder[{name}] B=1 K={k}", file=sys.stderr, flush=True)
         with torch.no_grad():
-            timed = _timed(systems, reps)
-        reference = timed["target-only"][1][0]
-        wrong = [s for s, (_, (tokens, _, _)) in timed.items() if tokens != reference]
+            timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ")
+        reference = timed["target-only"][3][0]
+        wrong = [s for s, (*_, (tokens, _, _)) in timed.items() if tokens != reference]
         if wrong:
             raise RuntimeError(f"qwen-coder[{name}]: {wrong} disagree with target-only's greedy tokens; no numbers")
-        for system, (seconds, (tokens, steps, info)) in timed.items():
+        for system, (*seconds, (tokens, steps, info)) in timed.items():
             extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None}
             extra.update(info or {})
             rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
@@ -186,11 +174,11 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
         systems["hf-generate"] = lambda: (hf_generate(hf_target, prompts, new_tokens), None, None)
     print(f"... qwen-coder[batch] B=4 K={k}", file=sys.stderr, flush=True)
     with torch.no_grad():
-        timed = _timed(systems, reps)
-    if timed["fdecode"][1][0] != alone:
+        timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ")
+    if timed["fdecode"][3][0] != alone:
         raise RuntimeError("qwen-coder[batch]: the Engine's lanes disagree with batch 1's tokens; no numbers")
     rows = []
-    for system, (seconds, (tokens, steps, info)) in timed.items():
+    for system, (*seconds, (tokens, steps, info)) in timed.items():
         extra = {"prompts": list(BATCH)}
         if system == "fdecode":
             extra.update(compile_s=compile_s, **info)
@@ -206,9 +194,9 @@ def _one(run):
 
 
 def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
-    """A `Result`: tokens/s over new_tokens per lane (median, min, max of the repetitions)."""
+    """A `Result`: tokens/s over new_tokens per lane; seconds: (median, min, max) of the repetitions."""
     total = new_tokens * batch
-    med = statistics.median(seconds)
+    med, fastest, slowest = seconds
     steps = steps or new_tokens
-    return Result(workload, system, batch, k, total / med, total / max(seconds), total / min(seconds),
+    return Result(workload, system, batch, k, total / med, total / slowest, total / fastest,
                   med / steps * 1e3, total / (steps * batch), extra=extra)

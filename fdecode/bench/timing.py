@@ -3,9 +3,9 @@
 
 `synchronize` waits for the accelerator (if any), so that a timed interval holds the work it
 launched. `interleaved_runs` times several systems in one process: one untimed warm-up call of each
-(which compiles), then the timed repetitions round-robin, every system once per round, so that a slow
-drift of a shared machine's speed lands on every system alike instead of on whichever ran during it;
-each system's figure is the median with min and max. `median_run` is the same for a single function.
+(which compiles; none for systems compiled beforehand), then the timed repetitions round-robin, every
+system once per round, so that a slow drift of a shared machine's speed lands on every system alike
+instead of on whichever ran during it; each system's figure is the median with min and max. `median_run` is the same for a single function.
 The ratios between systems timed together are what a benchmark here reports: absolute times depend on
 the machine and its load.
 """
@@ -13,6 +13,7 @@ the machine and its load.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
@@ -30,16 +31,22 @@ def median_run(fn, reps: int) -> tuple[float, float, float, object]:
     return interleaved_runs({"fn": fn}, reps)["fn"]
 
 
-def interleaved_runs(fns: dict, reps: int) -> dict[str, tuple[float, float, float, object]]:
-    """name -> (median, min, max seconds, last result) of each fn, after one warm-up call each (compiles).
+def interleaved_runs(
+    fns: dict, reps: int, *, warm_up: bool = True, announce: str | None = None
+) -> dict[str, tuple[float, float, float, object]]:
+    """name -> (median, min, max seconds, last result) of each fn, after one warm-up call each (compiles;
+    warm_up=False: none, for systems compiled beforehand whose runs take minutes). announce: a prefix for
+    a line on stderr before each timed run (None: silent).
 
     The repetitions go round-robin (every fn once, then every fn again ..), so a slow drift of a shared
     machine's speed (its other core, memory bandwidth) lands on every system alike instead of on whichever
     ran during it: the ratios between rows are what a benchmark here reports."""
-    results = {name: fn() for name, fn in fns.items()}
+    results = {name: fn() for name, fn in fns.items()} if warm_up else {}
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
+            if announce is not None:
+                print(f"{announce}{name}", file=sys.stderr, flush=True)
             synchronize()
             start = time.perf_counter()
             results[name] = fn()

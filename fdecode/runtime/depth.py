@@ -49,7 +49,7 @@ def step_costs(step, depths: Sequence[int]) -> list[float]:
     """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed every one of
     `depths` (`Step.depth_seconds`), else the weights it reads (`depth_costs`). Depths outside `depths`
     are never launched; they get the cheapest cost so the list stays positive."""
-    timed = getattr(step, "depth_seconds", {})
+    timed = step.depth_seconds
     if not all(d in timed for d in depths):
         return depth_costs(step.target, step.draft, step.config)
     return [timed.get(d, min(timed[e] for e in depths)) for d in range(step.config.K + 1)]
