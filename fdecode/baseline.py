@@ -74,8 +74,9 @@ class BeforeLoop:
         lanes = torch.stack([state.base_pos, state.remaining, state.active.long()], dim=1)
         start = torch.cat([state.output, state.block_tables, lanes], dim=1)
         start = read_back(start, host_buffer(tuple(start.shape), torch.int64, device))
-        outputs = [start[b][: start[b][window]] for b in range(len(prompts))]  # [t.., count, finished]
-        tables = [row[window + 2 : -3] for row in start]
+        width = cfg.output_width  # the packed StepOutput: [t.., drafts, logprobs.., count, finished]
+        outputs = [start[b][: start[b][width - 2]] for b in range(len(prompts))]
+        tables = [row[width : -3] for row in start]
         base, remaining, active = ([row[i] for row in start] for i in (-3, -2, -1))
         tokens = state.tokens
 

@@ -20,6 +20,7 @@ from fdecode.scalars import scalar, token_ids
 BACKENDS = ("auto", "eager", "inductor", "aot_eager", "dynamo", "cudagraphs", "torchair")
 # torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
 TORCHAIR_MODES = ("reduce-overhead", "max-autotune")
+LOGPROBS_MODES = ("raw", "processed")
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,23 @@ class DecodeConfig:
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
     torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
+    # Request features that need room in the state or work in the graph (`fdecode.ops.processors`); a request
+    # asking for one the config leaves off is refused before anything runs. Off, the step is as without them.
+    # repetition / frequency / presence penalties: token counts per lane in the state (5 bytes x V a lane).
+    penalties: bool = False
+    min_tokens: bool = False  # SamplingParams.min_tokens: stop ids masked until a lane has that many tokens
+    max_logit_bias: int = 0  # SamplingParams.logit_bias: at most this many biased ids per request (0: off)
+    # SamplingParams.logprobs: the committed tokens' logprobs and up to this many top alternatives, computed
+    # in the graph and read with the tokens (None: off; 0: the committed tokens' own only).
+    max_logprobs: int | None = None
+    # "raw": log_softmax of the target's logits (vLLM's default); "processed": of the distribution sampled
+    # from (after logit bias, min_tokens, penalties, temperature and the filters).
+    logprobs_mode: str = "raw"
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "num_blocks", "max_stop_ids",
-                     "top_k_candidates", "tp_size"):  # numpy / torch integers as ints (the config is hashed)
+                     "top_k_candidates", "tp_size", "max_logit_bias", "max_logprobs"):  # numpy / torch integers as ints (the config is hashed)
             value = scalar(getattr(self, name))
             if isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, name, value)
@@ -97,6 +110,17 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.layer_regions must be 'auto', True or False, got {self.layer_regions!r}")
         if not isinstance(self.draft_gate, bool):
             raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
+        for name in ("penalties", "min_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DecodeConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("max_logit_bias", "max_logprobs"):
+            value = getattr(self, name)
+            if (value is not None or name == "max_logit_bias") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"DecodeConfig.{name} must be an int >= 0{'' if name == 'max_logit_bias' else ' or None'}, "
+                                 f"got {value!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"DecodeConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if not isinstance(self.adaptive_depth, bool):
             raise ValueError(f"DecodeConfig.adaptive_depth must be True or False, got {self.adaptive_depth!r}")
         if self.backend not in BACKENDS:
@@ -160,6 +184,22 @@ class DecodeConfig:
         """The verified tokens per lane (K+1): the last committed token plus K drafts. ("Window" is the
         attention window, `context_buckets`.)"""
         return self.num_draft_tokens + 1
+
+    @property
+    def processing(self) -> bool:
+        """Whether the step changes logits before it samples (penalties, min_tokens or logit bias)."""
+        return self.penalties or self.min_tokens or self.max_logit_bias > 0
+
+    @property
+    def logprob_columns(self) -> int:
+        """Columns of the packed output per window row for logprobs: the committed token's, then the top
+        `max_logprobs` ids and their logprobs (0: logprobs off)."""
+        return 0 if self.max_logprobs is None else 1 + 2 * self.max_logprobs
+
+    @property
+    def output_width(self) -> int:
+        """Columns of the packed output (`StepOutput`): W tokens, drafts verified, logprobs, count, status."""
+        return self.W + 3 + self.W * self.logprob_columns
 
     @property
     def blocks_per_lane(self) -> int:

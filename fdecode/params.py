@@ -19,7 +19,7 @@ import os
 import secrets
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -72,6 +72,19 @@ class SamplingParams:
     eos_token_id: ids that end the request (the stop id is emitted); None: the model's EOS ids.
     ignore_eos: stop on no id (the budget and max_seq_len still end the request).
     max_new_tokens: the request's budget; None: up to max_seq_len.
+
+    Features the step must be compiled for (`DecodeConfig`; refused before anything runs where it is not),
+    applied at every verified position and to the drafts, exact under speculation (`fdecode.ops.processors`):
+    repetition_penalty: > 0, 1 = off; over the prompt and the generated tokens (transformers / vLLM: a seen
+        token's logit is divided by it where positive, multiplied where not). `DecodeConfig.penalties`.
+    frequency_penalty, presence_penalty: OpenAI's, over the generated tokens: the logit minus frequency x
+        count minus presence x (count > 0); 0 = off. `DecodeConfig.penalties`.
+    min_tokens: stop ids are masked until the request has this many new tokens (transformers'
+        min_new_tokens). `DecodeConfig.min_tokens`.
+    logit_bias: {token id: bias} added to the logits (OpenAI's), at most `DecodeConfig.max_logit_bias` ids.
+    logprobs: return each committed token's logprob and the top `logprobs` alternatives (0: the token's
+        own only; None: none), at most `DecodeConfig.max_logprobs`; raw or processed by
+        `DecodeConfig.logprobs_mode`.
     """
 
     temperature: float = 0.0
@@ -82,6 +95,12 @@ class SamplingParams:
     eos_token_id: int | Sequence[int] | None = None  # stored as a tuple of ints (or None)
     ignore_eos: bool = False
     max_new_tokens: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_tokens: int = 0
+    logit_bias: Mapping[int, float] | None = None  # stored as a tuple of (id, bias) pairs, ascending ids
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen fields
@@ -112,6 +131,26 @@ class SamplingParams:
         for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
                             ("seed", seed), ("eos_token_id", eos), ("ignore_eos", ignore), ("max_new_tokens", budget)):
             put(name, value)
+        rep, freq, pres = (_finite(n, getattr(self, n))
+                           for n in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+        if rep <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {rep}")
+        least = _int(self.min_tokens)
+        if least is None or least < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {scalar(self.min_tokens)!r}")
+        if budget is not None and least > budget:
+            raise ValueError(f"min_tokens ({least}) is more than max_new_tokens ({budget})")
+        top = None if self.logprobs is None else _int(self.logprobs)
+        if self.logprobs is not None and (top is None or top < 0):
+            raise ValueError(f"logprobs must be an int >= 0 or None, got {scalar(self.logprobs)!r}")
+        for name, value in (("repetition_penalty", rep), ("frequency_penalty", freq), ("presence_penalty", pres),
+                            ("min_tokens", least), ("logit_bias", _bias(self.logit_bias)), ("logprobs", top)):
+            put(name, value)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the request uses a repetition, frequency or presence penalty."""
+        return (self.repetition_penalty, self.frequency_penalty, self.presence_penalty) != (1.0, 0.0, 0.0)
 
     @property
     def plan_inputs(self) -> tuple[float, int, float]:
@@ -120,6 +159,22 @@ class SamplingParams:
 
     def replace(self, **changes: object) -> SamplingParams:
         return dataclasses.replace(self, **changes)
+
+
+def _bias(value: object) -> tuple[tuple[int, float], ...] | None:
+    """A logit_bias argument ({id: bias}, or pairs) as ascending (id, bias) pairs; None or {} stays None."""
+    if value is None:
+        return None
+    try:
+        pairs = value.items() if isinstance(value, Mapping) else list(value)
+        pairs = [(_int(t), _finite("logit_bias value", b)) for t, b in pairs]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"logit_bias must map token ids to finite numbers, got {value!r} ({error})") from None
+    if any(t is None or t < 0 for t, _ in pairs):
+        raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {value!r}")
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise ValueError(f"logit_bias names an id twice: {value!r}")
+    return tuple(sorted(pairs)) or None
 
 
 def _labelled(label: str | None, build: Callable[[], T]) -> T:
@@ -189,6 +244,25 @@ def _requests(
     return whole, [request(i) for i in range(count)]
 
 
+def check_features(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> None:
+    """Refuse a request asking for a feature the step was not compiled for, or more than it has room for."""
+    if p.penalized and not cfg.penalties:
+        raise ValueError("repetition / frequency / presence penalties need a step compiled with "
+                         "DecodeConfig(penalties=True)")
+    if p.min_tokens and not cfg.min_tokens:
+        raise ValueError("min_tokens needs a step compiled with DecodeConfig(min_tokens=True)")
+    if p.logit_bias is not None:
+        if len(p.logit_bias) > cfg.max_logit_bias:
+            raise ValueError(f"logit_bias has {len(p.logit_bias)} ids but DecodeConfig.max_logit_bias is "
+                             f"{cfg.max_logit_bias}")
+        for t, _ in p.logit_bias:
+            if t >= vocab:
+                raise ValueError(f"logit_bias id {t} is not an id in [0, {vocab})")
+    if p.logprobs is not None and (cfg.max_logprobs is None or p.logprobs > cfg.max_logprobs):
+        have = "computes no logprobs" if cfg.max_logprobs is None else f"has max_logprobs={cfg.max_logprobs}"
+        raise ValueError(f"logprobs={p.logprobs} needs DecodeConfig(max_logprobs >= {p.logprobs}); the step {have}")
+
+
 def _stops(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> tuple[int, ...]:
     if p.ignore_eos:
         return ()
@@ -233,6 +307,7 @@ def request_params(
 
         def resolve(request=request) -> SamplingParams:
             p = request() if callable(request) else request
+            check_features(p, cfg, vocab)
             return p.replace(eos_token_id=_stops(p, cfg, vocab), ignore_eos=False,
                              seed=draw() if p.seed is None else p.seed)
 

@@ -30,7 +30,8 @@ from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.ops.plan import GREEDY, plan_for
-from fdecode.step import Committed, advance, agreed, target_draw, transition_randoms
+from fdecode.ops.processors import processors, prompt_seen, tally
+from fdecode.step import Committed, advance, agreed, logprob_rows, processed, target_draw, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -159,11 +160,45 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         top_k=torch.zeros(batch, **zeros),
         top_p=torch.ones(batch, dtype=torch.float32, device=device),
         min_p=torch.zeros(batch, dtype=torch.float32, device=device),
+        **processor_leaves(cfg, batch, target.config.vocab_size, device),
         seed=torch.zeros(batch, **zeros),
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
-        output=torch.zeros(batch, window + 2, **zeros),
+        output=torch.zeros(batch, cfg.output_width, **zeros),
     ).bound_positions(0).record_sampling((None,) * batch)
+
+
+def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The `fdecode.ops.processors` leaves of `batch` lanes that use no feature ([B, 0] where the config
+    leaves a feature off)."""
+    v = vocab if cfg.penalties else 0
+    return dict(
+        penalties=torch.cat([torch.ones(batch, 1, device=device), torch.zeros(batch, 2, device=device)], dim=1)
+        if cfg.penalties else torch.zeros(batch, 0, device=device),
+        counts=torch.zeros(batch, v, dtype=torch.int32, device=device),
+        seen=torch.zeros(batch, v, dtype=torch.bool, device=device),
+        min_left=torch.zeros(batch, dtype=torch.int64, device=device),
+        bias_ids=torch.full((batch, cfg.max_logit_bias), -1, dtype=torch.int64, device=device),
+        bias=torch.zeros(batch, cfg.max_logit_bias, dtype=torch.float32, device=device),
+    )
+
+
+def request_leaves(params: Sequence[SamplingParams], cfg: DecodeConfig) -> dict[str, torch.Tensor]:
+    """The host-side processor values of new lanes (`fdecode.ops.processors`), to upload."""
+    n = len(params)
+    bias_ids = torch.full((n, cfg.max_logit_bias), -1, dtype=torch.int64)
+    bias = torch.zeros(n, cfg.max_logit_bias, dtype=torch.float32)
+    for row, p in enumerate(params):
+        for column, (t, b) in enumerate(p.logit_bias or ()):
+            bias_ids[row, column], bias[row, column] = t, b
+    penalties = torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params],
+                             dtype=torch.float32).view(n, 3)
+    return dict(
+        penalties=penalties if cfg.penalties else torch.zeros(n, 0),
+        min_left=torch.tensor([p.min_tokens for p in params], dtype=torch.int64),
+        bias_ids=bias_ids,
+        bias=bias,
+    )
 
 
 @torch.no_grad()
@@ -198,6 +233,7 @@ def prime(
         for name, dtype in (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
                             ("min_p", torch.float32), ("seed", torch.int64))
     }
+    lane.update(request_leaves(params, cfg))
     # Every host value goes up in one packed non-blocking copy: a pageable copy would wait for the device.
     tokens, lengths, table, stops, index, remaining, *values = (Uploads(device) if uploads is None else uploads)(
         tokens, torch.tensor([len(p) for p in prompts]), block_tables, stops, torch.tensor(lanes),
@@ -243,9 +279,11 @@ def prime(
         remaining=remaining,
         stop_ids=stops,
         **lane,
+        counts=torch.zeros(n, vocab if cfg.penalties else 0, dtype=torch.int32, device=device),
+        seen=prompt_seen(tokens, real, vocab) if cfg.penalties else torch.zeros(n, 0, dtype=torch.bool, device=device),
         counter=torch.zeros(n, dtype=torch.int64, device=device),
         draft_probs=torch.zeros(n, cfg.K, vocab, dtype=torch.float32, device=device),
-        output=torch.zeros(n, cfg.W + 2, dtype=torch.int64, device=device),
+        output=torch.zeros(n, cfg.output_width, dtype=torch.int64, device=device),
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
@@ -253,13 +291,18 @@ def prime(
     plan = plan_for(inputs, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
     noise, _, draft_u = transition_randoms(primed, cfg.K) if plan.random else (None, None, None)
     params = (lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-    first = agreed(cfg, target, target_draw(last_logits, params, noise, plan))
+    procs = processors(primed)
+    chosen = processed(cfg, procs, last_logits[:, None])  # [n, 1, V]
+    first = agreed(cfg, target, target_draw(chosen[:, 0], params, noise, plan))
     accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
     accepted[:, 0] = first
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
     window_hidden[:, 0] = hidden[rows, last]
     accepted, length, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
-    committed = Committed(accepted, length, window_hidden, remaining, finished, None)
+    min_left = tally(procs, accepted, length, penalties=cfg.penalties) if cfg.processing else primed.min_left
+    logprobs = logprob_rows(cfg, plan, primed, last_logits[:, None], chosen, accepted[:, :1])
+    committed = Committed(accepted, length, window_hidden, remaining, finished, None, torch.zeros_like(length),
+                          min_left, logprobs)
     new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)

@@ -30,6 +30,8 @@ from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
+from fdecode.ops.processors import Processors, process, processors, tally
+from fdecode.ops.processors import logprobs as token_logprobs
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
@@ -72,6 +74,45 @@ class Committed(NamedTuple):
     remaining: torch.Tensor  # [B] int64 budget left after them
     finished: torch.Tensor  # [B] bool: stopped (a stop id, the budget, or overflow)
     overflow: torch.Tensor | None  # [B] bool: stopped because it ran past its KV blocks (None: never)
+    drafts: torch.Tensor  # [B] int64: the drafts the verified rows carried (the acceptance metrics' denominator)
+    min_left: torch.Tensor  # [B] int64: the lanes' min_tokens still to commit after them
+    logprobs: tuple | None  # (token [B, W], top ids [B, W, N], top [B, W, N]) or None (`logprob_rows`)
+
+
+def features(cfg: DecodeConfig) -> dict[str, bool]:
+    """The logit processors the step was compiled with (`fdecode.ops.processors.process`)."""
+    return dict(penalties=cfg.penalties, min_tokens=cfg.min_tokens, bias=cfg.max_logit_bias > 0)
+
+
+def processed(cfg: DecodeConfig, lanes: Processors, logits: torch.Tensor, prior: torch.Tensor | None = None,
+              before: int = 0) -> torch.Tensor:
+    """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor)."""
+    return process(logits, lanes, prior, before, **features(cfg)) if cfg.processing else logits
+
+
+def logprob_rows(
+    cfg: DecodeConfig, plan: SamplingPlan, state: DecodeState, raw: torch.Tensor, chosen: torch.Tensor,
+    tokens: torch.Tensor,
+) -> tuple | None:
+    """The logprobs a transition reports (None: the config computes none) of `tokens` [B, R] from the rows
+    [B, R, V] that chose them: `raw` (the target's logits) or, in "processed" mode, `chosen` (after the
+    processors) under each lane's temperature and filters. Padded with -1 ids and 0.0 to W rows."""
+    if cfg.max_logprobs is None:
+        return None
+    source = raw
+    if cfg.logprobs_mode == "processed":
+        source = torch.log_softmax(chosen.float(), dim=-1)
+        if plan.random:  # a random lane's distribution is its filtered one (log 0 = -inf outside it)
+            probs, ids = filtered(plan, chosen, state.temperature, state.top_k, state.top_p, state.min_p)
+            drawn = dense(probs, ids, chosen.shape[-1]).log()
+            source = torch.where((state.temperature > 0)[:, None, None], drawn, source)
+    token, ids, values = token_logprobs(source, tokens, cfg.max_logprobs)
+    pad = cfg.W - tokens.shape[1]
+    if pad:
+        token = torch.cat([token, token.new_zeros(token.shape[0], pad)], dim=1)
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], pad, ids.shape[2]), -1)], dim=1)
+        values = torch.cat([values, values.new_zeros(values.shape[0], pad, values.shape[2])], dim=1)
+    return token, ids, values
 
 
 def decode_step(
@@ -132,7 +173,9 @@ def commit(
     """sample: accept (greedy match or rejection sampling), rank 0's run under TP, cut at stop ids, budgets
     and missing KV blocks, then roll a recurrent target back to the accepted prefix (in place)."""
     window, rows = cfg.W, depth + 1
-    logits, hidden = verified.logits, verified.hidden
+    hidden, lanes = verified.hidden, processors(state)
+    # Row r of the window counts the drafts d1 .. dr in front of it (`fdecode.ops.processors`).
+    logits = processed(cfg, lanes, verified.logits, state.tokens[:, 1:rows])
     if depth == 0:
         accepted, length = first_row(state, logits, noise, plan)
     elif plan.random:
@@ -151,7 +194,10 @@ def commit(
     accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, verified.slots != 0)
     if verified.snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix
         commit_verify((state.target_conv, state.target_rec), verified.snapshots, length)
-    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow)
+    drafts = torch.where(state.active, (state.tokens[:, 1:rows] >= 0).sum(dim=1), 0)
+    min_left = tally(lanes, accepted, length, penalties=cfg.penalties) if cfg.processing else state.min_left
+    logprobs = logprob_rows(cfg, plan, state, verified.logits, logits, accepted[:, :rows])
+    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left, logprobs)
 
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
@@ -292,7 +338,11 @@ def propose_lm(
     )  # the `current` row (column 1) proposes d'1 at P + 1
     ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     candidates = cfg.top_k_candidates
-    proposal, probs = propose(state, logits[:, 1], None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
+    # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they
+    # propose what the target will choose; draft j counts the proposals before it.
+    lanes = processors(state)._replace(min_left=committed.min_left)
+    logits = processed(cfg, lanes, logits[:, 1:2])[:, 0]
+    proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
     drafts, draft_probs = [proposal], [probs]
@@ -305,7 +355,8 @@ def propose_lm(
             attention=cfg.attention, regions=draft_regions, recurrent=draft_state, **depth_kwargs(draft, j),
         )  # an MTP head of n layers runs layer j mod n
         ring.append(draft_state)
-        proposal, probs = propose(state, logits[:, 0], None if draft_u is None else draft_u[:, j], j, plan, candidates)
+        logits = processed(cfg, lanes, logits[:, :1], torch.stack(drafts, dim=1), before=j)[:, 0]
+        proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, j], j, plan, candidates)
         proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)
         draft_probs.append(probs)
@@ -345,8 +396,8 @@ def next_state(
     recurrent and history leaves were written in place, the lanes' parameters carry over."""
     overflow, finished = committed.overflow, committed.finished
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
-    output = StepOutput.pack(committed.accepted, committed.length, status)
+    output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
     return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
         state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,
-        remaining=committed.remaining, counter=state.counter + 1, output=output.packed,
+        remaining=committed.remaining, min_left=committed.min_left, counter=state.counter + 1, output=output.packed,
     )

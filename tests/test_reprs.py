@@ -36,9 +36,9 @@ def test_step_output_shows_the_committed_tokens_of_each_lane():
 
 
 def test_step_output_of_a_large_batch_or_on_a_device_reads_no_value():
-    big = StepOutput(torch.zeros(32, 5, dtype=torch.int64))
+    big = StepOutput(torch.zeros(32, 6, dtype=torch.int64))
     assert repr(big) == "<StepOutput lanes=32 K+1=3 device=cpu (out.tokens.tolist() reads the tokens)>"
-    meta = StepOutput(torch.zeros(2, 5, dtype=torch.int64, device="meta"))  # reading a value would raise
+    meta = StepOutput(torch.zeros(2, 6, dtype=torch.int64, device="meta"))  # reading a value would raise
     assert repr(meta) == "<StepOutput lanes=2 K+1=3 device=meta (out.tokens.tolist() reads the tokens)>"
 
 

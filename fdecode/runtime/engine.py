@@ -90,8 +90,8 @@ class Engine:
         # Persistent host buffers, allocated once (pinned on an accelerator, `fdecode.staging`): the step's
         # packed output and priming's first tokens, read after one wait on `_ready`; every upload (priming,
         # block-table growth) goes through `_uploads`, so nothing the host does between reads waits.
-        self._out_host = host_buffer((cfg.max_batch, cfg.W + 2), torch.int64, device)
-        self._prime_host = host_buffer((cfg.max_batch, cfg.W + 2), torch.int64, device)
+        self._out_host = host_buffer((cfg.max_batch, cfg.output_width), torch.int64, device)
+        self._prime_host = host_buffer((cfg.max_batch, cfg.output_width), torch.int64, device)
         self._ready = Fence(device)
         self._uploads = Uploads(device)
         self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched

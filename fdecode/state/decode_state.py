@@ -32,14 +32,31 @@ REPR_LANES = 8  # a StepOutput repr lists the tokens of batches up to this many 
 
 @dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class StepOutput:
-    """What one transition (prefill or step) committed, packed so the host does one device->host copy."""
+    """What one transition (prefill or step) committed, packed so the host does one device->host copy.
 
-    packed: torch.Tensor  # [B, W + 2] int64: accepted tokens (-1 padded) | count L | status (0 running, 1 finished, 2 error)
+    packed: [B, W + 3 + W x C] int64, per lane: the accepted tokens (-1 padded) | the drafts the verified
+    rows carried | logprobs, C = `DecodeConfig.logprob_columns` per window row (float32 bit patterns: the
+    committed token's, then N top ids and N top logprobs) | the count L | status (0 running, 1 finished,
+    2 error). window: W (None: a packing without logprobs, W = width - 3)."""
+
+    packed: torch.Tensor
+    window: int | None = None
+
+    @property
+    def width(self) -> int:
+        """W, the tokens column count."""
+        return self.packed.shape[1] - 3 if self.window is None else self.window
 
     @property
     def tokens(self) -> torch.Tensor:
         """[B, W] int64: the accepted tokens of each lane, padded with -1."""
-        return self.packed[:, :-2]
+        return self.packed[:, : self.width]
+
+    @property
+    def num_drafts(self) -> torch.Tensor:
+        """[B] int64: the drafts this transition verified (proposed in the window and checked), 0 for a
+        first-row step, priming or an inactive lane."""
+        return self.packed[:, self.width]
 
     @property
     def num_tokens(self) -> torch.Tensor:
@@ -56,15 +73,40 @@ class StepOutput:
         """[B] bool: the lane was stopped because it ran past its KV blocks (see `cut_at_missing_kv`)."""
         return self.packed[:, -1] == 2
 
+    @property
+    def logprobs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(token [B, W] float32, top_ids [B, W, N] int64, top [B, W, N] float32): each committed token's
+        logprob and the N most probable alternatives of its row, None where the step computes none."""
+        w = self.width
+        columns = self.packed[:, w + 1 : -2]
+        if columns.shape[1] == 0:
+            return None
+        rows = columns.reshape(columns.shape[0], w, -1)
+        n = (rows.shape[2] - 1) // 2
+        as_float = lambda x: x.to(torch.int32).view(torch.float32)  # noqa: E731 - the packed bit patterns
+        return as_float(rows[..., 0]), rows[..., 1 : 1 + n], as_float(rows[..., 1 + n :])
+
     @staticmethod
-    def pack(tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor) -> StepOutput:
-        """status: [B] int64 or bool, 0 running, 1 finished, 2 stopped with an error."""
-        return StepOutput(torch.cat([tokens, num_tokens[:, None], status[:, None].long()], dim=1))
+    def pack(
+        tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor, drafts: torch.Tensor | None = None,
+        logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> StepOutput:
+        """status: [B] int64 or bool, 0 running, 1 finished, 2 stopped with an error; drafts: [B] (None: 0);
+        logprobs: (token [B, W], top_ids [B, W, N], top [B, W, N]) float32 / int64 / float32, or None."""
+        b, w = tokens.shape
+        drafts = torch.zeros_like(num_tokens) if drafts is None else drafts
+        columns = [tokens, drafts[:, None].long()]
+        if logprobs is not None:
+            token_lp, top_ids, top_lp = logprobs
+            bits = lambda x: x.float().contiguous().view(torch.int32).long()  # noqa: E731 - exact bit patterns
+            columns.append(torch.cat([bits(token_lp)[..., None], top_ids.long(), bits(top_lp)], dim=-1).reshape(b, -1))
+        columns += [num_tokens[:, None], status[:, None].long()]
+        return StepOutput(torch.cat(columns, dim=1), w)
 
     def __repr__(self) -> str:
         """The committed tokens of each lane for a batch of at most REPR_LANES lanes on the CPU; otherwise
         shapes only, since reading an accelerator's tensor would sync the device."""
-        b, w, device = self.packed.shape[0], self.packed.shape[1] - 2, self.packed.device
+        b, w, device = self.packed.shape[0], self.width, self.packed.device
         head = f"<StepOutput lanes={b} K+1={w} device={device}"
         if device.type != "cpu" or b > REPR_LANES:
             return f"{head} (out.tokens.tolist() reads the tokens)>"
@@ -127,14 +169,21 @@ class DecodeState:
     top_k: torch.Tensor  # [B] int64: keep the k most probable tokens, 0 = off
     top_p: torch.Tensor  # [B] float32: keep the smallest top set of mass >= top_p, 1 = off
     min_p: torch.Tensor  # [B] float32: keep tokens with p >= min_p * max p, 0 = off
+    # Logit processors (`fdecode.ops.processors`); [B, 0] where the config leaves the feature off:
+    penalties: torch.Tensor  # [B, 3] float32: repetition (1 = off), frequency, presence (0 = off)
+    counts: torch.Tensor  # [B, V] int32: each token's count among the lane's generated tokens (written in place)
+    seen: torch.Tensor  # [B, V] bool: the token is in the lane's prompt
+    min_left: torch.Tensor  # [B] int64: tokens the lane commits before a stop id may be one (min_tokens)
+    bias_ids: torch.Tensor  # [B, NB] int64: ids with a logit bias, -1 = none
+    bias: torch.Tensor  # [B, NB] float32: their biases
     seed: torch.Tensor  # [B] int64 in [0, 2**63): the lane's PRNG key (Philox, `fdecode.ops.random`)
     counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
     draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from
-    output: torch.Tensor  # [B, W + 2] int64: packed StepOutput of the transition that made this state
+    output: torch.Tensor  # [B, DecodeConfig.output_width] int64: packed StepOutput of the transition that made this state
 
     @property
     def step_output(self) -> StepOutput:
-        return StepOutput(self.output)
+        return StepOutput(self.output, self.tokens.shape[1])
 
     def replace(self, **changes: torch.Tensor) -> DecodeState:
         """A new state with `changes`; the host bookkeeping (`host`) follows, entries whose leaves
@@ -275,7 +324,7 @@ pytree.register_pytree_node(
 )
 pytree.register_pytree_node(
     StepOutput,
-    lambda obj: (_fields(obj), None),
-    lambda leaves, _ctx: StepOutput(*leaves),
+    lambda obj: ([obj.packed], obj.window),
+    lambda leaves, window: StepOutput(*leaves, window),
     serialized_type_name="fdecode.StepOutput",
 )

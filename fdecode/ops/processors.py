@@ -1,0 +1,98 @@
+"""Request features that change logits before a token is chosen: logit bias, min_tokens, repetition /
+frequency / presence penalties, exact under speculation (docs/design.md, "Logit processors and logprobs").
+
+Order (vLLM v1's and transformers'): logit bias, then the repetition penalty, then frequency and presence,
+then min_tokens' mask; temperature and the filters come after (`fdecode.ops.filters`). Row r of a batch
+of rows counts the lane's committed tokens (`counts`, `seen`: updated in place by `tally` as tokens are
+committed) plus the first `before + r` tokens of `prior`: the drafts in front of it in the verified window,
+or the proposals already made by a draft. A rejection at row j discards every row after j, so each row is
+exactly what plain decoding would have seen there, and nothing has to roll back.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Processors(NamedTuple):
+    """A lane's processing leaves of `DecodeState` (shapes [B, 0] where the config leaves a feature off)."""
+
+    penalties: torch.Tensor  # [B, 3] float32: repetition (1 = off), frequency, presence (0 = off)
+    counts: torch.Tensor  # [B, V] int32: each token's count among the lane's committed (generated) tokens
+    seen: torch.Tensor  # [B, V] bool: the token is in the lane's prompt
+    min_left: torch.Tensor  # [B] int64: tokens the lane commits before a stop id may be one of them
+    bias_ids: torch.Tensor  # [B, NB] int64, -1 = none
+    bias: torch.Tensor  # [B, NB] float32
+    stop_ids: torch.Tensor  # [B, E] int64, -1 = none
+
+
+def processors(state) -> Processors:
+    """The `Processors` of a `DecodeState` (or of anything with those leaves)."""
+    return Processors(state.penalties, state.counts, state.seen, state.min_left, state.bias_ids, state.bias,
+                      state.stop_ids)
+
+
+def _scatter_count(ids: torch.Tensor, weight: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    """[..., V] sums of `weight` at `ids` ([..., n] each; ids < 0 add nothing). Duplicate ids add up."""
+    return torch.zeros(*ids.shape[:-1], vocab, dtype=dtype, device=ids.device).scatter_add(
+        -1, ids.clamp_min(0), torch.where(ids >= 0, weight, torch.zeros_like(weight)).to(dtype)
+    )
+
+
+def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None = None, before: int = 0,
+            *, penalties: bool, min_tokens: bool, bias: bool) -> torch.Tensor:
+    """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
+    `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
+    step was compiled with (off: nothing is computed for them). Returns float32 logits."""
+    b, rows, vocab = logits.shape
+    logits = logits.float()
+    if bias:
+        logits = logits + _scatter_count(lanes.bias_ids, lanes.bias, vocab, torch.float32)[:, None, :]
+    seen_in_row = None
+    if penalties:
+        counts = lanes.counts[:, None, :].float()  # [B, 1, V]
+        if prior is not None and prior.shape[1]:
+            a = prior.shape[1]
+            upto = before + torch.arange(rows, device=logits.device)  # [R] tokens of prior counted by each row
+            mask = (torch.arange(a, device=logits.device)[None, :] < upto[:, None]).float()  # [R, A]
+            ids = prior[:, None, :].expand(b, rows, a)
+            counts = counts + _scatter_count(ids, mask.expand(b, rows, a), vocab, torch.float32)
+        rep, freq, pres = (lanes.penalties[:, i, None, None] for i in range(3))
+        seen_in_row = lanes.seen[:, None, :] | (counts > 0)
+        logits = torch.where(seen_in_row, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        logits = logits - freq * counts - pres * (counts > 0).float()
+    if min_tokens:
+        index = before + torch.arange(rows, device=logits.device)  # [R] the row's token, counted from now
+        masked = index[None, :] < lanes.min_left[:, None]  # [B, R]
+        stops = _scatter_count(lanes.stop_ids, torch.ones_like(lanes.stop_ids), vocab, torch.int32) > 0  # [B, V]
+        logits = torch.where(masked[:, :, None] & stops[:, None, :], float("-inf"), logits)
+    return logits
+
+
+def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, penalties: bool) -> torch.Tensor:
+    """Count a transition's committed tokens (`accepted` [B, W], -1 padded): the counts leaf is updated in
+    place (like the KV) where penalties are on. Returns the next `min_left` [B]."""
+    if penalties:
+        lanes.counts.scatter_add_(1, accepted.clamp_min(0), (accepted >= 0).to(lanes.counts.dtype))
+    return (lanes.min_left - length).clamp_min(0)
+
+
+def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log_softmax of `logits` [B, R, V] at `tokens` [B, R] (-1: 0.0), and its `top` most probable ids
+    and logprobs [B, R, top] each (ties: the lower id first, as torch.topk orders them)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    token = lp.gather(-1, tokens.clamp_min(0)[..., None])[..., 0]
+    token = torch.where(tokens >= 0, token, torch.zeros_like(token))
+    if top == 0:
+        empty = tokens.new_zeros(*tokens.shape, 0)
+        return token, empty, empty.float()
+    values, ids = torch.topk(lp, top, dim=-1)
+    return token, ids, values
+
+
+def prompt_seen(tokens: torch.Tensor, real: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, V] bool: which ids the prompts hold (tokens [n, T], real [n, T]: the row's positions in its prompt)."""
+    ids = torch.where(real, tokens, torch.full_like(tokens, -1))
+    return _scatter_count(ids, torch.ones_like(ids), vocab, torch.int32) > 0
