@@ -10,10 +10,12 @@ import pytest
 import torch
 
 import fdecode
+from fdecode import SamplingParams
 from fdecode.graphs import backends
 from fdecode.ops import kv
 from support import kernel_semantics
 from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.processor_oracle import hf_processed
 from support.runs import NEW, PROMPTS, build, run
 
 
@@ -65,16 +67,50 @@ def test_inductor_greedy_lanes_equal_transformers_and_random_lanes_equal_eager()
     """Inductor's code for every phase of a sampling step: its greedy lanes commit transformers' tokens, its
     random lanes the same tokens as the eager step with the same seeds, bit for bit (the counter-based
     PRNG and the filters compile to the same numbers)."""
-    step, layers = build("partial", "model", 1, backend="inductor", **UNALIGNED)
+    step, layers = build("partial", "model", 1, backend="inductor", **UNALIGNED, **FEATURES)
     assert step.backend == "inductor" and step.dynamic_window and step.config.max_seq_len % 8
     assert step.config.layer_regions  # layers run as compile regions (`fdecode.models.regions`)
     outs, lengths = run(step, **MIXED)
     for lane in (0, 2):
         assert outs[lane] == hf_greedy(PROMPTS[lane], NEW, None, layers)
-    eager, _ = build("partial", "model", 1, **UNALIGNED)
+    eager, _ = build("partial", "model", 1, **UNALIGNED, **FEATURES)
     assert run(eager, **MIXED)[0] == outs
     assert outs[1] != hf_greedy(PROMPTS[1], NEW, None, layers)  # the random lane did sample
     assert len(set(lengths)) >= 2
+    # The same graphs with each request feature (`fdecode.ops.processors`, logprobs) in a lane of its own:
+    # greedy lanes == transformers' processors, the random lane == the eager step's, bit for bit.
+    graphs = len(step._graphs)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        tokens, logprobs = processed_run(step)
+    assert len(step._graphs) == graphs  # the features need no graph of their own and recompile nothing
+    assert tokens == processed_run(eager)[0]
+    for (prompt, params), got, lps in zip(PROCESSED, tokens, logprobs):
+        if params.temperature == 0:
+            want, out = hf_processed(prompt, params, params.max_new_tokens, params.eos_token_id, output_logits=True)
+            assert got == want, params
+            rows = torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
+            assert [lp.logprob for lp in lps] == pytest.approx([rows[i, t].item() for i, t in enumerate(got)], abs=1e-4)
+
+
+FEATURES = dict(penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=2)
+_EOS = 48  # greedy decoding emits it third after PROMPTS[2]: min_tokens masks it
+PROCESSED = [
+    (PROMPTS[0], SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4,
+                                logit_bias={17: 1.0, 41: 2.0}, logprobs=2, max_new_tokens=NEW, eos_token_id=[])),
+    (PROMPTS[2], SamplingParams(min_tokens=12, eos_token_id=_EOS, max_new_tokens=NEW, logprobs=0)),
+    (PROMPTS[1], SamplingParams(temperature=0.9, top_k=20, seed=42, repetition_penalty=1.3, frequency_penalty=0.2,
+                                max_new_tokens=45, eos_token_id=[])),  # >= 23 steps, the others <= 20: the plan stays
+]
+
+
+def processed_run(step):
+    engine = fdecode.Engine(step)
+    ids = [engine.add_request(list(prompt), params) for prompt, params in PROCESSED]
+    tokens, logprobs = {rid: [] for rid in ids}, {rid: [] for rid in ids}
+    for event in engine.stream():
+        tokens[event.request_id] += event.new_tokens
+        logprobs[event.request_id] += event.logprobs or []
+    return [tokens[rid] for rid in ids], [logprobs[rid] for rid in ids]
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
 from fdecode.runtime.depth import DepthController, step_costs
 from fdecode.runtime.gate import DraftGate
+from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.staging import Fence, Uploads, host_buffer
 
 
@@ -39,6 +40,8 @@ class Event:
     # Why a finished request ended (None while it runs): "stop" (it emitted a stop id), "length" (its
     # budget or max_seq_len), "cancelled" (`Engine.cancel`), "error" (see `error`).
     reason: str | None = None
+    # One per token of new_tokens, where the request asked for logprobs (`SamplingParams.logprobs`), else None.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -249,6 +252,7 @@ class Engine:
     def _read(self, host: torch.Tensor, owners, lanes) -> list[Event]:
         events = []
         rows = host.tolist()
+        logprob_rows = lane_logprobs(host, self.config.W)
         for lane in lanes:
             request = owners[lane]
             if request is None or request.lane != lane:
@@ -258,7 +262,10 @@ class Engine:
             if count == 0 and not finished:
                 continue
             error = "ran out of KV blocks (pool exhausted while the request grew)" if row[-1] == 2 else None
-            events.append(Event(request.id, row[:count], finished, error, _reason(row, request) if finished else None))
+            top = request.params.logprobs
+            logprobs = None if top is None else token_logprobs(row[:count], logprob_rows[lane], top)
+            events.append(Event(request.id, row[:count], finished, error, _reason(row, request) if finished else None,
+                                logprobs))
             request.known += count
             if finished:
                 self._retire(request)

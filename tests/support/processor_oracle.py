@@ -1,0 +1,43 @@
+"""transformers' greedy `generate` under a request's logit processors: the oracle of tests/test_processors.py.
+
+`repetition_penalty`, `sequence_bias` (logit bias) and `min_new_tokens` are transformers' own; OpenAI's
+frequency / presence penalties, which transformers lacks, are a `LogitsProcessor` written here.
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from fdecode import SamplingParams
+from support.llama_models import hf_target
+
+
+class OpenAIPenalties(transformers.LogitsProcessor):
+    """OpenAI's frequency / presence penalties over the generated tokens."""
+
+    def __init__(self, prompt_length: int, frequency: float, presence: float) -> None:
+        self.start, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        for row, ids in enumerate(input_ids[:, self.start :]):
+            for t in ids.tolist():
+                counts[row, t] += 1
+        return scores - self.frequency * counts - self.presence * (counts > 0).float()
+
+
+def hf_processed(prompt, params: SamplingParams, new: int, eos=None, num_layers: int = 2, **extra):
+    """transformers' greedy continuation of `prompt` under `params`' processors (new tokens only), and
+    generate's whole output (`extra`: e.g. output_logits=True)."""
+    ids = torch.tensor([prompt])
+    processors = transformers.LogitsProcessorList()
+    if params.frequency_penalty or params.presence_penalty:
+        processors.append(OpenAIPenalties(len(prompt), params.frequency_penalty, params.presence_penalty))
+    out = hf_target(num_layers).generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=eos,
+        pad_token_id=0, repetition_penalty=params.repetition_penalty, logits_processor=processors,
+        sequence_bias=None if params.logit_bias is None else {(t,): b for t, b in params.logit_bias},
+        min_new_tokens=params.min_tokens or None, return_dict_in_generate=True, **extra,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), out
