@@ -16,6 +16,7 @@ from fdecode.graphs.cache import load_compile_cache, save_compile_cache
 from fdecode.models.ngram import NgramDraft
 from fdecode.params import SamplingParams
 from fdecode.runtime import Engine, Event
+from fdecode.runtime.logprobs import TokenLogprob
 from fdecode.state import DecodeState, StepOutput
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SamplingParams",
     "Step",
     "StepOutput",
+    "TokenLogprob",
     "compile",
     "generate",
     "inspect",

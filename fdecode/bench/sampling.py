@@ -24,29 +24,34 @@ import fdecode
 from fdecode.bench.timing import synchronize
 
 VOCAB = 151_936
+# system: (DecodeConfig changes, SamplingParams of every lane)
 SYSTEMS = {
-    "greedy-only graph": (False, {}),
-    "default, greedy lanes": (True, {}),
-    "default, T=0.7 top_p=0.8 top_k=20": (True, dict(temperature=0.7, top_p=0.8, top_k=20)),
-    "default, T=1 top_p=0.95": (True, dict(temperature=1.0, top_p=0.95)),
+    "greedy-only graph": (dict(sampling=False), {}),
+    "default, greedy lanes": ({}, {}),
+    "default, T=0.7 top_p=0.8 top_k=20": ({}, dict(temperature=0.7, top_p=0.8, top_k=20)),
+    "default, T=1 top_p=0.95": ({}, dict(temperature=1.0, top_p=0.95)),
 }
 
 
 def run_sampling_workload(
-    target, draft, batch: int, k: int, steps: int, reps: int, *, device="cpu", dtype=torch.float32, backend="auto"
+    target, draft, batch: int, k: int, steps: int, reps: int, *, device="cpu", dtype=torch.float32, backend="auto",
+    systems: dict[str, tuple[dict, dict]] = SYSTEMS, workload: str = "real-vocab",
 ) -> list[dict]:
-    """Rows {system, batch, k, step_ms, min/max, ratio, plan, compile_s, tokens_per_step} for each system."""
+    """Rows {system, batch, k, step_ms, min/max, ratio, plan, compile_s, tokens_per_step} for each system;
+    the ratio is over the first system's median."""
     prompts = [list(range(1 + lane, 17 + lane)) for lane in range(batch)]
     budget = steps * (k + 1) + 1  # no lane finishes within the timed steps
     base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1),
                 device=device, dtype=dtype, backend=backend)
-    steps_by_config = {s: fdecode.compile(target, draft, fdecode.DecodeConfig(**base, sampling=s)) for s in (False, True)}
+    configs = {tuple(sorted(changes.items())) for changes, _ in systems.values()}
+    steps_by_config = {c: fdecode.compile(target, draft, fdecode.DecodeConfig(**base, **dict(c))) for c in configs}
 
     def run(system: str) -> tuple[float, float, str, int]:
-        sampling, params = SYSTEMS[system]
-        step = steps_by_config[sampling]
-        seeds = dict(seed=list(range(batch))) if params else {}
-        state = step.prefill(prompts, max_new_tokens=budget, **params, **seeds)
+        changes, params = systems[system]
+        step = steps_by_config[tuple(sorted(changes.items()))]
+        lanes = [fdecode.SamplingParams(**params, seed=lane, max_new_tokens=budget, eos_token_id=[])
+                 for lane in range(batch)]
+        state = step.prefill(prompts, params=lanes)
         plan = step.plan_for(state).name
         window = step.config.bucket_for(state.max_position) * step.config.block_size
         outs = []
@@ -60,22 +65,22 @@ def run_sampling_workload(
         committed = float(torch.stack(outs).float().mean())
         return seconds / steps, committed, plan, window
 
-    for system in SYSTEMS:  # warm-up: compiles each plan's graph
+    for system in systems:  # warm-up: compiles each plan's graph
         run(system)
-    times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+    times: dict[str, list[float]] = {s: [] for s in systems}
     info = {}
     for _ in range(reps):
-        for system in SYSTEMS:
+        for system in systems:
             seconds, committed, plan, window = run(system)
             times[system].append(seconds)
             info[system] = (committed, plan, window)
-    greedy = statistics.median(times["greedy-only graph"])
+    greedy = statistics.median(times[next(iter(systems))])
     rows = []
     for system, ts in times.items():
         committed, plan, window = info[system]
-        step = steps_by_config[SYSTEMS[system][0]]
+        step = steps_by_config[tuple(sorted(systems[system][0].items()))]
         rows.append(dict(
-            workload="real-vocab", system=system, batch=batch, k=k, step_ms=statistics.median(ts) * 1e3,
+            workload=workload, system=system, batch=batch, k=k, step_ms=statistics.median(ts) * 1e3,
             step_ms_min=min(ts) * 1e3, step_ms_max=max(ts) * 1e3, ratio=statistics.median(ts) / greedy,
             plan=plan, tokens_per_step=committed,
             compile_s=step.plan_compile_seconds.get((window, plan)),
@@ -83,9 +88,9 @@ def run_sampling_workload(
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], baseline: str = "greedy-only") -> str:
     lines = [
-        "| B | K | system | plan | ms/step (min-max) | x greedy-only | tok/lane-step | compile s |",
+        f"| B | K | system | plan | ms/step (min-max) | x {baseline} | tok/lane-step | compile s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
