@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fdecode
+from fdecode.runtime.metrics import RequestMetrics
 from support.llama_models import VOCAB, fdecode_target, independent_draft
 
 K = 2
@@ -261,8 +262,9 @@ def test_a_cancelled_request_gets_a_final_event():
     engine.cancel(waiting)
     events = list(engine.stream())
     final = {e.request_id: e for e in events if e.finished}
-    assert final[running] == fdecode.Event(running, [], True, reason="cancelled")
-    assert final[waiting] == fdecode.Event(waiting, [], True, reason="cancelled")
+    none = RequestMetrics()  # its counts so far: priming's token is no step, and no step of it was read
+    assert final[running] == fdecode.Event(running, [], True, reason="cancelled", metrics=none)
+    assert final[waiting] == fdecode.Event(waiting, [], True, reason="cancelled", metrics=none)
     assert final[last].reason == "length" and [e for e in seen if e.finished] == list(final.values())
     assert all(e.reason is None for e in events if not e.finished)
     stop = alone((5, 6), 8, None)[2]

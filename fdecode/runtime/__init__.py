@@ -3,5 +3,6 @@
 
 from fdecode.runtime.allocator import BlockAllocator
 from fdecode.runtime.engine import Engine, Event
+from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
 
-__all__ = ["BlockAllocator", "Engine", "Event"]
+__all__ = ["BlockAllocator", "Engine", "Event", "RequestMetrics", "SpecMetrics"]

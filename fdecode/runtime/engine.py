@@ -28,6 +28,7 @@ from fdecode.runtime.allocator import BlockAllocator
 from fdecode.runtime.depth import DepthController, step_costs
 from fdecode.runtime.gate import DraftGate
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
+from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
 from fdecode.staging import Fence, Uploads, host_buffer
 
 
@@ -40,6 +41,7 @@ class Event:
     # Why a finished request ended (None while it runs): "stop" (it emitted a stop id), "length" (its
     # budget or max_seq_len), "cancelled" (`Engine.cancel`), "error" (see `error`).
     reason: str | None = None
+    metrics: RequestMetrics | None = None  # on a finished event: the request's acceptance counts (so far, if cancelled)
     # One per token of new_tokens, where the request asked for logprobs (`SamplingParams.logprobs`), else None.
     logprobs: list[TokenLogprob] | None = None
 
@@ -54,6 +56,7 @@ class _Request:
     blocks: list[int] = field(default_factory=list)
     lane: int | None = None
     known: int = 0  # tokens the host has seen committed (prompt included)
+    metrics: RequestMetrics = RequestMetrics()  # counted from the step rows read for it
 
 
 def _reason(row: list[int], request: _Request) -> str:
@@ -70,7 +73,7 @@ class Engine:
     engine = fdecode.Engine(step)
     rid = engine.add_request(prompt, max_new_tokens=64, eos_token_id=2, temperature=0.8, seed=1)
     rid = engine.add_request(prompt, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
-    for event in engine.stream(): ...        # (request_id, new_tokens, finished, error, reason)
+    for event in engine.stream(): ...        # (request_id, new_tokens, finished, error, reason, metrics)
     results = engine.run()                   # {request_id: tokens}, runs until idle
     """
 
@@ -109,6 +112,7 @@ class Engine:
             allowed = [d for d in step.depths if d > 0]
             self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
+        self._metrics = SpecMetrics(cfg.K)  # acceptance over every step row read (`metrics`)
 
     # ------------------------------------------------------------------ requests
 
@@ -171,7 +175,7 @@ class Engine:
             self.state = self.state.replace(active=active & (lanes != request.lane))  # no upload, no read
             self._retire(request)
         del self._requests[request_id]
-        self._cancelled.append(Event(request_id, [], True, reason="cancelled"))
+        self._cancelled.append(Event(request_id, [], True, reason="cancelled", metrics=request.metrics))
 
     @property
     def num_active(self) -> int:
@@ -180,6 +184,12 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def metrics(self) -> SpecMetrics:
+        """Acceptance over every step read so far (`fdecode.runtime.metrics`): totals, mean accepted length,
+        acceptance per draft position. Updated in place by `step()`; counted from the rows read anyway."""
+        return self._metrics
 
     def has_work(self) -> bool:
         return bool(self._requests) or self._out_lanes is not None or bool(self._cancelled)
@@ -245,11 +255,12 @@ class Engine:
             events += self._read(self._out_host, self._out_lanes, range(len(self._out_lanes)))
             self._out_lanes = None
         if self._primed_lanes:
-            events += self._read(self._prime_host, self._lanes, self._primed_lanes)
+            events += self._read(self._prime_host, self._lanes, self._primed_lanes, primed=True)
             self._primed_lanes = []
         return events
 
-    def _read(self, host: torch.Tensor, owners, lanes) -> list[Event]:
+    def _read(self, host: torch.Tensor, owners, lanes, *, primed: bool = False) -> list[Event]:
+        """Events of the lanes' rows of `host`; a step's rows (not priming's, `primed`) are counted in metrics."""
         events = []
         rows = host.tolist()
         logprob_rows = lane_logprobs(host, self.config.W)
@@ -262,10 +273,13 @@ class Engine:
             if count == 0 and not finished:
                 continue
             error = "ran out of KV blocks (pool exhausted while the request grew)" if row[-1] == 2 else None
+            if not primed:  # row[W]: the drafts its verified rows carried (`StepOutput.num_drafts`)
+                request.metrics = request.metrics.counted(count, row[self.config.W])
+                self._metrics.count(count, row[self.config.W])
+            reason, metrics = (_reason(row, request), request.metrics) if finished else (None, None)
             top = request.params.logprobs
             logprobs = None if top is None else token_logprobs(row[:count], logprob_rows[lane], top)
-            events.append(Event(request.id, row[:count], finished, error, _reason(row, request) if finished else None,
-                                logprobs))
+            events.append(Event(request.id, row[:count], finished, error, reason, metrics=metrics, logprobs=logprobs))
             request.known += count
             if finished:
                 self._retire(request)
