@@ -10,7 +10,7 @@
 
 from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
-from fdecode.generate import generate
+from fdecode.generate import Completion, generate
 from fdecode.graphs import GraphReport, Step, compile, inspect
 from fdecode.graphs.cache import load_compile_cache, save_compile_cache
 from fdecode.models.ngram import NgramDraft
@@ -20,6 +20,7 @@ from fdecode.runtime.logprobs import TokenLogprob
 from fdecode.state import DecodeState, StepOutput
 
 __all__ = [
+    "Completion",
     "DecodeConfig",
     "DecodeState",
     "Engine",

@@ -8,14 +8,28 @@ tokens. Stop conditions are evaluated inside the step on the device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from fdecode.params import PerPrompt, SamplingParams, request_params
 from fdecode.prefill import Prompts, check_prompt, prompt_rows
 from fdecode.progress import bar as progress_bar
 from fdecode.runtime.engine import Engine
+from fdecode.runtime.logprobs import TokenLogprob
+from fdecode.runtime.metrics import RequestMetrics
 
 # Show a progress bar by default when a call may commit at least this many tokens.
 PROGRESS_MIN_TOKENS = 2048
+
+
+@dataclass
+class Completion:
+    """One prompt's result with details (`generate(..., details=True)`)."""
+
+    tokens: list[int] = field(default_factory=list)  # the new tokens, stop id included
+    reason: str | None = None  # why it ended: "stop", "length" or "error" (`Event.reason`)
+    error: str | None = None  # what went wrong, for reason "error"
+    logprobs: list[TokenLogprob] | None = None  # one per token where the request asked (`SamplingParams.logprobs`)
+    metrics: RequestMetrics | None = None  # drafts proposed and accepted, steps (`Event.metrics`)
 
 
 def generate(
@@ -32,8 +46,10 @@ def generate(
     min_p: PerPrompt = None,
     seed: PerPrompt = None,
     progress: bool | None = None,
-) -> list[list[int]]:
-    """Speculative generation. Returns the new tokens of each prompt (stop id included).
+    details: bool = False,
+) -> list[list[int]] | list[Completion]:
+    """Speculative generation. Returns the new tokens of each prompt (stop id included), or with
+    details=True a `Completion` per prompt: its tokens, why it ended, its logprobs and acceptance metrics.
 
     Greedy, stopping at the model's EOS ids, by default. Prompts and sampling settings as `Step.prefill`
     takes them: `params` (one `fdecode.SamplingParams` for the call, or one per prompt) or the keyword
@@ -55,11 +71,16 @@ def generate(
         engine._add_request(prompt, f"prompt {i}", p)  # noqa: SLF001 - add_request with the prompt's label
         for i, (prompt, p) in enumerate(zip(checked, requests))
     ]
-    outputs = {rid: [] for rid in ids}
+    outputs = {rid: Completion() for rid in ids}
     total = sum(engine._requests[rid].budget for rid in ids)  # noqa: SLF001 - the budgets it checked
     show = progress if progress is not None else total >= PROGRESS_MIN_TOKENS
     with progress_bar(total=total, disable=not show, unit="tok", desc="fdecode") as bar:
         for event in engine.stream():
-            outputs[event.request_id].extend(event.new_tokens)
+            done = outputs[event.request_id]
+            done.tokens += event.new_tokens
+            if event.logprobs is not None:
+                done.logprobs = (done.logprobs or []) + event.logprobs
+            if event.finished:
+                done.reason, done.error, done.metrics = event.reason, event.error, event.metrics
             bar.update(len(event.new_tokens))
-    return [outputs[rid] for rid in ids]
+    return [outputs[rid] if details else outputs[rid].tokens for rid in ids]

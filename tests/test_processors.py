@@ -190,3 +190,18 @@ def test_every_feature_stays_in_the_one_graph():
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
     assert report.op_counts["fdecode::prepare_next_draft"] == 1
     assert "aten::scatter_add" in report.op_counts and "aten::topk" in report.op_counts
+
+
+def test_generate_with_details_returns_logprobs_reasons_and_metrics(step):
+    """`generate(..., details=True)`: the same tokens, with what the Engine's events carried."""
+    prompts = [list(p) for p in PROMPTS]
+    params = [REQUESTS["repetition"].replace(max_new_tokens=NEW, logprobs=1), SamplingParams(max_new_tokens=5),
+              SamplingParams(max_new_tokens=NEW, eos_token_id=fdecode.generate(step, [prompts[2]], max_new_tokens=4)[0][3])]
+    done = fdecode.generate(step, prompts, params, details=True)
+    assert [c.tokens for c in done] == fdecode.generate(step, prompts, params)
+    assert [lp.token for lp in done[0].logprobs] == done[0].tokens and all(len(lp.top) == 1 for lp in done[0].logprobs)
+    assert done[1].logprobs is None and [c.reason for c in done] == ["length", "length", "stop"]
+    for c in done:  # every token but the first came from a verified or first-row step
+        m = c.metrics
+        assert len(c.tokens) <= 1 + m.drafts_accepted + m.verified_steps + m.first_row_steps
+        assert m.verified_steps + m.first_row_steps >= 1
