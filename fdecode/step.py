@@ -99,9 +99,9 @@ def logprob_rows(
     processors) under each lane's temperature and filters. Padded with -1 ids and 0.0 to W rows."""
     if cfg.max_logprobs is None:
         return None
-    source = raw
+    source = raw  # `token_logprobs` normalises each row
     if cfg.logprobs_mode == "processed":
-        source = torch.log_softmax(chosen.float(), dim=-1)
+        source = chosen.float()
         if plan.random:  # a random lane's distribution is its filtered one (log 0 = -inf outside it)
             probs, ids = filtered(plan, chosen, state.temperature, state.top_k, state.top_p, state.min_p)
             drawn = dense(probs, ids, chosen.shape[-1]).log()

@@ -10,6 +10,7 @@ logprobs equal the log_softmax of transformers' logits (raw) or scores (processe
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -205,3 +206,20 @@ def test_generate_with_details_returns_logprobs_reasons_and_metrics(step):
         m = c.metrics
         assert len(c.tokens) <= 1 + m.drafts_accepted + m.verified_steps + m.first_row_steps
         assert m.verified_steps + m.first_row_steps >= 1
+
+
+def test_processed_logprobs_of_random_lanes_are_those_of_the_distribution_sampled_from():
+    """A random lane's processed logprob is log p of the processed, filtered distribution (-inf outside it)."""
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=8, max_seq_len=16, block_size=4, backend="eager",
+                               penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=V,
+                               logprobs_mode="processed")
+    step = fdecode.compile(target, tiny_draft("random", target), cfg)
+    request = TINY_REQUEST.replace(top_k=3, logprobs=V)
+    done = fdecode.generate(step, [PROMPT] * 8, [request.replace(seed=s) for s in range(8)], details=True)
+    for completion in done:
+        for i, lp in enumerate(completion.logprobs):
+            want = reference_next(target, completion.tokens[:i], request).log()
+            assert lp.logprob == pytest.approx(want[lp.token].item(), abs=1e-4)
+            assert sorted(lp.top) == sorted(range(V)) and all(
+                lp.top[t] == pytest.approx(want[t].item(), abs=1e-4) or want[t] == -math.inf for t in range(V))

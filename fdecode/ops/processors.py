@@ -41,33 +41,47 @@ def _scatter_count(ids: torch.Tensor, weight: torch.Tensor, vocab: int, dtype: t
     )
 
 
+def _matches(ids: torch.Tensor, vocab: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """sum over j of (ids[..., j] == v) * weight[..., j] for every v of `vocab` ([V], broadcast after ids'
+    leading dims): one comparison per (entry, token), elementwise, so a compiler fuses it with the logits'
+    other changes into one pass (ids < 0 match nothing: token ids are >= 0)."""
+    total = None
+    for j in range(ids.shape[-1]):  # a few ids: the drafts in front of a row, the biased ids, the stop ids
+        hit = (ids[..., j, None] == vocab).float()
+        hit = hit if weight is None else hit * weight[..., j, None]
+        total = hit if total is None else total + hit
+    return total
+
+
 def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None = None, before: int = 0,
             *, penalties: bool, min_tokens: bool, bias: bool) -> torch.Tensor:
     """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
     `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
-    step was compiled with (off: nothing is computed for them). Returns float32 logits."""
+    step was compiled with (off: nothing is computed for them). Returns float32 logits.
+
+    Every change is elementwise over [B, R, V] (the few ids of a lane compared with each token), so the
+    whole function is one fused pass over the logits where a compiler fuses it."""
     b, rows, vocab = logits.shape
+    token = torch.arange(vocab, device=logits.device)  # [V]
     logits = logits.float()
-    if bias:
-        logits = logits + _scatter_count(lanes.bias_ids, lanes.bias, vocab, torch.float32)[:, None, :]
-    seen_in_row = None
+    if bias and lanes.bias_ids.shape[1]:
+        logits = logits + _matches(lanes.bias_ids[:, None, :], token, lanes.bias[:, None, :])
     if penalties:
         counts = lanes.counts[:, None, :].float()  # [B, 1, V]
         if prior is not None and prior.shape[1]:
-            a = prior.shape[1]
             upto = before + torch.arange(rows, device=logits.device)  # [R] tokens of prior counted by each row
-            mask = (torch.arange(a, device=logits.device)[None, :] < upto[:, None]).float()  # [R, A]
-            ids = prior[:, None, :].expand(b, rows, a)
-            counts = counts + _scatter_count(ids, mask.expand(b, rows, a), vocab, torch.float32)
+            counted = torch.arange(prior.shape[1], device=logits.device)[None, :] < upto[:, None]  # [R, A]
+            ids = torch.where(counted[None], prior[:, None, :], -1)  # [B, R, A]: the drafts in front of each row
+            counts = counts + _matches(ids, token)
         rep, freq, pres = (lanes.penalties[:, i, None, None] for i in range(3))
-        seen_in_row = lanes.seen[:, None, :] | (counts > 0)
-        logits = torch.where(seen_in_row, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        seen = lanes.seen[:, None, :] | (counts > 0)
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         logits = logits - freq * counts - pres * (counts > 0).float()
     if min_tokens:
         index = before + torch.arange(rows, device=logits.device)  # [R] the row's token, counted from now
         masked = index[None, :] < lanes.min_left[:, None]  # [B, R]
-        stops = _scatter_count(lanes.stop_ids, torch.ones_like(lanes.stop_ids), vocab, torch.int32) > 0  # [B, V]
-        logits = torch.where(masked[:, :, None] & stops[:, None, :], float("-inf"), logits)
+        stops = _matches(lanes.stop_ids[:, None, :], token) > 0  # [B, 1, V]
+        logits = torch.where(masked[:, :, None] & stops, float("-inf"), logits)
     return logits
 
 
@@ -81,15 +95,17 @@ def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, pe
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log_softmax of `logits` [B, R, V] at `tokens` [B, R] (-1: 0.0), and its `top` most probable ids
-    and logprobs [B, R, top] each (ties: the lower id first, as torch.topk orders them)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    token = lp.gather(-1, tokens.clamp_min(0)[..., None])[..., 0]
+    and logprobs [B, R, top] each (ties: as torch.topk orders them). The log-normaliser is one
+    logsumexp per row: no [B, R, V] log_softmax is written."""
+    x = logits.float()
+    norm = torch.logsumexp(x, dim=-1)  # [B, R]
+    token = x.gather(-1, tokens.clamp_min(0)[..., None])[..., 0] - norm
     token = torch.where(tokens >= 0, token, torch.zeros_like(token))
     if top == 0:
         empty = tokens.new_zeros(*tokens.shape, 0)
         return token, empty, empty.float()
-    values, ids = torch.topk(lp, top, dim=-1)
-    return token, ids, values
+    values, ids = torch.topk(x, top, dim=-1)
+    return token, ids, values - norm[..., None]
 
 
 def prompt_seen(tokens: torch.Tensor, real: torch.Tensor, vocab: int) -> torch.Tensor:
