@@ -1,0 +1,99 @@
+"""The default config's step time, this tree against another revision, interleaved in fresh processes.
+
+    python bench/step_vs_revision.py --before 95b78a7 --rounds 5
+
+Each round runs one child process per tree (the revision is checked out into a temporary git worktree),
+alternating; a child compiles the request-features workload's models (V = 151,936, target 256x4, draft
+128x1, random weights) with the default `DecodeConfig` (inductor, B = 8, K = 4, greedy lanes), warms
+up, and times `--steps` steps from a prefilled state (one device read at the end). Both trees share one
+Inductor cache, so every child after a tree's first loads its graph. Reported: each tree's median
+ms/step over the rounds and the ratio now / before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child(steps: int) -> dict:
+    import torch
+
+    import fdecode
+    from fdecode.bench import llama
+    from fdecode.bench.sampling import VOCAB
+
+    batch, k = 8, 4
+    target, draft = llama(VOCAB, 256, 4, seed=1), llama(VOCAB, 128, 1, seed=2)
+    budget = 2 * steps * (k + 1) + 1
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1))
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    prompts = [list(range(1 + lane, 17 + lane)) for lane in range(batch)]
+    state = step.prefill(prompts, max_new_tokens=budget, eos_token_id=[])
+    for _ in range(steps):  # warm-up: the graph compiles or loads, caches fill
+        state, out = step(state)
+    out.packed.tolist()
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, out = step(state)
+    out.packed.tolist()
+    return {"ms": 1e3 * (time.perf_counter() - start) / steps, "torch_threads": torch.get_num_threads()}
+
+
+def run_child(tree: str, steps: int) -> float:
+    env = {**os.environ, "PYTHONPATH": tree}
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(steps)], env=env, cwd=tree,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise RuntimeError(f"child in {tree} failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["ms"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=False, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args.child)))
+        return 0
+    if args.before is None:
+        parser.error("--before REV is required")
+    with tempfile.TemporaryDirectory(prefix="fdecode-before-") as tmp:
+        before = os.path.join(tmp, "tree")
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", before, args.before], check=True)
+        try:
+            times = {"before": [], "now": []}
+            for round_ in range(args.rounds):
+                for name, tree in (("before", before), ("now", ROOT)):
+                    times[name].append(run_child(tree, args.steps))
+                    print(f"round {round_}: {name} {times[name][-1]:.2f} ms/step", file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    print("| tree | ms/step (median, min-max) |\n|---|---|")
+    for name, ts in times.items():
+        label = args.before if name == "before" else "this tree"
+        print(f"| {label} | {medians[name]:.2f} ({min(ts):.2f}-{max(ts):.2f}) |")
+    print(f"\nnow / before: {medians['now'] / medians['before']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"before": args.before, "times_ms": times, "ratio": medians["now"] / medians["before"]}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
