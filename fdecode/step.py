@@ -30,7 +30,7 @@ from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan
 from fdecode.ops.prepare import prepare_next_draft
-from fdecode.ops.processors import Processors, process, processors, tally
+from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
@@ -85,9 +85,9 @@ def features(cfg: DecodeConfig) -> dict[str, bool]:
 
 
 def processed(cfg: DecodeConfig, lanes: Processors, logits: torch.Tensor, prior: torch.Tensor | None = None,
-              before: int = 0) -> torch.Tensor:
+              before: int = 0, vectors: LaneVectors | None = None) -> torch.Tensor:
     """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor)."""
-    return process(logits, lanes, prior, before, **features(cfg)) if cfg.processing else logits
+    return process(logits, lanes, prior, before, vectors=vectors, **features(cfg)) if cfg.processing else logits
 
 
 def logprob_rows(
@@ -341,7 +341,8 @@ def propose_lm(
     # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they
     # propose what the target will choose; draft j counts the proposals before it.
     lanes = processors(state)._replace(min_left=committed.min_left)
-    logits = processed(cfg, lanes, logits[:, 1:2])[:, 0]
+    vectors = lane_vectors(lanes, logits.shape[-1], **features(cfg)) if cfg.processing else None  # for every draft
+    logits = processed(cfg, lanes, logits[:, 1:2], vectors=vectors)[:, 0]
     proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
     h = draft_hidden[:, 1:2]
@@ -355,7 +356,7 @@ def propose_lm(
             attention=cfg.attention, regions=draft_regions, recurrent=draft_state, **depth_kwargs(draft, j),
         )  # an MTP head of n layers runs layer j mod n
         ring.append(draft_state)
-        logits = processed(cfg, lanes, logits[:, :1], torch.stack(drafts, dim=1), before=j)[:, 0]
+        logits = processed(cfg, lanes, logits[:, :1], torch.stack(drafts, dim=1), before=j, vectors=vectors)[:, 0]
         proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, j], j, plan, candidates)
         proposal = agreed(cfg, draft, proposal)
         drafts.append(proposal)

@@ -41,31 +41,50 @@ def _scatter_count(ids: torch.Tensor, weight: torch.Tensor, vocab: int, dtype: t
     )
 
 
-def _matches(ids: torch.Tensor, vocab: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """sum over j of (ids[..., j] == v) * weight[..., j] for every v of `vocab` ([V], broadcast after ids'
-    leading dims): one comparison per (entry, token), elementwise, so a compiler fuses it with the logits'
-    other changes into one pass (ids < 0 match nothing: token ids are >= 0)."""
+def _matches(ids: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+    """How often each v of `vocab` ([V]) is among ids[..., :] (broadcast after ids' leading dims): one
+    comparison per (id, token), elementwise, so a compiler fuses it with the logits' other changes into
+    one pass (ids < 0 match nothing: token ids are >= 0)."""
     total = None
-    for j in range(ids.shape[-1]):  # a few ids: the drafts in front of a row, the biased ids, the stop ids
+    for j in range(ids.shape[-1]):  # a few ids: the drafts in front of a row
         hit = (ids[..., j, None] == vocab).float()
-        hit = hit if weight is None else hit * weight[..., j, None]
         total = hit if total is None else total + hit
     return total
 
 
+class LaneVectors(NamedTuple):
+    """What a lane's bias and stop ids are over the vocabulary, built once per phase of a step and shared by
+    its rows (None: the feature is off)."""
+
+    bias: torch.Tensor | None  # [B, 1, V] float32: the logit bias of each token
+    stops: torch.Tensor | None  # [B, 1, V] bool: the lane's stop ids
+
+
+def lane_vectors(lanes: Processors, vocab: int, *, bias: bool, min_tokens: bool, **_) -> LaneVectors:
+    """The `LaneVectors` of `lanes` (scatters of a few ids into [B, V]; the flags as `process` takes them)."""
+    return LaneVectors(
+        _scatter_count(lanes.bias_ids, lanes.bias, vocab, torch.float32)[:, None] if bias else None,
+        (_scatter_count(lanes.stop_ids, torch.ones_like(lanes.stop_ids), vocab, torch.int32) > 0)[:, None]
+        if min_tokens else None,
+    )
+
+
 def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None = None, before: int = 0,
-            *, penalties: bool, min_tokens: bool, bias: bool) -> torch.Tensor:
+            *, penalties: bool, min_tokens: bool, bias: bool, vectors: LaneVectors | None = None) -> torch.Tensor:
     """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
     `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
-    step was compiled with (off: nothing is computed for them). Returns float32 logits.
+    step was compiled with (off: nothing is computed for them); `vectors`: `lane_vectors(lanes, ...)`
+    where the caller shares them between calls (None: built here). Returns float32 logits.
 
-    Every change is elementwise over [B, R, V] (the few ids of a lane compared with each token), so the
-    whole function is one fused pass over the logits where a compiler fuses it."""
+    Every change is elementwise over [B, R, V] (the drafts in front of a row compared with each token),
+    so the whole function is one fused pass over the logits where a compiler fuses it."""
     b, rows, vocab = logits.shape
     token = torch.arange(vocab, device=logits.device)  # [V]
+    if vectors is None:
+        vectors = lane_vectors(lanes, vocab, bias=bias, min_tokens=min_tokens)
     logits = logits.float()
-    if bias and lanes.bias_ids.shape[1]:
-        logits = logits + _matches(lanes.bias_ids[:, None, :], token, lanes.bias[:, None, :])
+    if bias:
+        logits = logits + vectors.bias
     if penalties:
         counts = lanes.counts[:, None, :].float()  # [B, 1, V]
         if prior is not None and prior.shape[1]:
@@ -80,8 +99,7 @@ def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None 
     if min_tokens:
         index = before + torch.arange(rows, device=logits.device)  # [R] the row's token, counted from now
         masked = index[None, :] < lanes.min_left[:, None]  # [B, R]
-        stops = _matches(lanes.stop_ids[:, None, :], token) > 0  # [B, 1, V]
-        logits = torch.where(masked[:, :, None] & stops, float("-inf"), logits)
+        logits = torch.where(masked[:, :, None] & vectors.stops, float("-inf"), logits)
     return logits
 
 
