@@ -90,11 +90,16 @@ class DecodeConfig:
     # "raw": log_softmax of the target's logits (vLLM's default); "processed": of the distribution sampled
     # from (after logit bias, min_tokens, penalties, temperature and the filters).
     logprobs_mode: str = "raw"
+    # SamplingParams.grammar (`fdecode.Grammar`): room for the automata of the grammars a state's lanes use at
+    # once, in states (a bitmask row of V / 8 bytes each) and transitions (16 bytes each); 0: off.
+    max_grammar_states: int = 0
+    max_grammar_transitions: int = 0
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "num_blocks", "max_stop_ids",
-                     "top_k_candidates", "tp_size", "max_logit_bias", "max_logprobs"):  # numpy / torch integers as ints (the config is hashed)
+                     "top_k_candidates", "tp_size", "max_logit_bias", "max_logprobs", "max_grammar_states",
+                     "max_grammar_transitions"):  # numpy / torch integers as ints (the config is hashed)
             value = scalar(getattr(self, name))
             if isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, name, value)
@@ -113,12 +118,15 @@ class DecodeConfig:
         for name in ("penalties", "min_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DecodeConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("max_logit_bias", "max_logprobs"):
+        for name in ("max_logit_bias", "max_logprobs", "max_grammar_states", "max_grammar_transitions"):
             value = getattr(self, name)
-            if (value is not None or name == "max_logit_bias") and (
+            if (value is not None or name != "max_logprobs") and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"DecodeConfig.{name} must be an int >= 0{'' if name == 'max_logit_bias' else ' or None'}, "
+                raise ValueError(f"DecodeConfig.{name} must be an int >= 0{' or None' if name == 'max_logprobs' else ''}, "
                                  f"got {value!r}")
+        if (self.max_grammar_states > 0) != (self.max_grammar_transitions > 0):
+            raise ValueError("DecodeConfig.max_grammar_states and max_grammar_transitions are both 0 (no grammars) or "
+                             f"both > 0, got {self.max_grammar_states} and {self.max_grammar_transitions}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"DecodeConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if not isinstance(self.adaptive_depth, bool):
@@ -187,8 +195,13 @@ class DecodeConfig:
 
     @property
     def processing(self) -> bool:
-        """Whether the step changes logits before it samples (penalties, min_tokens or logit bias)."""
-        return self.penalties or self.min_tokens or self.max_logit_bias > 0
+        """Whether the step changes logits before it samples (penalties, min_tokens, logit bias or grammars)."""
+        return self.penalties or self.min_tokens or self.max_logit_bias > 0 or self.grammars
+
+    @property
+    def grammars(self) -> bool:
+        """Whether lanes may follow a grammar (`SamplingParams.grammar`)."""
+        return self.max_grammar_states > 0
 
     @property
     def logprob_columns(self) -> int:

@@ -85,6 +85,9 @@ class SamplingParams:
     logprobs: return each committed token's logprob and the top `logprobs` alternatives (0: the token's
         own only; None: none), at most `DecodeConfig.max_logprobs`; raw or processed by
         `DecodeConfig.logprobs_mode`.
+    grammar: a `fdecode.Grammar` (`Grammar.from_regex` / `from_json_schema`): the output is masked to its
+        language at every verified position and draft, and may stop only where the language accepts.
+        `DecodeConfig.max_grammar_states` / `max_grammar_transitions` must hold it.
     """
 
     temperature: float = 0.0
@@ -101,6 +104,7 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: Mapping[int, float] | None = None  # stored as a tuple of (id, bias) pairs, ascending ids
     logprobs: int | None = None
+    grammar: object | None = None  # a `fdecode.Grammar`
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen fields
@@ -258,6 +262,14 @@ def check_features(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> None:
         for t, _ in p.logit_bias:
             if t >= vocab:
                 raise ValueError(f"logit_bias id {t} is not an id in [0, {vocab})")
+    if p.grammar is not None:
+        if not cfg.grammars:
+            raise ValueError("grammar needs a step compiled with DecodeConfig(max_grammar_states=..., "
+                             "max_grammar_transitions=...)")
+        if p.grammar.vocab_size != vocab:
+            raise ValueError(f"the grammar was built for {p.grammar.vocab_size} token ids but the model has {vocab}: "
+                             f"pass vocab_size={vocab} to Grammar.from_regex / from_json_schema")
+        p.grammar.check_capacity(cfg.max_grammar_states, cfg.max_grammar_transitions)
     if p.logprobs is not None and (cfg.max_logprobs is None or p.logprobs > cfg.max_logprobs):
         have = "computes no logprobs" if cfg.max_logprobs is None else f"has max_logprobs={cfg.max_logprobs}"
         raise ValueError(f"logprobs={p.logprobs} needs DecodeConfig(max_logprobs >= {p.logprobs}); the step {have}")

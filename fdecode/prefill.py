@@ -30,8 +30,9 @@ from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.ops.plan import GREEDY, plan_for
-from fdecode.ops.processors import processors, prompt_seen, tally
-from fdecode.step import Committed, advance, agreed, logprob_rows, processed, target_draw, transition_randoms
+from fdecode.ops.processors import processors, prompt_seen
+from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
+from fdecode.step import Committed, advance, agreed, logprob_rows, processed, tallied, target_draw, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -161,6 +162,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         top_p=torch.ones(batch, dtype=torch.float32, device=device),
         min_p=torch.zeros(batch, dtype=torch.float32, device=device),
         **processor_leaves(cfg, batch, target.config.vocab_size, device),
+        **grammar_pool_leaves(cfg, target.config.vocab_size, device),
         seed=torch.zeros(batch, **zeros),
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
@@ -180,6 +182,17 @@ def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.de
         min_left=torch.zeros(batch, dtype=torch.int64, device=device),
         bias_ids=torch.full((batch, cfg.max_logit_bias), -1, dtype=torch.int64, device=device),
         bias=torch.zeros(batch, cfg.max_logit_bias, dtype=torch.float32, device=device),
+        grammar_state=torch.full((batch,), -1, dtype=torch.int64, device=device),
+    )
+
+
+def grammar_pool_leaves(cfg: DecodeConfig, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """An empty grammar pool (`fdecode.state.grammar_pool`): [0]-sized where grammars are off."""
+    states, transitions = cfg.max_grammar_states, cfg.max_grammar_transitions
+    return dict(
+        grammar_allowed=torch.zeros(states, -(-vocab // 32) if states else 0, dtype=torch.int32, device=device),
+        grammar_keys=torch.full((transitions,), FREE_KEY, dtype=torch.int64, device=device),
+        grammar_next=torch.full((transitions,), -1, dtype=torch.int64, device=device),
     )
 
 
@@ -196,6 +209,7 @@ def request_leaves(params: Sequence[SamplingParams], cfg: DecodeConfig) -> dict[
     return dict(
         penalties=penalties if cfg.penalties else torch.zeros(n, 0),
         min_left=torch.tensor([p.min_tokens for p in params], dtype=torch.int64),
+        grammar_state=torch.full((n,), -1, dtype=torch.int64),
         bias_ids=bias_ids,
         bias=bias,
     )
@@ -214,6 +228,7 @@ def prime(
     budgets: list[int],
     params: Sequence[SamplingParams],  # one per new lane, resolved (`request_params`): seed, stop ids
     uploads: Uploads | None = None,  # the caller's persistent staging buffer (`Engine`); None: one for this call
+    grammars: GrammarPool | None = None,  # the state's grammar pool (`Engine`); None: a fresh one for this call
 ) -> DecodeState:
     """Write new requests into `lanes` of `state` (the host -> device transition); other lanes are untouched.
 
@@ -234,6 +249,9 @@ def prime(
                             ("min_p", torch.float32), ("seed", torch.int64))
     }
     lane.update(request_leaves(params, cfg))
+    if cfg.grammars:  # the requests' automata into the pool (in place), each lane at its initial state
+        pool = GrammarPool(cfg, vocab) if grammars is None else grammars
+        lane["grammar_state"] = torch.tensor(pool.admit(state, lanes, [p.grammar for p in params]), dtype=torch.int64)
     # Every host value goes up in one packed non-blocking copy: a pageable copy would wait for the device.
     tokens, lengths, table, stops, index, remaining, *values = (Uploads(device) if uploads is None else uploads)(
         tokens, torch.tensor([len(p) for p in prompts]), block_tables, stops, torch.tensor(lanes),
@@ -274,6 +292,7 @@ def prime(
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
         **after_prompts(fresh, target_states, draft_states),
+        grammar_allowed=state.grammar_allowed, grammar_keys=state.grammar_keys, grammar_next=state.grammar_next,
         history=history,
         active=active,
         remaining=remaining,
@@ -299,10 +318,10 @@ def prime(
     window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
     window_hidden[:, 0] = hidden[rows, last]
     accepted, length, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
-    min_left = tally(procs, accepted, length, penalties=cfg.penalties) if cfg.processing else primed.min_left
+    min_left, grammar_state = tallied(cfg, procs, accepted, length, vocab)
     logprobs = logprob_rows(cfg, plan, primed, last_logits[:, None], chosen, accepted[:, :1])
     committed = Committed(accepted, length, window_hidden, remaining, finished, None, torch.zeros_like(length),
-                          min_left, logprobs)
+                          min_left, grammar_state, logprobs)
     new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
@@ -314,13 +333,16 @@ def prime(
     return write_lanes(state, index, new).bound_positions(bound).record_sampling(known)
 
 
+SHARED = ("target_kv", "draft_kv", "grammar_allowed", "grammar_keys", "grammar_next")  # pools, not lanes
+
+
 def write_lanes(state: DecodeState, index: torch.Tensor, rows: DecodeState) -> DecodeState:
     """`state` with the per-lane leaves of lanes `index` ([n] int64 on the device) replaced by those of
     `rows` (KV leaves are shared)."""
     changes = {
         name: getattr(state, name).index_copy(0, index, getattr(rows, name))
         for name in DecodeState.__dataclass_fields__
-        if name not in ("target_kv", "draft_kv")
+        if name not in SHARED
     }
     return state.replace(**changes)
 

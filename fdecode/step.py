@@ -29,6 +29,7 @@ from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan
+from fdecode.ops.grammar import walk
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
@@ -76,12 +77,20 @@ class Committed(NamedTuple):
     overflow: torch.Tensor | None  # [B] bool: stopped because it ran past its KV blocks (None: never)
     drafts: torch.Tensor  # [B] int64: the drafts the verified rows carried (the acceptance metrics' denominator)
     min_left: torch.Tensor  # [B] int64: the lanes' min_tokens still to commit after them
+    grammar_state: torch.Tensor  # [B] int64: the lanes' automaton states after them (-1: no grammar)
     logprobs: tuple | None  # (token [B, W], top ids [B, W, N], top [B, W, N]) or None (`logprob_rows`)
 
 
 def features(cfg: DecodeConfig) -> dict[str, bool]:
     """The logit processors the step was compiled with (`fdecode.ops.processors.process`)."""
-    return dict(penalties=cfg.penalties, min_tokens=cfg.min_tokens, bias=cfg.max_logit_bias > 0)
+    return dict(penalties=cfg.penalties, min_tokens=cfg.min_tokens, bias=cfg.max_logit_bias > 0, grammars=cfg.grammars)
+
+
+def tallied(cfg: DecodeConfig, lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, vocab: int):
+    """(min_left, grammar_state) after a transition's committed tokens (`fdecode.ops.processors.tally`)."""
+    if not cfg.processing:
+        return lanes.min_left, lanes.grammar_state
+    return tally(lanes, accepted, length, penalties=cfg.penalties, grammars=cfg.grammars, vocab=vocab)
 
 
 def processed(cfg: DecodeConfig, lanes: Processors, logits: torch.Tensor, prior: torch.Tensor | None = None,
@@ -195,9 +204,10 @@ def commit(
     if verified.snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix
         commit_verify((state.target_conv, state.target_rec), verified.snapshots, length)
     drafts = torch.where(state.active, (state.tokens[:, 1:rows] >= 0).sum(dim=1), 0)
-    min_left = tally(lanes, accepted, length, penalties=cfg.penalties) if cfg.processing else state.min_left
+    min_left, grammar_state = tallied(cfg, lanes, accepted, length, logits.shape[-1])
     logprobs = logprob_rows(cfg, plan, state, verified.logits, logits, accepted[:, :rows])
-    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left, logprobs)
+    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left,
+                     grammar_state, logprobs)
 
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
@@ -308,6 +318,10 @@ def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Commi
     draft KV. q is a point mass on each proposed token (rejection sampling stays exact), zero where none."""
     write_history(state.history, state.base_pos, committed.accepted)
     found = lookup(state.history[:, : context.shape[1] * cfg.block_size], pos, cfg.K, draft.max_n, draft.min_n)
+    if cfg.grammars:  # a proposal that leaves the lane's language ends the proposal there
+        vocab = state.draft_probs.shape[-1]
+        walked = walk(state.grammar_keys, state.grammar_next, committed.grammar_state, found, vocab)[:, 1:]  # [B, K]
+        found = torch.where(torch.cumsum((walked == -2).long(), dim=1) > 0, -1, found)
     draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
     return list(found.unbind(1)), draft_probs
 
@@ -340,7 +354,7 @@ def propose_lm(
     candidates = cfg.top_k_candidates
     # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they
     # propose what the target will choose; draft j counts the proposals before it.
-    lanes = processors(state)._replace(min_left=committed.min_left)
+    lanes = processors(state)._replace(min_left=committed.min_left, grammar_state=committed.grammar_state)
     vectors = lane_vectors(lanes, logits.shape[-1], **features(cfg)) if cfg.processing else None  # for every draft
     logits = processed(cfg, lanes, logits[:, 1:2], vectors=vectors)[:, 0]
     proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
@@ -400,5 +414,6 @@ def next_state(
     output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
     return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
         state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,
-        remaining=committed.remaining, min_left=committed.min_left, counter=state.counter + 1, output=output.packed,
+        remaining=committed.remaining, min_left=committed.min_left, grammar_state=committed.grammar_state,
+        counter=state.counter + 1, output=output.packed,
     )

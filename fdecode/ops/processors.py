@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from fdecode.ops.grammar import allowed_tokens, walk
+
 
 class Processors(NamedTuple):
     """A lane's processing leaves of `DecodeState` (shapes [B, 0] where the config leaves a feature off)."""
@@ -26,12 +28,16 @@ class Processors(NamedTuple):
     bias_ids: torch.Tensor  # [B, NB] int64, -1 = none
     bias: torch.Tensor  # [B, NB] float32
     stop_ids: torch.Tensor  # [B, E] int64, -1 = none
+    grammar_state: torch.Tensor  # [B] int64: the lane's automaton state after its committed tokens, -1 = none
+    grammar_allowed: torch.Tensor  # [S, ceil(V / 32)] int32: the pool's bitmask rows (`fdecode.ops.grammar`)
+    grammar_keys: torch.Tensor  # [T] int64 ascending: the pool's transitions, state * V + token
+    grammar_next: torch.Tensor  # [T] int64: the state each key leads to
 
 
 def processors(state) -> Processors:
     """The `Processors` of a `DecodeState` (or of anything with those leaves)."""
     return Processors(state.penalties, state.counts, state.seen, state.min_left, state.bias_ids, state.bias,
-                      state.stop_ids)
+                      state.stop_ids, state.grammar_state, state.grammar_allowed, state.grammar_keys, state.grammar_next)
 
 
 def _scatter_count(ids: torch.Tensor, weight: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
@@ -70,7 +76,8 @@ def lane_vectors(lanes: Processors, vocab: int, *, bias: bool, min_tokens: bool,
 
 
 def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None = None, before: int = 0,
-            *, penalties: bool, min_tokens: bool, bias: bool, vectors: LaneVectors | None = None) -> torch.Tensor:
+            *, penalties: bool, min_tokens: bool, bias: bool, grammars: bool = False,
+            vectors: LaneVectors | None = None) -> torch.Tensor:
     """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
     `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
     step was compiled with (off: nothing is computed for them); `vectors`: `lane_vectors(lanes, ...)`
@@ -100,15 +107,25 @@ def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None 
         index = before + torch.arange(rows, device=logits.device)  # [R] the row's token, counted from now
         masked = index[None, :] < lanes.min_left[:, None]  # [B, R]
         logits = torch.where(masked[:, :, None] & vectors.stops, float("-inf"), logits)
+    if grammars:  # the tokens the automaton allows after the committed tokens and the row's prior ones
+        prior = lanes.grammar_state.new_zeros(b, 0) if prior is None else prior
+        states = walk(lanes.grammar_keys, lanes.grammar_next, lanes.grammar_state, prior, vocab)
+        rows_state = states[:, before : before + rows]  # [B, R]
+        logits = torch.where(allowed_tokens(lanes.grammar_allowed, rows_state, vocab), logits, float("-inf"))
     return logits
 
 
-def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, penalties: bool) -> torch.Tensor:
+def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, penalties: bool,
+          grammars: bool = False, vocab: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Count a transition's committed tokens (`accepted` [B, W], -1 padded): the counts leaf is updated in
-    place (like the KV) where penalties are on. Returns the next `min_left` [B]."""
+    place (like the KV) where penalties are on. Returns the next `min_left` [B] and the lanes' automaton
+    states after the tokens [B]."""
     if penalties:
         lanes.counts.scatter_add_(1, accepted.clamp_min(0), (accepted >= 0).to(lanes.counts.dtype))
-    return (lanes.min_left - length).clamp_min(0)
+    state = lanes.grammar_state
+    if grammars:  # vocab: the model's V, as the pool's keys are state * V + token
+        state = walk(lanes.grammar_keys, lanes.grammar_next, state, accepted, vocab, length)[:, -1]
+    return (lanes.min_left - length).clamp_min(0), state
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ from fdecode.runtime.gate import DraftGate
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
 from fdecode.staging import Fence, Uploads, host_buffer
+from fdecode.state.grammar_pool import GrammarPool
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class Engine:
             allowed = [d for d in step.depths if d > 0]
             self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
+        # The grammars resident in the state's pool (`fdecode.state.grammar_pool`), where lanes may follow one.
+        self.grammars = GrammarPool(cfg, step.target.config.vocab_size) if cfg.grammars else None
         self._metrics = SpecMetrics(cfg.K)  # acceptance over every step row read (`metrics`)
 
     # ------------------------------------------------------------------ requests
@@ -306,6 +309,8 @@ class Engine:
         )
 
     def _retire(self, request: _Request) -> None:
+        if self.grammars is not None:
+            self.grammars.release(request.lane)
         self._lanes[request.lane] = None
         self.allocator.free(request.blocks)
         request.blocks, request.lane = [], None
@@ -345,6 +350,8 @@ class Engine:
             promised = sum(r.blocks_needed - len(r.blocks) for r in running)
             if not self.overcommit and self.allocator.num_free - promised < head.blocks_needed:
                 break  # its growth could not be guaranteed: wait for blocks to return
+            if self.grammars is not None and not self.grammars.fits([r.params.grammar for r in admitted + [head]]):
+                break  # its grammar does not fit beside the running lanes' ones: wait for lanes to finish
             blocks = self.allocator.allocate(self._blocks_wanted(head))
             if blocks is None:
                 break  # first come, first served: wait for blocks to return
@@ -366,7 +373,7 @@ class Engine:
         self.state = prime(
             self.step_fn.target, self.step_fn.draft, cfg, self.state, lanes, [r.prompt for r in admitted],
             block_tables=table, budgets=[r.budget for r in admitted], params=[r.params for r in admitted],
-            uploads=self._uploads,
+            uploads=self._uploads, grammars=self.grammars,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes

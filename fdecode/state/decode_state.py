@@ -176,6 +176,11 @@ class DecodeState:
     min_left: torch.Tensor  # [B] int64: tokens the lane commits before a stop id may be one (min_tokens)
     bias_ids: torch.Tensor  # [B, NB] int64: ids with a logit bias, -1 = none
     bias: torch.Tensor  # [B, NB] float32: their biases
+    # Grammars (`fdecode.ops.grammar`; [0, 0] / [0] pools where DecodeConfig.max_grammar_states is 0):
+    grammar_state: torch.Tensor  # [B] int64: the lane's automaton state after its committed tokens, -1 = none
+    grammar_allowed: torch.Tensor  # [S, ceil(V / 32)] int32: the pool's allowed-token bitmask rows (written in place)
+    grammar_keys: torch.Tensor  # [T] int64 ascending: the pool's transitions, state * V + token (int64 max: free)
+    grammar_next: torch.Tensor  # [T] int64: the state each key leads to
     seed: torch.Tensor  # [B] int64 in [0, 2**63): the lane's PRNG key (Philox, `fdecode.ops.random`)
     counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
     draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from

@@ -1,0 +1,143 @@
+"""Grammars inside the step: each lane's automaton masks the verified rows and the drafts, exactly.
+
+Greedy lanes equal transformers' generate under a `LogitsProcessor` that masks by an independent Python walk
+of the same automaton (a draft LM, an MTP head, n-gram drafts); random lanes follow the masked, filtered
+target (chi-square over every outcome of up to three tokens of a 5-token vocabulary, stops included); lanes
+with different grammars, and without, share a step, admitted mid-flight, with no new graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import fdecode
+from fdecode import SamplingParams
+from support.hand_grammar import HandGrammar, mask_logits
+from support.llama_models import VOCAB, fdecode_target, hf_target, independent_draft, mtp_head
+from support.stats import ALPHA, chi2_pvalue, reference_filter
+from support.tiny_vocab import PROMPT, V, logits_after, tiny_draft, tiny_target
+
+EOS = VOCAB - 1
+NEW = 14
+PROMPTS = [(5, 17, 33, 2, 9, 41, 60, 5, 17), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 11, 12)]
+EVEN, ODD = range(0, EOS, 2), range(1, EOS, 2)
+# Even, odd, even, then odd / even alternating; it may stop after an even token from the third on.
+PARITY = HandGrammar({0: {t: 1 for t in EVEN}, 1: {t: 2 for t in ODD}, 2: {t: 3 for t in EVEN},
+                      3: {t: 2 for t in ODD}}, final={3}, vocab_size=VOCAB, eos=(EOS,))
+# Only tokens the prompts repeat (n-gram drafts propose them), and then only after 17 or 41: may stop anywhere.
+FEW = HandGrammar({0: {5: 0, 17: 1, 33: 0, 41: 1, 60: 0, 12: 0}, 1: {5: 0, 60: 0, 11: 0, 12: 0}},
+                  final={0, 1}, vocab_size=VOCAB, eos=(EOS,))
+
+
+class Masked(transformers.LogitsProcessor):
+    def __init__(self, grammar: HandGrammar, prompt_length: int) -> None:
+        self.grammar, self.start = grammar, prompt_length
+
+    def __call__(self, input_ids, scores):
+        return torch.stack([mask_logits(self.grammar, ids[self.start :].tolist(), row)
+                            for ids, row in zip(input_ids, scores)])
+
+
+def hf_masked(prompt, grammar: HandGrammar | None) -> list[int]:
+    ids = torch.tensor([prompt])
+    processors = transformers.LogitsProcessorList([] if grammar is None else [Masked(grammar, len(prompt))])
+    out = hf_target(2).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                                eos_token_id=EOS, pad_token_id=0, logits_processor=processors)
+    return out[0, len(prompt) :].tolist()
+
+
+def build(draft_kind: str, max_batch: int = 3):
+    target = fdecode_target(2)
+    draft = {"model": lambda: independent_draft("partial", target), "mtp": lambda: mtp_head("partial", target),
+             "ngram": lambda: "ngram"}[draft_kind]()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=max_batch, max_seq_len=64, block_size=4,
+                               backend="eager", max_grammar_states=8, max_grammar_transitions=256)
+    return fdecode.compile(target, draft, cfg)
+
+
+@pytest.fixture(scope="module", params=["model", "mtp", "ngram"])
+def step(request):
+    return build(request.param)
+
+
+@pytest.mark.parametrize("name", ["parity", "few"])
+def test_greedy_with_a_grammar_equals_masked_greedy_decoding(step, name):
+    grammar = {"parity": PARITY, "few": FEW}[name]
+    params = SamplingParams(grammar=grammar, eos_token_id=EOS, max_new_tokens=NEW)
+    got = fdecode.generate(step, [list(p) for p in PROMPTS], params)
+    assert got == [hf_masked(p, grammar) for p in PROMPTS]
+    for seq in got:  # in the language, and a stop only where it accepts
+        body = seq[:-1] if seq[-1] == EOS else seq
+        assert grammar.state_after(body) is not None
+        assert seq[-1] != EOS or grammar.state_after(body) in grammar.final
+    assert got != fdecode.generate(step, [list(p) for p in PROMPTS], max_new_tokens=NEW, eos_token_id=EOS)
+
+
+def test_lanes_with_different_grammars_share_the_engine(step):
+    """Different grammars and none, more requests than lanes (admitted as lanes free up): each lane
+    equals its own reference; the grammars share the state's pool."""
+    engine = fdecode.Engine(step)
+    requests = [(p, g) for p in PROMPTS for g in (PARITY, None, FEW)]
+    ids = [engine.add_request(list(p), SamplingParams(grammar=g, eos_token_id=EOS, max_new_tokens=NEW))
+           for p, g in requests]
+    results = engine.run()
+    for rid, (prompt, grammar) in zip(ids, requests):
+        assert results[rid] == hf_masked(prompt, grammar)
+
+
+def test_grammars_are_refused_where_the_step_has_no_room():
+    plain = fdecode.compile(fdecode_target(2), "ngram", fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager"))
+    with pytest.raises(ValueError, match="max_grammar_states"):
+        fdecode.generate(plain, [[1, 2]], SamplingParams(grammar=PARITY, max_new_tokens=3))
+    small = fdecode.compile(fdecode_target(2), "ngram", fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager", max_grammar_states=8,
+        max_grammar_transitions=64))
+    with pytest.raises(ValueError, match="max_grammar_transitions"):
+        fdecode.generate(small, [[1, 2]], SamplingParams(grammar=PARITY, max_new_tokens=3))
+    wrong = HandGrammar({0: {1: 0}}, final={0}, vocab_size=VOCAB + 4, eos=(EOS,))
+    with pytest.raises(ValueError, match="vocab_size"):
+        fdecode.generate(small, [[1, 2]], SamplingParams(grammar=wrong, max_new_tokens=3))
+
+
+# --------------------------------------------------------------------------- random lanes: exactness
+
+TINY = HandGrammar({0: {1: 1, 2: 1, 3: 2}, 1: {4: 2, 1: 1, 3: 0}, 2: {2: 0, 4: 1, 1: 2}}, final={1, 2},
+                   vocab_size=V, eos=(0,))
+RANDOM = SamplingParams(temperature=1.2, grammar=TINY, eos_token_id=0, max_new_tokens=3)
+
+
+def reference(target, generated: list[int]) -> torch.Tensor:
+    return reference_filter(mask_logits(TINY, generated, logits_after(target, PROMPT + generated)).double(),
+                            RANDOM.temperature, 0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("kind", ["random", "self"])
+def test_random_lanes_with_a_grammar_follow_the_masked_target(kind):
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=64, max_seq_len=16, block_size=4, backend="eager",
+                               max_grammar_states=4, max_grammar_transitions=16)
+    step = fdecode.compile(target, tiny_draft(kind, target), cfg)
+    samples = []
+    for batch in range(30):
+        samples += fdecode.generate(step, [PROMPT] * 64, [RANDOM.replace(seed=1000 * batch + lane) for lane in range(64)])
+    stop = V  # a cell for "nothing after the stop"
+    cells = torch.tensor([sum(t * (V + 1) ** (2 - i) for i, t in enumerate(s + [stop] * (3 - len(s))))
+                          for s in samples])
+    expected = torch.zeros((V + 1) ** 3, dtype=torch.float64)
+
+    def walk(prefix: list[int], p: float) -> None:
+        if len(prefix) == 3 or (prefix and prefix[-1] == 0):
+            padded = prefix + [stop] * (3 - len(prefix))
+            expected[sum(t * (V + 1) ** (2 - i) for i, t in enumerate(padded))] += p
+            return
+        for t, q in enumerate(reference(target, prefix).tolist()):
+            if q > 0:
+                walk(prefix + [t], p * q)
+
+    walk([], 1.0)
+    counts = torch.bincount(cells, minlength=(V + 1) ** 3)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert counts[expected == 0].sum() == 0
