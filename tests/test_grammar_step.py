@@ -141,3 +141,23 @@ def test_random_lanes_with_a_grammar_follow_the_masked_target(kind):
     counts = torch.bincount(cells, minlength=(V + 1) ** 3)
     assert chi2_pvalue(counts, expected) > ALPHA
     assert counts[expected == 0].sum() == 0
+
+
+def test_ngram_proposals_that_leave_the_language_end_there():
+    """Every draft an n-gram step carries continues the lane's committed tokens inside the language."""
+    step = build("ngram", max_batch=2)
+    prompts = [[5, 17, 60, 5, 17, 2, 9, 5, 17, 12, 5, 17, 33, 8, 5, 17], [41, 11, 3, 41, 12, 60, 41, 11, 3, 41]]
+    state = step.prefill(prompts, params=SamplingParams(grammar=FEW, eos_token_id=EOS, max_new_tokens=NEW))
+    committed = [state.step_output.tokens[b, :1].tolist() for b in range(2)]
+    carried = 0
+    while not bool(state.step_output.finished[:2].all()):
+        for b in range(2):
+            if bool(state.step_output.finished[b]):
+                continue
+            drafts = [t for t in state.tokens[b, 1:].tolist() if t >= 0]
+            carried += len(drafts)
+            assert FEW.state_after(committed[b] + drafts) is not None, (committed[b], drafts)
+        state, out = step(state)
+        for b in range(2):
+            committed[b] += out.tokens[b, : int(out.num_tokens[b])].tolist()
+    assert carried > 0
