@@ -1,8 +1,9 @@
 """Request features that change logits before a token is chosen: logit bias, min_tokens, repetition /
-frequency / presence penalties, exact under speculation (docs/design.md, "Logit processors and logprobs").
+frequency / presence penalties, a grammar's mask, exact under speculation (docs/design.md, "Logit
+processors and logprobs"; the grammar's mask: "Structured output").
 
 Order (vLLM v1's and transformers'): logit bias, then the repetition penalty, then frequency and presence,
-then min_tokens' mask; temperature and the filters come after (`fdecode.ops.filters`). Row r of a batch
+then min_tokens' mask, then the grammar's; temperature and the filters come after (`fdecode.ops.filters`). Row r of a batch
 of rows counts the lane's committed tokens (`counts`, `seen`: updated in place by `tally` as tokens are
 committed) plus the first `before + r` tokens of `prior`: the drafts in front of it in the verified window,
 or the proposals already made by a draft. A rejection at row j discards every row after j, so each row is

@@ -7,6 +7,7 @@
 - runs:             run loops over the tiny Llama pair (`build`, `run`, `partial_step`, `run_lanes`)
 - ngram_steps:      n-gram (prompt-lookup) steps and prompts with matches of every kind
 - tiny_vocab:       the 5-token vocabulary: tiny models, the exact distribution of the next three tokens
+- hand_grammar:     token automata written by hand, their pool tables and a Python walker (grammar tests' oracle)
 - processor_oracle: transformers' greedy generate under a request's penalties, logit bias and min_tokens
 - stats:            chi-square p-values at ALPHA, the sort-based filter reference, a two-token distribution check
 - prepare_cases:    random inputs of `prepare_next_draft` compared with its reference (CPU, CUDA, Triton)
