@@ -11,6 +11,7 @@
 from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
 from fdecode.generate import Completion, generate
+from fdecode.grammar import Grammar
 from fdecode.graphs import GraphReport, Step, compile, inspect
 from fdecode.graphs.cache import load_compile_cache, save_compile_cache
 from fdecode.models.ngram import NgramDraft
@@ -25,6 +26,7 @@ __all__ = [
     "DecodeState",
     "Engine",
     "Event",
+    "Grammar",
     "GraphReport",
     "NgramDraft",
     "SamplingParams",

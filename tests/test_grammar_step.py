@@ -161,3 +161,54 @@ def test_ngram_proposals_that_leave_the_language_end_there():
         for b in range(2):
             committed[b] += out.tokens[b, : int(out.num_tokens[b])].tolist()
     assert carried > 0
+
+
+# --------------------------------------------------------------------------- a real Grammar, end to end
+
+@pytest.mark.parametrize("which", ["byte-bpe", "sentencepiece"])
+def test_a_regex_grammar_on_a_real_tokenizer_decodes_text_the_regex_matches(which):
+    """`Grammar.from_regex` over a tokenizer, a model of that vocabulary: greedy lanes equal transformers
+    masked by the grammar's tables (`fdecode.grammar.lookup`, the reference reads), and the text of a
+    lane that stopped is a whole match of the pattern."""
+    regex = pytest.importorskip("regex")
+    pytest.importorskip("outlines_core")
+    from fdecode.grammar.lookup import allowed_tokens, next_state
+    from support.tokenizers import byte_bpe, sentencepiece
+
+    tokenizer = {"byte-bpe": byte_bpe, "sentencepiece": sentencepiece}[which]()
+    vocab = len(tokenizer) + 3  # the model pads its vocabulary past the tokenizer's
+    torch.manual_seed(3)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, initializer_range=0.2, tie_word_embeddings=False)).eval()
+    pattern = r"(ab|ba|12)+(\.c|é)? (true|1\.2)"
+    grammar = fdecode.Grammar.from_regex(pattern, tokenizer, vocab_size=vocab)
+    tables, eos = grammar.tables(), tokenizer.eos_token_id
+
+    class Reference(transformers.LogitsProcessor):
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, input_ids, scores):
+            state = torch.tensor(0)
+            for t in input_ids[0, self.start :].tolist():
+                state = next_state(tables, state, torch.tensor(t), vocab)
+            return torch.where(allowed_tokens(tables, state, vocab), scores, float("-inf"))
+
+    target = fdecode.models.from_hf(hf)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager",
+                               max_grammar_states=grammar.num_states + 4,
+                               max_grammar_transitions=grammar.num_transitions + 8)
+    step = fdecode.compile(target, fdecode.models.LlamaModel.random(target.config.replace(num_layers=1), seed=1),
+                           cfg)
+    prompts = [[5, 9, 40, 41], [7, 7, 3]]
+    got = fdecode.generate(step, prompts, SamplingParams(grammar=grammar, eos_token_id=eos, max_new_tokens=24))
+    for prompt, tokens in zip(prompts, got):
+        ids = torch.tensor([prompt])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                           eos_token_id=eos, pad_token_id=0,
+                           logits_processor=transformers.LogitsProcessorList([Reference(len(prompt))]))
+        assert tokens == want[0, len(prompt) :].tolist()
+        if tokens[-1] == eos:
+            assert regex.fullmatch(pattern, tokenizer.decode(tokens[:-1]))
+    assert any(tokens[-1] == eos for tokens in got)  # at least one lane reached a whole match and stopped

@@ -14,5 +14,6 @@
 - device_reads:     `DeviceReads`, a mode that raises where the host would wait for the device, on a CPU
 - probes:           the largest CPU allocation of a call; steps under a device's sync debug mode "error"
 - kernel_semantics: device attention kernels as documented, in plain torch, installed as fakes
+- tokenizers:       a tiny byte-level BPE and a tiny SentencePiece-style tokenizer, built offline
 - tp_worker:        the rank side of the tensor-parallel tests (spawned gloo processes)
 """
