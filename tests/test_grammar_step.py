@@ -14,7 +14,7 @@ import transformers
 
 import fdecode
 from fdecode import SamplingParams
-from support.hand_grammar import HandGrammar, mask_logits
+from support.hand_grammar import HandGrammar, Masked, mask_logits, parity
 from support.llama_models import VOCAB, fdecode_target, hf_target, independent_draft, mtp_head
 from support.stats import ALPHA, chi2_pvalue, reference_filter
 from support.tiny_vocab import PROMPT, V, logits_after, tiny_draft, tiny_target
@@ -22,22 +22,10 @@ from support.tiny_vocab import PROMPT, V, logits_after, tiny_draft, tiny_target
 EOS = VOCAB - 1
 NEW = 14
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60, 5, 17), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 11, 12)]
-EVEN, ODD = range(0, EOS, 2), range(1, EOS, 2)
-# Even, odd, even, then odd / even alternating; it may stop after an even token from the third on.
-PARITY = HandGrammar({0: {t: 1 for t in EVEN}, 1: {t: 2 for t in ODD}, 2: {t: 3 for t in EVEN},
-                      3: {t: 2 for t in ODD}}, final={3}, vocab_size=VOCAB, eos=(EOS,))
+PARITY = parity(VOCAB, EOS)
 # Only tokens the prompts repeat (n-gram drafts propose them), and then only after 17 or 41: may stop anywhere.
 FEW = HandGrammar({0: {5: 0, 17: 1, 33: 0, 41: 1, 60: 0, 12: 0}, 1: {5: 0, 60: 0, 11: 0, 12: 0}},
                   final={0, 1}, vocab_size=VOCAB, eos=(EOS,))
-
-
-class Masked(transformers.LogitsProcessor):
-    def __init__(self, grammar: HandGrammar, prompt_length: int) -> None:
-        self.grammar, self.start = grammar, prompt_length
-
-    def __call__(self, input_ids, scores):
-        return torch.stack([mask_logits(self.grammar, ids[self.start :].tolist(), row)
-                            for ids, row in zip(input_ids, scores)])
 
 
 def hf_masked(prompt, grammar: HandGrammar | None) -> list[int]:

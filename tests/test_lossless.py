@@ -14,7 +14,8 @@ from fdecode import SamplingParams
 from fdecode.graphs import backends
 from fdecode.ops import kv
 from support import kernel_semantics
-from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.llama_models import VOCAB, fdecode_target, hf_greedy, independent_draft
+from support.hand_grammar import parity
 from support.processor_oracle import hf_processed
 from support.runs import NEW, PROMPTS, build, run
 
@@ -89,15 +90,19 @@ def test_inductor_greedy_lanes_equal_transformers_and_random_lanes_equal_eager()
             want, out = hf_processed(prompt, params, params.max_new_tokens, params.eos_token_id, output_logits=True)
             assert got == want, params
             rows = torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
-            assert [lp.logprob for lp in lps] == pytest.approx([rows[i, t].item() for i, t in enumerate(got)], abs=1e-4)
+            if params.logprobs is not None:
+                assert [lp.logprob for lp in lps] == pytest.approx([rows[i, t].item() for i, t in enumerate(got)],
+                                                                   abs=1e-4)
 
 
-FEATURES = dict(penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=2)
+FEATURES = dict(penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=2, max_grammar_states=8,
+                max_grammar_transitions=192)
 _EOS = 48  # greedy decoding emits it third after PROMPTS[2]: min_tokens masks it
 PROCESSED = [
     (PROMPTS[0], SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4,
                                 logit_bias={17: 1.0, 41: 2.0}, logprobs=2, max_new_tokens=NEW, eos_token_id=[])),
     (PROMPTS[2], SamplingParams(min_tokens=12, eos_token_id=_EOS, max_new_tokens=NEW, logprobs=0)),
+    (PROMPTS[0], SamplingParams(grammar=parity(VOCAB, VOCAB - 1), eos_token_id=VOCAB - 1, max_new_tokens=NEW)),
     (PROMPTS[1], SamplingParams(temperature=0.9, top_k=20, seed=42, repetition_penalty=1.3, frequency_penalty=0.2,
                                 max_new_tokens=45, eos_token_id=[])),  # >= 23 steps, the others <= 20: the plan stays
 ]

@@ -4,7 +4,8 @@
 At V = 151,936 with the real-vocab workload's small random target and draft, greedy lanes: the step time
 of the default `DecodeConfig` against steps compiled with logprobs (`max_logprobs=5`) and with the logit
 processors (penalties, min_tokens, logit bias), each with lanes that use the features and with lanes that
-do not, side by side in one process (`fdecode.bench.sampling.run_sampling_workload`'s timing).
+do not, and compiled for grammars (whose mask every lane runs), side by side in one process
+(`fdecode.bench.sampling.run_sampling_workload`'s timing).
 """
 
 from __future__ import annotations
@@ -20,4 +21,6 @@ FEATURE_SYSTEMS = {
     "processors compiled, lanes use none": (PROCESSORS, {}),
     "processors used": (PROCESSORS, USED),
     "everything used": ({**PROCESSORS, "max_logprobs": 5}, {**USED, "logprobs": 5}),
+    # Every lane of a step compiled for grammars runs the mask (a lane without one allows everything).
+    "grammars compiled, lanes use none": (dict(max_grammar_states=512, max_grammar_transitions=1 << 16), {}),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import transformers
 
 
 class Tables(NamedTuple):
@@ -64,3 +65,22 @@ def mask_logits(grammar: HandGrammar, generated: list[int], logits: torch.Tensor
     keep = torch.zeros_like(logits, dtype=torch.bool)
     keep[list(grammar.allowed(state))] = True
     return torch.where(keep, logits, float("-inf"))
+
+
+class Masked(transformers.LogitsProcessor):
+    """transformers' side of a grammar: every row masked by `mask_logits` after the prompt."""
+
+    def __init__(self, grammar: HandGrammar, prompt_length: int) -> None:
+        self.grammar, self.start = grammar, prompt_length
+
+    def __call__(self, input_ids, scores):
+        return torch.stack([mask_logits(self.grammar, ids[self.start :].tolist(), row)
+                            for ids, row in zip(input_ids, scores)])
+
+
+def parity(vocab: int, eos: int) -> HandGrammar:
+    """Even, odd, even, then odd / even alternating (ids below eos); it may stop after an even token from
+    the third on."""
+    even, odd = range(0, eos, 2), range(1, eos, 2)
+    return HandGrammar({0: {t: 1 for t in even}, 1: {t: 2 for t in odd}, 2: {t: 3 for t in even},
+                        3: {t: 2 for t in odd}}, final={3}, vocab_size=vocab, eos=(eos,))

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from fdecode import SamplingParams
+from support.hand_grammar import Masked
 from support.llama_models import hf_target
 
 
@@ -34,6 +35,8 @@ def hf_processed(prompt, params: SamplingParams, new: int, eos=None, num_layers:
     processors = transformers.LogitsProcessorList()
     if params.frequency_penalty or params.presence_penalty:
         processors.append(OpenAIPenalties(len(prompt), params.frequency_penalty, params.presence_penalty))
+    if params.grammar is not None:  # a `support.hand_grammar.HandGrammar`
+        processors.append(Masked(params.grammar, len(prompt)))
     out = hf_target(num_layers).generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=eos,
         pad_token_id=0, repetition_penalty=params.repetition_penalty, logits_processor=processors,
