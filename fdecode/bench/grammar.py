@@ -104,8 +104,9 @@ def acceptance(step, tokenizer, grammar, new_tokens: int, model: str) -> list[di
                 parses = False
             rows.append(dict(workload="grammar acceptance", model=model, prompt=index, grammar=constrained,
                              tokens=len(done.tokens), reason=done.reason, verified_steps=m.verified_steps,
-                             accepted_per_step=m.mean_accepted_length, acceptance_rate=m.acceptance_rate,
-                             parses=parses))
+                             first_row_steps=m.first_row_steps, accepted_per_step=m.mean_accepted_length,
+                             tokens_per_forward=(len(done.tokens) - 1) / max(1, m.verified_steps + m.first_row_steps),
+                             acceptance_rate=m.acceptance_rate, parses=parses))
             print(f"...   {model}[{index}] grammar={constrained}: {m.mean_accepted_length:.2f} tokens per verified "
                   f"step, parses={parses}", file=sys.stderr, flush=True)
             if constrained and done.reason == "stop" and not parses:
@@ -145,10 +146,11 @@ def run_grammar_acceptance(k: int, new_tokens: int) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | prompt | grammar | tokens (end) | verified steps | tokens / verified step | acceptance | JSON |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | prompt | grammar | tokens (end) | verified + first-row steps | tokens / verified step | "
+             "tokens / step | acceptance | JSON |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['prompt']} | {'schema' if r['grammar'] else 'none'} | {r['tokens']} "
-                     f"({r['reason']}) | {r['verified_steps']} | {r['accepted_per_step']:.2f} | "
+                     f"({r['reason']}) | {r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
+                     f"{r['tokens_per_forward']:.2f} | "
                      f"{r['acceptance_rate']:.2f} | {'parses' if r['parses'] else 'no'} |")
     return "\n".join(lines)
