@@ -7,7 +7,7 @@ tensors, so changing them never recompiles; "off" values are k = 0, top_p = 1, m
 with T = 0 is greedy: its filtered distribution is not used (T = 1 keeps the math finite).
 `filtered_probs` is the specification; the step runs one of two implementations of it, chosen by
 its `SamplingPlan` (`fdecode.ops.plan`): `candidate_filter` (every random lane has
-1 <= top_k <= C: one `torch.topk` of C, then everything over the C candidates) or `full_filter`
+1 <= top_k <= C: the top C by `fdecode.ops.topk.topk`, then everything over the C candidates) or `full_filter`
 (the whole vocabulary; exact top-k / top-p thresholds by radix select, no sort).
 
 Float-level caveats: ties at a threshold are all kept (in the candidate path only within the C
@@ -22,6 +22,7 @@ import torch
 from fdecode.ops.histogram import histogram
 from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.sampling import first_true
+from fdecode.ops.topk import topk
 
 # Temperatures below this are greedy (`SamplingParams` stores 0), as in vLLM: logits / T overflows float32
 # near T = 1e-38, and the distribution is the argmax long before (a logit gap of 1e-3 at T = 1e-5 is e^100).
@@ -122,7 +123,7 @@ def candidate_filter(
     top_k: torch.Tensor,  # [B] int64; 0 (off) or above count keeps all count candidates
     top_p: torch.Tensor,  # [B] float32
     min_p: torch.Tensor,  # [B] float32
-    count: int,  # C, the candidates kept by torch.topk
+    count: int,  # C, the candidates kept by topk
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The filtered distribution on the top `count` tokens: probs [B, R, C] (rows sum to 1) and ids [B, R, C].
 
@@ -130,7 +131,7 @@ def candidate_filter(
     applied to the top `count` tokens only (what drafts propose from, `fdecode.step.propose`)."""
     b, r, _ = logits.shape
     count = min(count, logits.shape[-1])
-    values, ids = torch.topk(logits, count, dim=-1)  # sorted, descending
+    values, ids = topk(logits, count)  # sorted, descending
     k = torch.where((top_k >= 1) & (top_k <= count), top_k, count)[:, None, None].expand(b, r, 1)
     in_k = values >= values.gather(-1, k - 1)  # ties at the k-th value are kept
     probs = torch.softmax(torch.where(in_k, _scaled(values, temperature), float("-inf")), dim=-1)

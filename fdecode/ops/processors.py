@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from fdecode.ops.grammar import allowed_tokens, walk
+from fdecode.ops.topk import topk
 
 
 class Processors(NamedTuple):
@@ -131,7 +132,7 @@ def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, pe
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log_softmax of `logits` [B, R, V] at `tokens` [B, R] (-1: 0.0), and its `top` most probable ids
-    and logprobs [B, R, top] each (ties: as torch.topk orders them). The log-normaliser is one
+    and logprobs [B, R, top] each (`fdecode.ops.topk.topk`; ties in no set order). The log-normaliser is one
     logsumexp per row: no [B, R, V] log_softmax is written."""
     x = logits.float()
     norm = torch.logsumexp(x, dim=-1)  # [B, R]
@@ -140,7 +141,7 @@ def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[torc
     if top == 0:
         empty = tokens.new_zeros(*tokens.shape, 0)
         return token, empty, empty.float()
-    values, ids = torch.topk(x, top, dim=-1)
+    values, ids = topk(x, top)
     return token, ids, values - norm[..., None]
 
 
