@@ -90,6 +90,17 @@ def test_grammars_are_refused_where_the_step_has_no_room():
         fdecode.generate(small, [[1, 2]], SamplingParams(grammar=wrong, max_new_tokens=3))
 
 
+
+def test_a_batch_of_constrained_and_free_lanes_stays_one_graph(step):
+    """Grammar lanes beside a free one: one graph, no break, no host sync, the fused prepare op once, and
+    the automaton read by gathers and `searchsorted` (the walk over drafts) inside it."""
+    params = [SamplingParams(grammar=g, eos_token_id=EOS, max_new_tokens=NEW) for g in (PARITY, FEW, None)]
+    state = step.prefill([list(p) for p in PROMPTS], params=params)
+    report = fdecode.inspect(step, state)
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    assert report.op_counts["fdecode::prepare_next_draft"] == 1
+    assert "aten::searchsorted" in report.op_counts
+
 # --------------------------------------------------------------------------- random lanes: exactness
 
 TINY = HandGrammar({0: {1: 1, 2: 1, 3: 2}, 1: {4: 2, 1: 1, 3: 0}, 2: {2: 0, 4: 1, 1: 2}}, final={1, 2},
