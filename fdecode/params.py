@@ -157,9 +157,15 @@ class SamplingParams:
         return (self.repetition_penalty, self.frequency_penalty, self.presence_penalty) != (1.0, 0.0, 0.0)
 
     @property
-    def plan_inputs(self) -> tuple[float, int, float]:
-        """(temperature, top_k, top_p): what the step's sampling plan depends on (`fdecode.ops.plan.plan_for`)."""
-        return self.temperature, self.top_k, self.top_p
+    def processed(self) -> bool:
+        """Whether the request uses a logit processor: a penalty, min_tokens or a logit bias."""
+        return self.penalized or self.min_tokens > 0 or bool(self.logit_bias)
+
+    @property
+    def plan_inputs(self) -> tuple[float, int, float, bool]:
+        """(temperature, top_k, top_p, processed): what the step's sampling plan depends on
+        (`fdecode.ops.plan.plan_for`)."""
+        return self.temperature, self.top_k, self.top_p, self.processed
 
     def replace(self, **changes: object) -> SamplingParams:
         return dataclasses.replace(self, **changes)

@@ -114,6 +114,19 @@ def test_logprobs_equal_transformers_logits_or_scores(mode):
         engine.add_request(list(PROMPTS[1]), SamplingParams(logprobs=4))
 
 
+def test_lanes_without_processors_run_the_graph_without_them(step):
+    """A batch none of whose lanes uses a processor runs its plan's twin without them: no counts, bias or
+    stop-id passes in the graph, transformers' plain greedy tokens; a lane that uses one brings them back."""
+    prompts = [list(p) for p in PROMPTS]
+    plain = SamplingParams(max_new_tokens=NEW, logprobs=1)
+    state = step.prefill(prompts, params=plain)
+    assert step.plan_for(state).unprocessed and step.plan_for(state).name == "greedy, no processors"
+    report = fdecode.inspect(step, state)
+    assert report.graph_count == 1 and report.host_syncs == [] and "aten::scatter_add" not in report.op_counts
+    mixed = step.prefill(prompts, params=[plain, REQUESTS["all"].replace(max_new_tokens=NEW), plain])
+    assert not step.plan_for(mixed).unprocessed and "aten::scatter_add" in fdecode.inspect(step, mixed).op_counts
+    assert fdecode.generate(step, prompts, plain) == [hf_generate(p, plain)[0] for p in PROMPTS]
+
 def test_features_the_step_was_not_compiled_for_are_refused():
     step = build("ngram", penalties=False)
     for params, name in ((SamplingParams(repetition_penalty=1.2), "penalties"), (SamplingParams(min_tokens=2), "min_tokens"),

@@ -45,6 +45,7 @@ def pure_step(
     as a second argument, a [blocks, 0] tensor (`window_width`) whose length the graph reads as a symbolic
     size. A code object of its own (`fresh_code`) per window, plan and depth (see `decode_step`; None: K)."""
     depth = config.K if depth is None else depth
+    config = plan_config(config, plan)
     name = "".join(c if c.isalnum() else "_" for c in plan.name) + depth_suffix(config, depth)
     if blocks is None:
 
@@ -57,6 +58,20 @@ def pure_step(
         return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth)
 
     return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
+
+
+def plan_config(config: DecodeConfig, plan: SamplingPlan) -> DecodeConfig:
+    """The config a plan's graph is traced with: without the logit processors where the plan leaves them out
+    (no lane uses one; their state leaves pass through untouched)."""
+    if not plan.unprocessed:
+        return config
+    return dataclasses.replace(config, penalties=False, min_tokens=False, max_logit_bias=0)
+
+
+def has_processors(config: DecodeConfig) -> bool:
+    """Whether the step is compiled with logit processors (penalties, min_tokens or a logit bias), whose plans
+    then come in twins without them (`SamplingPlan.unprocessed`)."""
+    return config.penalties or config.min_tokens or config.max_logit_bias > 0
 
 
 def depth_suffix(config: DecodeConfig, depth: int) -> str:
@@ -152,18 +167,20 @@ class Step:
     @property
     def plans(self) -> tuple[SamplingPlan, ...]:
         """The sampling plans this step can run, one graph per plan and window (`fdecode.ops.plan`)."""
-        return all_plans(self.config.sampling, self.config.top_k_candidates)
+        cfg = self.config
+        return all_plans(cfg.sampling, cfg.top_k_candidates, has_processors(cfg))
 
     def plan_for(self, state: DecodeState) -> SamplingPlan:
         """The cheapest plan exact for the lanes of `state` that may be active, from host bookkeeping
-        (`state.lane_sampling`); unknown lanes get the plan exact for any parameters."""
+        (`state.lane_sampling`); unknown lanes get the plan exact for any parameters. In a step compiled
+        with logit processors, a batch none of whose lanes uses one runs its plan's twin without them."""
         cfg = self.config
-        if not cfg.sampling:
-            return GREEDY
         lanes = state.lane_sampling
         if lanes is None:
             return general_plan(cfg)
-        return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates)
+        # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
+        return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates,
+                        processors=has_processors(cfg))
 
     def graph_window(self, blocks: int) -> int | None:
         """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),

@@ -10,6 +10,10 @@ cheapest graph that is exact for the lanes that may be active:
 - otherwise the full-vocabulary graph, with the exact top-k and top-p threshold
   searches only where some random lane uses them (min-p costs one max, always in).
 
+In a step compiled with logit processors (penalties, min_tokens, logit bias), each plan also has a
+twin without them (`unprocessed`), which runs while no lane that may be active uses one: their
+passes over the logits are skipped, which is exact because they would change nothing.
+
 Each plan is a graph of its own (`fdecode.graphs.compile.Step`); switching plans picks a
 graph and never recompiles one.
 """
@@ -17,7 +21,7 @@ graph and never recompiles one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,14 @@ class SamplingPlan:
     candidates: int = 0  # > 0: every random lane has 1 <= top_k <= candidates (filter within torch.topk)
     top_k: bool = False  # full vocabulary: some random lane has top_k > 0 (exact radix select by count)
     top_p: bool = False  # full vocabulary: some random lane has top_p < 1 (exact radix select by mass)
+    unprocessed: bool = False  # no lane uses a logit processor: the graph leaves the config's out
 
     @property
     def name(self) -> str:
+        return self._sampling_name + (", no processors" if self.unprocessed else "")
+
+    @property
+    def _sampling_name(self) -> str:
         if not self.random:
             return "greedy"
         if self.candidates:
@@ -42,19 +51,23 @@ class SamplingPlan:
 GREEDY = SamplingPlan()
 
 
-def plan_for(lanes: Sequence[tuple[float, int, float]], *, candidates: int) -> SamplingPlan:
-    """The plan for lanes with these host-side (temperature, top_k, top_p), one per lane that may be active."""
-    random = [(k, p) for t, k, p in lanes if t > 0]
+def plan_for(lanes: Sequence[tuple[float, int, float, bool]], *, candidates: int,
+             processors: bool = False) -> SamplingPlan:
+    """The plan for lanes with these host-side (temperature, top_k, top_p, processed), one per lane that may
+    be active (`SamplingParams.plan_inputs`); `processors`: the step is compiled with logit processors."""
+    unprocessed = processors and not any(processed for *_, processed in lanes)
+    random = [(k, p) for t, k, p, _ in lanes if t > 0]
     if not random:
-        return GREEDY
+        return SamplingPlan(unprocessed=True) if unprocessed else GREEDY
     if candidates and all(1 <= k <= candidates for k, _ in random):
-        return SamplingPlan(random=True, candidates=candidates)
-    return SamplingPlan(random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random))
+        return SamplingPlan(random=True, candidates=candidates, unprocessed=unprocessed)
+    return SamplingPlan(random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random),
+                        unprocessed=unprocessed)
 
 
-def all_plans(sampling: bool, candidates: int) -> tuple[SamplingPlan, ...]:
-    """Every plan a step can run (`Step.warmup` captures them all)."""
-    if not sampling:
-        return (GREEDY,)
+def all_plans(sampling: bool, candidates: int, processors: bool = False) -> tuple[SamplingPlan, ...]:
+    """Every plan a step can run (`Step.warmup` captures them all): with `processors`, each twice."""
     full = tuple(SamplingPlan(random=True, top_k=k, top_p=p) for k in (False, True) for p in (False, True))
-    return (GREEDY, *((SamplingPlan(random=True, candidates=candidates),) if candidates else ()), *full)
+    plans = (GREEDY, *((SamplingPlan(random=True, candidates=candidates),) if candidates else ()), *full)
+    plans = plans if sampling else (GREEDY,)
+    return plans + tuple(replace(plan, unprocessed=True) for plan in plans) if processors else plans

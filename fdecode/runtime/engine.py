@@ -301,9 +301,10 @@ class Engine:
         own = self.state.max_position
         return read if own is None else min(own, read)
 
-    def _lane_sampling(self) -> tuple[tuple[float, int, float] | None, ...]:
-        """(temperature, top_k, top_p) of each lane's request, None for a free lane: the step picks its
-        sampling plan from it, so a batch that has no random request left runs the greedy graph."""
+    def _lane_sampling(self) -> tuple[tuple[float, int, float, bool] | None, ...]:
+        """`SamplingParams.plan_inputs` of each lane's request, None for a free lane: the step picks its
+        sampling plan from it, so a batch that has no random request left runs the greedy graph, and one
+        with no request using a logit processor the graph without them."""
         return tuple(
             None if r is None else r.params.plan_inputs for r in self._lanes
         )

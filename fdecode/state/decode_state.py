@@ -128,7 +128,7 @@ class HostInfo:
     """
 
     max_position: int | None = None  # upper bound on every active lane's base_pos, None: unknown
-    lane_sampling: tuple[tuple[float, int, float] | None, ...] | None = None  # None: unknown
+    lane_sampling: tuple[tuple[float, int, float, bool] | None, ...] | None = None  # None: unknown
     ticket: KVTicket | None = None  # which transition of which KV chain made the state, None: unknown
 
     def carried(self, changed: set[str], same_kv: bool) -> HostInfo:
@@ -137,12 +137,14 @@ class HostInfo:
         storage) is a chain of its own."""
         return HostInfo(
             max_position=None if {"base_pos", "active"} & changed else self.max_position,
-            lane_sampling=None if {"active", "temperature", "top_k", "top_p"} & changed else self.lane_sampling,
+            lane_sampling=None if PLAN_LEAVES & changed else self.lane_sampling,
             ticket=self.ticket if same_kv or self.ticket is None else self.ticket.detached(),
         )
 
 
 _UNKNOWN = HostInfo()
+# The leaves `lane_sampling` describes: a state with any of them replaced forgets it.
+PLAN_LEAVES = frozenset({"active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids"})
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
@@ -232,13 +234,13 @@ class DecodeState:
         return self._set_host(dataclasses.replace(self.host, max_position=bound))
 
     @property
-    def lane_sampling(self) -> tuple[tuple[float, int, float] | None, ...] | None:
-        """Host-side (temperature, top_k, top_p) of each lane that may be active (None: a free lane),
+    def lane_sampling(self) -> tuple[tuple[float, int, float, bool] | None, ...] | None:
+        """Host-side `SamplingParams.plan_inputs` of each lane that may be active (None: a free lane),
         or None when unknown. Like `max_position`, host bookkeeping the step reads to pick its
         `SamplingPlan` without a sync (unknown: the plan exact for any parameters)."""
         return self.host.lane_sampling
 
-    def record_sampling(self, lanes: tuple[tuple[float, int, float] | None, ...] | None) -> DecodeState:
+    def record_sampling(self, lanes: tuple[tuple[float, int, float, bool] | None, ...] | None) -> DecodeState:
         """Record `lanes` as this state's `lane_sampling` (host bookkeeping only); returns self."""
         return self._set_host(dataclasses.replace(self.host, lane_sampling=None if lanes is None else tuple(lanes)))
 
