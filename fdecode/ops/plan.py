@@ -51,12 +51,12 @@ class SamplingPlan:
 GREEDY = SamplingPlan()
 
 
-def plan_for(lanes: Sequence[tuple[float, int, float, bool]], *, candidates: int,
-             processors: bool = False) -> SamplingPlan:
-    """The plan for lanes with these host-side (temperature, top_k, top_p, processed), one per lane that may
-    be active (`SamplingParams.plan_inputs`); `processors`: the step is compiled with logit processors."""
-    unprocessed = processors and not any(processed for *_, processed in lanes)
-    random = [(k, p) for t, k, p, _ in lanes if t > 0]
+def plan_for(lanes: Sequence[tuple], *, candidates: int, processors: bool = False) -> SamplingPlan:
+    """The plan for lanes with these host-side (temperature, top_k, top_p[, processed]), one per lane that may
+    be active (`SamplingParams.plan_inputs`; a lane without `processed` uses no logit processor);
+    `processors`: the step is compiled with logit processors."""
+    unprocessed = processors and not any(len(lane) > 3 and lane[3] for lane in lanes)
+    random = [(k, p) for t, k, p, *_ in lanes if t > 0]
     if not random:
         return SamplingPlan(unprocessed=True) if unprocessed else GREEDY
     if candidates and all(1 <= k <= candidates for k, _ in random):
