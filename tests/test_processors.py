@@ -114,9 +114,10 @@ def test_logprobs_equal_transformers_logits_or_scores(mode):
         engine.add_request(list(PROMPTS[1]), SamplingParams(logprobs=4))
 
 
-def test_lanes_without_processors_run_the_graph_without_them(step):
+def test_lanes_without_processors_run_the_graph_without_them():
     """A batch none of whose lanes uses a processor runs its plan's twin without them: no counts, bias or
     stop-id passes in the graph, transformers' plain greedy tokens; a lane that uses one brings them back."""
+    step = build("model")
     prompts = [list(p) for p in PROMPTS]
     plain = SamplingParams(max_new_tokens=NEW, logprobs=1)
     state = step.prefill(prompts, params=plain)
