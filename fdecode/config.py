@@ -196,7 +196,13 @@ class DecodeConfig:
     @property
     def processing(self) -> bool:
         """Whether the step changes logits before it samples (penalties, min_tokens, logit bias or grammars)."""
-        return self.penalties or self.min_tokens or self.max_logit_bias > 0 or self.grammars
+        return self.logit_processors or self.grammars
+
+    @property
+    def logit_processors(self) -> bool:
+        """Whether the step has penalties, min_tokens or a logit bias: its sampling plans then come in twins
+        without them (`fdecode.ops.plan.SamplingPlan.unprocessed`)."""
+        return self.penalties or self.min_tokens or self.max_logit_bias > 0
 
     @property
     def grammars(self) -> bool:

