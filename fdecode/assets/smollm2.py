@@ -85,6 +85,17 @@ def load():
     return model, tokenizer
 
 
+def tokenizer():
+    """SmolLM2's tokenizer alone (no weights). Raises ImportError saying how to install."""
+    reason = missing()
+    if reason is not None:
+        raise ImportError(reason)
+    from transformers import AutoTokenizer
+
+    with _one_gguf_parse():
+        return AutoTokenizer.from_pretrained(folder(), gguf_file=GGUF)
+
+
 @contextlib.contextmanager
 def _one_gguf_parse():
     """transformers parses the GGUF three times (config, weights, tokenizer) and builds gguf's tensor-name

@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         "real-vocab (not in the default set): step time of the sampling plans at V = 151,936, target 256x4, "
         "draft 128x1, against the greedy-only graph (fdecode/bench/sampling.py); request-features (not in the default "
         "set): the same models, greedy lanes, the default config against logprobs and the logit processors, used "
-        "or not (fdecode/bench/features.py); grammar (not in the default set): the same models at V = 49,152 and 151,936, "
-        "the default config against a grammar pool unused and every lane under a JSON schema, then acceptance with and "
-        "without the schema on the real models present (fdecode/bench/grammar.py); qwen3_5-mtp / qwen3_5-self (not "
+        "or not (fdecode/bench/features.py); grammar (not in the default set): the same models at V = 49,152 and "
+        "151,936, the default config against a grammar pool unused and every lane under a JSON schema, then "
+        "acceptance with and without the schema on the real models present (fdecode/bench/grammar.py); "
+        "qwen3_5-mtp / qwen3_5-self (not "
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
         "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
         "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
@@ -89,17 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
     real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
     acceptance_rows = []  # the grammar workload's acceptance on real models
+    # The real-vocab, request-features and grammar workloads' random target (hidden, layers) and timed steps.
+    size, steps = ((64, 2), 8) if args.quick else ((256, 4), 30)
     for name in args.workloads:
         if name == "grammar":
-            steps = 8 if args.quick else 30
-            size = (64, 2) if args.quick else (256, 4)
             sampling_rows += run_grammar_cost(llama, size, args.batch, args.k, steps, args.reps, device=args.device,
                                               dtype=getattr(torch, args.dtype), backend=args.backend)
             if not args.quick:
                 acceptance_rows += run_grammar_acceptance(args.k[0], args.new_tokens)
             continue
         if name in ("real-vocab", "request-features"):
-            size = (64, 2) if args.quick else (256, 4)
             vocab = 4096 if args.quick else VOCAB
             target, draft = llama(vocab, *size, seed=1), llama(vocab, size[0] // 2, 1, seed=2)
             systems = SYSTEMS if name == "real-vocab" else FEATURE_SYSTEMS
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k in args.k:
                     print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
                     sampling_rows += run_sampling_workload(
-                        target, draft, batch, k, 8 if args.quick else 30, args.reps, device=args.device,
+                        target, draft, batch, k, steps, args.reps, device=args.device,
                         dtype=getattr(torch, args.dtype), backend=args.backend, systems=systems, workload=name,
                     )
             continue

@@ -47,8 +47,7 @@ def tokenizers() -> dict[int, tuple[str, object]]:
 
     found = {}
     if smollm2.missing() is None:
-        with smollm2._one_gguf_parse():
-            smol = AutoTokenizer.from_pretrained(smollm2.folder(), gguf_file=smollm2.GGUF)
+        smol = smollm2.tokenizer()
         found = {49_152: ("SmolLM2", smol), 151_936: ("SmolLM2, padded", smol)}
     qwen = qwen_coder.gguf_folder() / "qwen2.5-coder-0.5b-instruct"
     if (qwen / "tokenizer.json").is_file():
