@@ -1,13 +1,19 @@
-"""Step time with each layer kind compiled once (`layer_regions=True`) against every copy unrolled, in one process.
+"""Step time of two ways to compile one step, side by side in one process.
 
     python bench/regions_step_time.py                       # the bundled model (MTP, K = 3) and a 7-layer pair
     python bench/regions_step_time.py --workloads bundled --rounds 30
+    python bench/regions_step_time.py --compare stored      # a stored (ahead-of-time) graph against torch.compile's
 
-Both steps are compiled (Inductor) from the same models and config but `layer_regions`, run the same
-greedy stream from one prompt, and are timed interleaved: each round times `--steps` steps of one, then
-of the other, from a fresh prefill each (so both attend over the same windows). Reported: the median
-step time of each over the rounds and their ratio (regions / unrolled; the issue's bound is 1.03), with
-the tokens of the two checked equal.
+--compare regions (the default): each layer kind compiled once (`layer_regions=True`) against every copy
+unrolled. --compare stored: the graph `fdecode.graphs.stored` keeps on disk (compiled with `aot_compile`,
+run with its guards checked by the loaded function) against the plain `torch.compile` of the same step
+(`FDECODE_CACHE_DIR=off`), both at the default `layer_regions`.
+
+Both steps are compiled (Inductor) from the same models and config, run the same greedy stream from one
+prompt, and are timed interleaved: each round times `--steps` steps of one, then of the other, from a
+fresh prefill each (so both attend over the same windows). Reported: the median step time of each over
+the rounds and their ratio (first / second; the issue's bound is 1.03), with the tokens of the two
+checked equal.
 """
 
 from __future__ import annotations
@@ -38,6 +44,13 @@ def workload(name: str):
     return llama(4096, 256, 7, seed=0), llama(4096, 256, 2, seed=1), cfg, list(range(10, 70))
 
 
+# --compare: the two ways, each (name, DecodeConfig fields, FDECODE_CACHE_DIR while it compiles or None: as set)
+COMPARE = {
+    "regions": (("regions", {"layer_regions": True}, None), ("unrolled", {"layer_regions": False}, None)),
+    "stored": (("stored", {}, None), ("plain", {}, "off")),
+}
+
+
 def timed(step, prompt: list[int], steps: int) -> tuple[float, list[list[int]]]:
     state = step.prefill([prompt], max_new_tokens=steps * (step.config.K + 1) + 1)
     tokens, start = [], time.perf_counter()
@@ -52,20 +65,24 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["bundled", "depth7"])
+    parser.add_argument("--compare", choices=sorted(COMPARE), default="regions")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []
+    (first, _, _), (second, _, _) = ways = COMPARE[args.compare]
     for name in args.workloads:
         target, draft, cfg, prompt = workload(name)
-        steps = {
-            mode: fdecode.compile(target, draft, dataclasses.replace(cfg, layer_regions=mode == "regions"),
-                                  announce=False)
-            for mode in ("regions", "unrolled")
-        }
-        for step in steps.values():  # compile, and warm the windows the stream crosses
-            timed(step, prompt, args.steps)
+        steps = {}
+        for mode, fields, cache in ways:
+            steps[mode] = fdecode.compile(target, draft, dataclasses.replace(cfg, **fields), announce=False)
+            saved = os.environ.get("FDECODE_CACHE_DIR")
+            if cache is not None:
+                os.environ["FDECODE_CACHE_DIR"] = cache
+            timed(steps[mode], prompt, args.steps)  # compile, and warm the windows the stream crosses
+            if cache is not None:
+                os.environ.pop("FDECODE_CACHE_DIR") if saved is None else os.environ.update(FDECODE_CACHE_DIR=saved)
         times = {mode: [] for mode in steps}
         for _ in range(args.rounds):
             seen = []
@@ -73,10 +90,10 @@ def main() -> int:
                 seconds, tokens = timed(step, prompt, args.steps)
                 times[mode].append(seconds)
                 seen.append(tokens)
-            assert seen[0] == seen[1], "regions and unrolled steps disagree"
+            assert seen[0] == seen[1], f"{first} and {second} steps disagree"
         med = {mode: statistics.median(t) * 1000 for mode, t in times.items()}
-        row = {"workload": name, "regions_ms": round(med["regions"], 3), "unrolled_ms": round(med["unrolled"], 3),
-               "ratio": round(med["regions"] / med["unrolled"], 3), "rounds": args.rounds, "steps": args.steps}
+        row = {"workload": name, f"{first}_ms": round(med[first], 3), f"{second}_ms": round(med[second], 3),
+               "ratio": round(med[first] / med[second], 3), "rounds": args.rounds, "steps": args.steps}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:

@@ -5,7 +5,10 @@ Fixtures and hooks only; the helpers the tests share live in tests/support/ (see
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -19,6 +22,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1
+
+# Compiled step graphs go to one folder per test session (`fdecode.graphs.stored`), not the user's cache:
+# set here, before the xdist workers start, so both workers share it and a step one test compiled loads
+# in the next test that compiles it.
+if "FDECODE_CACHE_DIR" not in os.environ:
+    _steps = tempfile.mkdtemp(prefix="fdecode-test-steps-")
+    os.environ["FDECODE_CACHE_DIR"] = _steps
+    atexit.register(shutil.rmtree, _steps, ignore_errors=True)
 
 # The files that take longest start first, so the two workers end together (`--dist loadfile` hands
 # out whole files in collection order).

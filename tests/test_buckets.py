@@ -279,7 +279,7 @@ def test_every_compile_is_announced_in_one_line(capsys) -> None:
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
         "fdecode: compiling the decode step (dynamo, greedy sampling plan, one graph for every window up to 100 "
-        "tokens); the first call waits for it, once per process (step.warmup() compiles every graph up front)"
+        "tokens); the first call waits for it (step.warmup() compiles every graph up front)"
     ]
     while step.config.bucket_for(state.max_position) * 4 == 32:  # on into the next window: nothing compiles
         state, _ = step(state)

@@ -221,8 +221,9 @@ def without_regions(cfg: DecodeConfig) -> DecodeConfig:
     return dataclasses.replace(cfg, layer_regions=False)
 
 
-def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
-    """What runs for `backend`: `fn` itself (eager) or its one-graph compilation."""
+def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Callable | None = None) -> Callable:
+    """What runs for `backend`: `fn` itself (eager) or its one-graph compilation. guard_filter: Dynamo's
+    `guard_filter_fn` (Inductor only: `fdecode.graphs.stored` keeps the guards a file can hold)."""
     if backend == "eager":
         return fn
     if backend == "dynamo":  # torch's "eager" compile backend: Dynamo's graph, no AOTAutograd, no codegen
@@ -231,10 +232,10 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig) -> Callable:
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
     if backend == "torchair":
         return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
+    options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}
     if backend == "inductor" and cfg.device_type == "cpu":  # few-row matmuls streamed as the weight's rows
-        options = {"post_grad_custom_pre_pass": weight_stationary}
-        return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options)
-    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        options["post_grad_custom_pre_pass"] = weight_stationary
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
 
 
 # (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).

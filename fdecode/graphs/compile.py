@@ -8,6 +8,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
     DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend,
 )
+from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.regions import resolve_regions
@@ -202,13 +204,30 @@ class Step:
         key = self.graph_window(blocks)
         graph = self._graphs.get((key, plan, depth))
         if graph is None:
-            graph = self._graphs[key, plan, depth] = capture(
-                self.backend, self._pure(key, plan, depth), self.config
-            )
+            graph = self._graphs[key, plan, depth] = self._capture(self._pure(key, plan, depth))
         if key is not None:
             return graph
         width = self.window_width(blocks)
         return lambda state: graph(state, width)
+
+    def _capture(self, fn: Callable) -> Callable:
+        """`fn` as the backend runs it: kept on disk where it can be (`stored_path`), else captured as usual."""
+        path = self.stored_path(fn)
+        if path is None:
+            return capture(self.backend, fn, self.config)
+        return StoredGraph(
+            fn, path, {"target": self.target, "draft": self.draft},
+            ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards),
+            fallback=lambda: capture(self.backend, fn, self.config),
+        )
+
+    def stored_path(self, fn: Callable) -> Path | None:
+        """The file `fn`'s compiled graph is kept in (`fdecode.graphs.stored`), or None where it is not kept:
+        the cache is off (`FDECODE_CACHE_DIR=off`), the backend is not Inductor, or the step is tensor-parallel."""
+        folder = cache_dir()
+        if folder is None or self.backend != "inductor" or getattr(self.target, "tp", None) is not None:
+            return None
+        return folder / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
 
     def _announce_compile(self, blocks: int, plan: SamplingPlan, depth: int) -> None:
         """One line on stderr before a graph compiles (its first call), so a pause is never silent."""
@@ -218,10 +237,15 @@ class Step:
             f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
+        what = f"({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, {windows})"
+        path = self.stored_path(self._pure(self.graph_window(blocks), plan, depth))
+        if path is not None and path.exists():
+            notice(f"loading the compiled decode step {what} from {path}")
+            return
+        stored = "" if path is None else f", then kept in {path.parent} for later processes"
         notice(
-            f"compiling the decode step ({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, "
-            f"{windows}); "
-            "the first call waits for it, once per process (step.warmup() compiles every graph up front)"
+            f"compiling the decode step {what}; the first call waits for it{stored} "
+            "(step.warmup() compiles every graph up front)"
         )
 
     def __call__(

@@ -1,0 +1,198 @@
+"""Compiled step graphs kept on disk, so that a second process skips Dynamo's trace
+(docs/design.md, "Backends and kernels").
+
+Inductor's own caches (`TORCHINDUCTOR_CACHE_DIR`) let a second start skip code generation, but Dynamo
+still traces the whole step again: on the real Qwen2.5-Coder pair that trace is most of a warm start.
+An Inductor step here is therefore compiled ahead of its first call with Dynamo's `aot_compile` (the
+same graph, guards and Inductor code as `torch.compile`) and written to one file per graph; a later
+process with the same key loads the file and runs it without tracing anything.
+
+Where: `FDECODE_CACHE_DIR`, by default `$XDG_CACHE_HOME/fdecode/steps` (`~/.cache/fdecode/steps`);
+`FDECODE_CACHE_DIR=off` turns it off. A file is named by the key of everything its graph is compiled
+from (`graph_key`): fdecode's source, torch and Python, the CPU's vector ISA, Inductor's config, the
+backend, the step function and what it closes over (the `DecodeConfig`, sampling plan, window and depth)
+and each model's layout (module classes, config, parameter and buffer names, shapes, dtypes, devices,
+tied weights). The weights' values are not in it: they are inputs of the graph, so the file serves any
+checkpoint of that architecture. Anything else changed gives another key; nothing stale is ever loaded.
+To take a cache to another machine of the same kind, copy this folder (and, to skip the C++ builds too,
+Inductor's cache or `fdecode.save_compile_cache`'s file).
+
+Where a graph cannot be stored (a guard Dynamo cannot serialize, a model it cannot name) or a stored one
+refuses its inputs, the step says so in one line and runs the plain `torch.compile` of the same function.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from fdecode.progress import notice
+
+OFF = ("off", "0", "false", "no", "none", "")
+FORMAT = 1  # bump when what a file holds changes
+
+
+def cache_dir() -> Path | None:
+    """The folder stored step graphs live in (`FDECODE_CACHE_DIR`), or None where it is turned off."""
+    value = os.environ.get("FDECODE_CACHE_DIR")
+    if value is None:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "fdecode" / "steps"
+    return None if value.strip().lower() in OFF else Path(value).expanduser()
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of fdecode's Python source: an edited step never loads a graph of the old code."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def platform() -> str:
+    """What the compiled code depends on beyond the graph: torch, Python, the CPU's vector ISA."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return f"torch {torch.__version__}; python {sys.version}; isa {pick_vec_isa()}"
+
+
+def inductor_config() -> str:
+    """Inductor's config as its cache keys it (the settings that change generated code)."""
+    from torch._inductor import config
+
+    return repr(sorted(config.save_config_portable().items()))
+
+
+def model_layout(model: torch.nn.Module) -> list:
+    """A model's layout without its values: module classes, config, every parameter, buffer and plain tensor
+    attribute (name, shape, dtype, device) and which parameters are one tensor (tied weights)."""
+    first: dict[int, str] = {}
+    tensors = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        tensors.append((name, type(module).__module__, type(module).__qualname__))
+        members = [
+            *module._parameters.items(), *module._buffers.items(),
+            *((k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor)),
+        ]
+        for attr, tensor in members:
+            if tensor is None:
+                continue
+            full = f"{name}.{attr}" if name else attr
+            alias = first.setdefault(id(tensor), full)
+            tensors.append((full, tuple(tensor.shape), str(tensor.dtype), str(tensor.device), alias))
+    return [repr(getattr(model, "config", None)), tensors]
+
+
+def describe(value) -> object:
+    """What a value the step function closes over contributes to its key."""
+    if isinstance(value, torch.nn.Module):
+        return model_layout(value)
+    if isinstance(value, types.FunctionType):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+def graph_key(fn: Callable, backend: str) -> str:
+    """The key of `fn`'s graph under `backend` (see the module docstring)."""
+    cells = [describe(cell.cell_contents) for cell in fn.__closure__ or ()]
+    parts = [FORMAT, source_digest(), platform(), inductor_config(), backend, fn.__code__.co_name, cells]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def serializable_guards(entries: Sequence) -> list[bool]:
+    """Dynamo's guard filter for a stored graph: keep the guards on the graph's inputs that a file can hold
+    (shapes, dtypes, constants), drop the ones on globals and object identities, which the key covers."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [
+        not (entry.is_global or entry.guard_type in unsupported or unsupported & set(entry.derived_guard_types))
+        for entry in entries
+    ]
+
+
+def plain(args: tuple) -> tuple:
+    """`args` with each tensor marked dynamic replaced by an unmarked view of it: a loaded graph's guards
+    check sizes against its symbolic ranges but refuse the marking itself."""
+    return tuple(a.detach() if hasattr(a, "_dynamo_dynamic_indices") else a for a in args)
+
+
+class StoredGraph:
+    """One step graph kept on disk under its key. The first call loads the file or compiles ahead of time
+    (`aot_compile`) and writes it; every call then runs the compiled graph. Where storing or loading fails,
+    it runs `fallback()` (the plain `torch.compile` of the same function) and says why, once.
+
+    fn: the pure step function; models: what it closes over that a file cannot hold (the target and draft:
+    their parameters are the graph's inputs, given again at load); ahead: `fn` under `torch.compile` with
+    `serializable_guards`; fallback: makes the plain capture."""
+
+    def __init__(self, fn: Callable, path: Path, models: dict[str, object], ahead: Callable,
+                 fallback: Callable[[], Callable]):
+        self.fn = fn
+        self.path = path
+        self.models = models
+        self._ahead = ahead
+        self._fallback = fallback
+        self._run: Callable | None = None
+        self._ahead_of_time = False  # whether `_run` is an `aot_compile`d graph (stored or loaded)
+        self.loaded = False  # whether the graph came from the file
+
+    def __repr__(self) -> str:
+        how = "loaded" if self.loaded else "compiled" if self._run is not None else "not run yet"
+        return f"StoredGraph({self.fn.__name__}, {how}, path={str(self.path)!r})"
+
+    def __call__(self, *args):
+        if self._run is None:
+            self._run = self._first(args)
+        if not self._ahead_of_time:
+            return self._run(*args)
+        try:
+            return self._run(*plain(args))
+        except RuntimeError as error:
+            if not str(error).startswith("GuardManager check failed"):
+                raise
+            notice(f"the stored step graph {self.path.name} refuses these inputs ({error}); compiling it afresh")
+            self._run, self._ahead_of_time, self.loaded = self._fallback(), False, False
+            return self._run(*args)
+
+    def _first(self, args: tuple) -> Callable:
+        self._ahead_of_time = True
+        if self.path.exists():
+            try:
+                return self._load()
+            except Exception as error:  # noqa: BLE001 - a stale or damaged file is compiled afresh
+                notice(f"could not load the stored step graph {self.path} ({type(error).__name__}: {error}); "
+                       "compiling it afresh")
+        try:
+            compiled = self._ahead.aot_compile((args, {}))
+        except Exception as error:  # noqa: BLE001 - e.g. a guard Dynamo cannot serialize
+            notice(f"this step graph cannot be stored ({type(error).__name__}: {error}); compiling it as usual")
+            self._ahead_of_time = False
+            return self._fallback()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            compiled.save_compiled_function(str(self.path), external_data=self.models)
+        except Exception as error:  # noqa: BLE001 - runs from memory all the same
+            notice(f"could not store the step graph in {self.path} ({type(error).__name__}: {error})")
+        return compiled
+
+    def _load(self) -> Callable:
+        from torch._guards import TracingContext, tracing
+
+        # Unpickling the guards installs guards of their own, which needs a tracing context to go into.
+        with self.path.open("rb") as file, tracing(TracingContext(None)):
+            compiled = torch.compiler.load_compiled_function(
+                file, f_globals=self.fn.__globals__, external_data=self.models
+            )
+        self.loaded = True
+        return compiled

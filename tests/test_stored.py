@@ -1,0 +1,144 @@
+"""Step graphs kept on disk (`fdecode.graphs.stored`): a second process loads the compiled step instead of
+tracing it, the key changes with whatever the graph is compiled from, and a file that cannot serve is
+compiled afresh with a one-line notice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fdecode
+from fdecode.bench import llama
+from fdecode.graphs.backends import capture
+from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
+
+# A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
+# of two lanes across windows; prints its tokens, the eager step's tokens, the graphs Dynamo traced and
+# how each step graph came to be (loaded or compiled).
+CHILD = """
+import dataclasses, json, sys, torch
+import fdecode
+from fdecode.bench import llama
+from torch._dynamo.utils import counters
+seed = int(sys.argv[1])
+target, draft = llama(512, 64, 2, seed=seed), llama(512, 64, 1, seed=seed + 1)
+cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=8, sampling=False)
+
+def run(step):
+    state = step.prefill([list(range(3, 20)), list(range(40, 44))], max_new_tokens=30)
+    tokens = []
+    for _ in range(6):
+        state, out = step(state)
+        tokens.append(out.packed.tolist())
+    return step, tokens
+
+step, tokens = run(fdecode.compile(target, draft, cfg, announce=False))
+_, eager = run(fdecode.compile(target, draft, dataclasses.replace(cfg, backend="eager")))
+print(json.dumps({"tokens": tokens, "eager": eager, "traced": counters["stats"]["unique_graphs"],
+                  "loaded": [g.loaded for g in step._graphs.values()]}))
+"""
+
+
+def run_child(seed: int, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -> None:
+    """The first process compiles the step and keeps its graphs; a second one, with other weights of the
+    same layout, loads them: Dynamo traces nothing, and its tokens are the eager step's on its own weights."""
+    env = {**os.environ, "FDECODE_CACHE_DIR": str(tmp_path / "steps"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "OMP_NUM_THREADS": "1"}
+    first = run_child(0, env)
+    assert first["tokens"] == first["eager"]
+    assert first["traced"] >= 1 and not any(first["loaded"])
+    stored = sorted(p.name for p in (tmp_path / "steps").iterdir())
+    assert stored and all(name.endswith(".step") for name in stored)
+    second = run_child(1, env)
+    assert second["tokens"] == second["eager"] != first["tokens"]  # other weights, other tokens, still exact
+    assert second["traced"] == 0 and second["loaded"] and all(second["loaded"])
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == stored  # nothing new written
+
+
+def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) -> None:
+    """Config, plan, depth, window, the models' layout (layers, dtype, tied weights) each give another key;
+    other weight values of the same layout give the same key. Off, or a backend other than Inductor:
+    nothing is stored."""
+    monkeypatch.setenv("FDECODE_CACHE_DIR", str(tmp_path))
+    target, draft = llama(512, 64, 2, seed=0), llama(512, 64, 1, seed=1)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=8, sampling=False)
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    plan = step.plans[0]
+
+    def key(s=step, blocks=8, depth=None) -> str:
+        return graph_key(s._pure(blocks, plan, depth), "inductor")
+
+    base = key()
+    assert key() == base and len(base) == 32
+    assert key(fdecode.compile(llama(512, 64, 2, seed=5), llama(512, 64, 1, seed=6), cfg)) == base
+    others = [
+        key(blocks=4), key(depth=1),
+        key(fdecode.compile(target, draft, dataclasses.replace(cfg, max_batch=3))),
+        key(fdecode.compile(llama(512, 64, 3, seed=0), draft, cfg)),
+        key(fdecode.compile(llama(512, 64, 2, seed=0).double(), llama(512, 64, 1, seed=1).double(), cfg)),
+    ]
+    # Tied or untied output weights, all else equal: a graph traced with one tensor for both takes one input.
+    retied = llama(512, 64, 2, seed=0)
+    head, embed = retied.lm_head, retied.embed_tokens
+    head.weight = torch.nn.Parameter(embed.weight.clone()) if head.weight is embed.weight else embed.weight
+    others.append(key(fdecode.compile(retied, draft, cfg)))
+    assert len({base, *others}) == len(others) + 1
+    fn = step._pure(8, plan)
+    assert step.stored_path(fn) == tmp_path / f"{fn.__name__}-{base}.step"
+    assert fdecode.compile(target, draft, dataclasses.replace(cfg, backend="dynamo")).stored_path(fn) is None
+    monkeypatch.setenv("FDECODE_CACHE_DIR", "off")
+    assert cache_dir() is None and step.stored_path(fn) is None
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, seed: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(seed)),
+                                         requires_grad=False)
+
+
+def stored(path, model: Scale) -> StoredGraph:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ model.weight) + 1
+
+    cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=16, block_size=8)
+    return StoredGraph(fn, path, {"model": model}, ahead=capture("inductor", fn, cfg, guard_filter=serializable_guards),
+                       fallback=lambda: capture("inductor", fn, cfg))
+
+
+@pytest.mark.slow
+def test_a_file_that_cannot_serve_is_compiled_afresh(tmp_path, capsys) -> None:
+    """Stored, loaded with other weights (exact), refusing inputs its guards do not take, and damaged: each
+    time the right values, and a one-line notice where it compiles afresh."""
+    path = tmp_path / "f.step"
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        first = stored(path, Scale(0))
+        torch.testing.assert_close(first(x), torch.tanh(x @ first.models["model"].weight) + 1)
+        assert path.exists() and not first.loaded
+        model = Scale(1)
+        second = stored(path, model)
+        torch.testing.assert_close(second(x), torch.tanh(x @ model.weight) + 1)
+        assert second.loaded and capsys.readouterr().err == ""
+        tall = torch.randn(5, 8)  # a shape the (static) graph's guards refuse
+        torch.testing.assert_close(second(tall), torch.tanh(tall @ model.weight) + 1)
+        assert "refuses these inputs" in capsys.readouterr().err and not second.loaded
+        path.write_bytes(b"not a graph")
+        third = stored(path, model)
+        torch.testing.assert_close(third(x), torch.tanh(x @ model.weight) + 1)
+        assert "could not load the stored step graph" in capsys.readouterr().err and not third.loaded
+        assert stored(path, model)(x) is not None and path.stat().st_size > 100  # written again, whole
