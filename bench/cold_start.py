@@ -11,8 +11,11 @@ greedy graph compiles), i.e. the wait before the stream decodes; model loading i
 The process also reports its CPU seconds (with the C++ compiler children), which load on the machine
 does not stretch, the FX graph cache hits and misses, and the median time of 20 steps after that.
 
-Modes: "regions" (the default, `DecodeConfig.layer_regions=True`: each layer kind compiled once) and
-"unrolled" (`layer_regions=False`: every layer copy compiled, what fdecode did before).
+Modes: "regions" (`DecodeConfig.layer_regions=True`: each layer kind compiled once, and the compiled graph
+kept on disk, `fdecode.graphs.stored`, which a warm start loads without tracing: the default on the real
+pair), "plain" (regions, with `FDECODE_CACHE_DIR=off`: a warm start traces the step again, what fdecode did
+before the stored graphs) and "unrolled" (`layer_regions=False`: every layer copy compiled). The step
+graphs' folder lives beside the Inductor cache, so "cold" has both empty and "warm" both filled.
 
 Workloads:
 - bundled: the bundled 4-layer model with its MTP head, K = 3, the demo's config;
@@ -76,7 +79,7 @@ def child(spec: dict) -> dict:
     start = time.perf_counter()
     target, draft, cfg, prompt = models(spec["workload"], spec.get("layers", 0))
     load_s = time.perf_counter() - start
-    cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] == "regions", sampling=False)
+    cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
     state = step.prefill([prompt], max_new_tokens=100)
@@ -98,12 +101,14 @@ def child(spec: dict) -> dict:
         "fx_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "step_ms": round(1000 * statistics.median(times), 2),
         "first_tokens": first,
+        "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values()),
         "backend": step.backend,
     }
 
 
 def run_child(spec: dict, cache: str) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    steps = "off" if spec["mode"] == "plain" else os.path.join(cache, "fdecode-steps")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "FDECODE_CACHE_DIR": steps}
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
                           text=True)
     if proc.returncode:
@@ -115,7 +120,7 @@ def run_child(spec: dict, cache: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["bundled", "depth", "qwen-coder"])
-    parser.add_argument("--modes", nargs="+", default=["regions", "unrolled"])
+    parser.add_argument("--modes", nargs="+", default=["regions", "plain", "unrolled"], choices=["regions", "plain", "unrolled"])
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -146,11 +151,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
-    print("| workload | layers | mode | start | first step s | CPU s | FX cache hit/miss | step ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| workload | layers | mode | start | first step s | CPU s | FX cache hit/miss | graphs loaded | step ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['start']} | {r['first_step_s']} | "
-              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['step_ms']} |")
+              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | {r['step_ms']} |")
     return 0
 
 

@@ -12,6 +12,11 @@ ever used). To take compiled artifacts to a machine with an empty cache (a new c
     ...
     fdecode.load_compile_cache("step.cache")        # on the other machine, before fdecode.compile
     step = fdecode.compile(target, draft, cfg)      # its graphs load instead of compiling
+
+The step graphs themselves (what Dynamo traced, which this file does not hold) are kept apart, in
+`FDECODE_CACHE_DIR` (`fdecode.graphs.stored`): copy that folder too, and the other machine skips the
+trace as well. Save the file in the process that compiled: a process that loaded its graphs from that
+folder built nothing through these caches.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import sys
+import sysconfig
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -60,10 +61,10 @@ def source_digest() -> str:
 
 @functools.cache
 def platform() -> str:
-    """What the compiled code depends on beyond the graph: torch, Python, the CPU's vector ISA."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    return f"torch {torch.__version__}; python {sys.version}; isa {pick_vec_isa()}"
+    """What the compiled code depends on beyond the graph: torch, Python, the CPU's architecture and vector
+    ISA (ATen's dispatch level, which is what Inductor's own pick, slower to ask, builds on)."""
+    return (f"torch {torch.__version__}; python {sys.version}; {sysconfig.get_platform()}; "
+            f"isa {torch.backends.cpu.get_cpu_capability()}")
 
 
 def inductor_config() -> str:
@@ -162,17 +163,25 @@ class StoredGraph:
             if not str(error).startswith("GuardManager check failed"):
                 raise
             notice(f"the stored step graph {self.path.name} refuses these inputs ({error}); compiling it afresh")
-            self._run, self._ahead_of_time, self.loaded = self._fallback(), False, False
+            if self.loaded:  # the key missed what these inputs differ in: compile for them, store that instead
+                self.loaded = False
+                self._run = self._compile(args)
+                return self(*args)
+            self._run, self._ahead_of_time = self._fallback(), False  # inputs that vary: Dynamo's own guards
             return self._run(*args)
 
     def _first(self, args: tuple) -> Callable:
-        self._ahead_of_time = True
         if self.path.exists():
             try:
                 return self._load()
             except Exception as error:  # noqa: BLE001 - a stale or damaged file is compiled afresh
                 notice(f"could not load the stored step graph {self.path} ({type(error).__name__}: {error}); "
                        "compiling it afresh")
+        return self._compile(args)
+
+    def _compile(self, args: tuple) -> Callable:
+        """Compile ahead of time for `args` and store the graph; the plain capture where that fails."""
+        self._ahead_of_time = True
         try:
             compiled = self._ahead.aot_compile((args, {}))
         except Exception as error:  # noqa: BLE001 - e.g. a guard Dynamo cannot serialize
@@ -194,5 +203,5 @@ class StoredGraph:
             compiled = torch.compiler.load_compiled_function(
                 file, f_globals=self.fn.__globals__, external_data=self.models
             )
-        self.loaded = True
+        self.loaded = self._ahead_of_time = True
         return compiled
