@@ -7,7 +7,8 @@
 Each measurement is a fresh Python process. "cold" runs with an empty Inductor cache (a new
 TORCHINDUCTOR_CACHE_DIR); "warm" is a second process on that same cache, as a user's second start
 is. The time counted is `fdecode.compile` + prefill of one prompt + the first `step(state)` (where the
-greedy graph compiles), i.e. the wait before the stream decodes; model loading is reported apart.
+greedy graph compiles, or loads), i.e. the wait before the stream decodes, with each of the three
+reported too (compile_call_s, prefill_s, first_call_s); model loading is reported apart.
 The process also reports its CPU seconds (with the C++ compiler children), which load on the machine
 does not stretch, the FX graph cache hits and misses, and the median time of 20 steps after that.
 
@@ -82,10 +83,14 @@ def child(spec: dict) -> dict:
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
+    compiled = time.perf_counter()
     state = step.prefill([prompt], max_new_tokens=100)
+    prefilled = time.perf_counter()
     state, out = step(state)
     first = out.tokens.tolist()
     first_step_s, first_step_cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
+    parts = {"compile_call_s": compiled - start, "prefill_s": prefilled - compiled,
+             "first_call_s": start + first_step_s - prefilled}
     times = []
     with torch.no_grad():
         for _ in range(20):
@@ -97,6 +102,7 @@ def child(spec: dict) -> dict:
         "load_s": round(load_s, 2),
         "first_step_s": round(first_step_s, 2),
         "first_step_cpu_s": round(first_step_cpu, 2),
+        **{name: round(seconds, 2) for name, seconds in parts.items()},
         "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
         "fx_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "step_ms": round(1000 * statistics.median(times), 2),

@@ -126,7 +126,8 @@ def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, pe
         lanes.counts.scatter_add_(1, accepted.clamp_min(0), (accepted >= 0).to(lanes.counts.dtype))
     state = lanes.grammar_state
     if grammars:  # vocab: the model's V, as the pool's keys are state * V + token
-        state = walk(lanes.grammar_keys, lanes.grammar_next, state, accepted, vocab, length)[:, -1]
+        # contiguous: a [B] leaf whose strides change between steps would be another graph (a recompile)
+        state = walk(lanes.grammar_keys, lanes.grammar_next, state, accepted, vocab, length)[:, -1].contiguous()
     return (lanes.min_left - length).clamp_min(0), state
 
 
