@@ -215,9 +215,9 @@ class Step:
         path = self.stored_path(fn)
         if path is None:
             return capture(self.backend, fn, self.config)
+        models = {"target": self.target, "draft": self.draft}  # by their names in `pure_step`'s closure
         return StoredGraph(
-            fn, path, {"target": self.target, "draft": self.draft},
-            ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards),
+            fn, path, models, ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards(models)),
             fallback=lambda: capture(self.backend, fn, self.config),
         )
 

@@ -76,7 +76,8 @@ def inductor_config() -> str:
 
 def model_layout(model: torch.nn.Module) -> list:
     """A model's layout without its values: module classes, config, every parameter, buffer and plain tensor
-    attribute (name, shape, dtype, device) and which parameters are one tensor (tied weights)."""
+    attribute (name, shape, strides, storage offset, dtype, device) and which are one tensor (tied weights):
+    all a compiled graph assumes of its weights, so their guards can go (`serializable_guards`)."""
     first: dict[int, str] = {}
     tensors = []
     for name, module in model.named_modules(remove_duplicate=False):
@@ -90,7 +91,8 @@ def model_layout(model: torch.nn.Module) -> list:
                 continue
             full = f"{name}.{attr}" if name else attr
             alias = first.setdefault(id(tensor), full)
-            tensors.append((full, tuple(tensor.shape), str(tensor.dtype), str(tensor.device), alias))
+            tensors.append((full, tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), str(tensor.dtype),
+                            str(tensor.device), alias))
     return [repr(getattr(model, "config", None)), tensors]
 
 
@@ -110,16 +112,22 @@ def graph_key(fn: Callable, backend: str) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
-def serializable_guards(entries: Sequence) -> list[bool]:
-    """Dynamo's guard filter for a stored graph: keep the guards on the graph's inputs that a file can hold
-    (shapes, dtypes, constants), drop the ones on globals and object identities, which the key covers."""
+def serializable_guards(models: Sequence[str]) -> Callable[[Sequence], list[bool]]:
+    """Dynamo's guard filter for a stored graph whose function closes over `models` (their names): keep the
+    guards a file can hold on what the key does not fix (the state's tensors, constants), drop the ones on
+    globals and object identities and the tensor guards on the models' weights (hundreds on a real model,
+    each checked at every call), all of which the key covers (`model_layout`)."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return [
-        not (entry.is_global or entry.guard_type in unsupported or unsupported & set(entry.derived_guard_types))
-        for entry in entries
-    ]
+    roots = tuple(f"{name}." for name in models)
+
+    def keep(entry) -> bool:
+        if entry.is_global or entry.guard_type in unsupported or unsupported & set(entry.derived_guard_types):
+            return False
+        return not (entry.guard_type == "TENSOR_MATCH" and entry.name.startswith(roots))
+
+    return lambda entries: [keep(entry) for entry in entries]
 
 
 def plain(args: tuple) -> tuple:
