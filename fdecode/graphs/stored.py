@@ -15,7 +15,8 @@ and each model's layout (module classes, config, parameter and buffer names, sha
 tied weights). The weights' values are not in it: they are inputs of the graph, so the file serves any
 checkpoint of that architecture. Anything else changed gives another key; nothing stale is ever loaded.
 To take a cache to another machine of the same kind, copy this folder (and, to skip the C++ builds too,
-Inductor's cache or `fdecode.save_compile_cache`'s file).
+Inductor's cache or `fdecode.save_compile_cache`'s file). fdecode never deletes a file there (a new fdecode
+writes files of new keys beside the old): delete the folder to reclaim its space.
 
 Where a graph cannot be stored (a guard Dynamo cannot serialize, a model it cannot name) or a stored one
 refuses its inputs, the step says so in one line and runs the plain `torch.compile` of the same function.
