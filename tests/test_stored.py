@@ -162,27 +162,3 @@ def test_a_file_that_cannot_serve_is_compiled_afresh(tmp_path, capsys) -> None:
         torch.testing.assert_close(third(x), torch.tanh(x @ model.weight) + 1)
         assert "could not load the stored step graph" in capsys.readouterr().err and not third.loaded
         assert stored(path, model)(x) is not None and path.stat().st_size > 100  # written again, whole
-
-
-PROBE = """
-import json, torch
-import fdecode
-from fdecode.bench import llama
-from fdecode.graphs import stored
-from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=64, block_size=8, sampling=False)
-step = fdecode.compile(llama(512, 64, 2, seed=0), llama(512, 64, 1, seed=1), cfg, announce=False)
-stored.await_isa_probe()
-print(json.dumps({"thread": stored._isa_probe is not None, "probed": valid_vec_isa_list.cache_info().currsize}))
-"""
-
-
-@pytest.mark.parametrize("folder", ["steps", "off"])
-def test_the_cpu_isa_probe_starts_with_a_step_that_stores_graphs(tmp_path, folder) -> None:
-    """A CPU Inductor step that keeps its graphs starts Inductor's ISA probe when it is made (it runs while the
-    prefill does): probed before anything compiled. With the cache off, nothing starts it."""
-    env = {**os.environ, "FDECODE_CACHE_DIR": folder if folder == "off" else str(tmp_path / folder)}
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == ({"thread": True, "probed": 1} if folder == "steps" else {"thread": False, "probed": 0})

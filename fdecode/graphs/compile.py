@@ -16,7 +16,7 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
     DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend,
 )
-from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, probe_isa_early, serializable_guards
+from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.regions import resolve_regions
@@ -154,8 +154,6 @@ class Step:
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = self._pure(config.blocks_per_lane, general_plan(config))
-        if config.device_type == "cpu" and self.stores_graphs:
-            probe_isa_early()  # Inductor's CPU probe runs while the first prefill does
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -223,17 +221,13 @@ class Step:
             fallback=lambda: capture(self.backend, fn, self.config),
         )
 
-    @property
-    def stores_graphs(self) -> bool:
-        """Whether this step keeps its compiled graphs on disk (`fdecode.graphs.stored`): not where the cache
-        is off (`FDECODE_CACHE_DIR=off`), the backend is not Inductor, or the step is tensor-parallel."""
-        return cache_dir() is not None and self.backend == "inductor" and getattr(self.target, "tp", None) is None
-
     def stored_path(self, fn: Callable) -> Path | None:
-        """The file `fn`'s compiled graph is kept in, or None where graphs are not kept (`stores_graphs`)."""
-        if not self.stores_graphs:
+        """The file `fn`'s compiled graph is kept in (`fdecode.graphs.stored`), or None where it is not kept:
+        the cache is off (`FDECODE_CACHE_DIR=off`), the backend is not Inductor, or the step is tensor-parallel."""
+        folder = cache_dir()
+        if folder is None or self.backend != "inductor" or getattr(self.target, "tp", None) is not None:
             return None
-        return cache_dir() / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
+        return folder / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
 
     def _announce_compile(self, blocks: int, plan: SamplingPlan, depth: int) -> None:
         """One line on stderr before a graph compiles (its first call), so a pause is never silent."""

@@ -29,7 +29,6 @@ import hashlib
 import os
 import sys
 import sysconfig
-import threading
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,7 +38,6 @@ import torch
 from fdecode.progress import notice
 
 OFF = ("off", "0", "false", "no", "none", "")
-_isa_probe: threading.Thread | None = None  # `probe_isa_early`'s thread
 FORMAT = 1  # bump when what a file holds changes
 
 
@@ -115,32 +113,6 @@ def graph_key(fn: Callable, backend: str) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
-def probe_isa_early() -> None:
-    """Start Inductor's CPU vector-ISA probe on a thread of its own, once per process. Inductor asks it
-    (`pick_vec_isa`) before it compiles or loads CPU code, and the first ask builds and dlopens a test
-    program per ISA in subprocesses (~1.5 s here); started when the step is made, it runs while the prefill
-    does. `StoredGraph` waits for it before its first load or compile."""
-    global _isa_probe
-    if _isa_probe is None:
-        _isa_probe = threading.Thread(target=_probe_isa, name="fdecode-isa-probe", daemon=True)
-        _isa_probe.start()
-
-
-def _probe_isa() -> None:
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        pick_vec_isa()  # cached by Inductor for the process
-    except Exception:  # noqa: BLE001 - Inductor asks again itself, and reports what fails
-        pass
-
-
-def await_isa_probe() -> None:
-    """Wait for `probe_isa_early`'s thread where one was started (so Inductor does not probe twice at once)."""
-    if _isa_probe is not None:
-        _isa_probe.join()
-
-
 def serializable_guards(models: Sequence[str]) -> Callable[[Sequence], list[bool]]:
     """Dynamo's guard filter for a stored graph whose function closes over `models` (their names): keep the
     guards a file can hold on what the key does not fix (the state's tensors, constants), drop the ones on
@@ -208,7 +180,6 @@ class StoredGraph:
             return self._run(*args)
 
     def _first(self, args: tuple) -> Callable:
-        await_isa_probe()
         if self.path.exists():
             try:
                 return self._load()
