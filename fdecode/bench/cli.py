@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         "--target HIDDENxLAYERS) with its random MTP head / as its own draft; qwen-coder (not in the default set): "
         "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
-        "batch 4 (the Engine against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
-        "(fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / -edit / -text: one prompt, batch 1 only",
+        "batch 4 (the Engine at depth K and adaptive against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
+        "(fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / -edit / -text: one prompt, batch 1 only; "
+        "qwen-coder-batch: batch 4 only (the Engine at depth K and adaptive)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -115,11 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             names = [n for n in args.workloads if n in PAIR_WORKLOADS]
             if name != names[0]:
                 continue
-            chosen = None if "qwen-coder" in names else tuple(n.removeprefix("qwen-coder-") for n in names)
+            prompts = [n.removeprefix("qwen-coder-") for n in names if n not in ("qwen-coder", "qwen-coder-batch")]
+            chosen = None if "qwen-coder" in names else tuple(prompts)
+            batch4 = not args.quick and (chosen is None or "qwen-coder-batch" in names)
             pair = load_pair(hf=not args.no_hf)
             if pair is not None:
                 results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1, prompts=chosen,
-                                             batch4=not args.quick and chosen is None, backend=args.backend)
+                                             batch4=batch4, backend=args.backend)
             continue
         if name in REAL_WORKLOADS:
             from fdecode.assets import smollm2

@@ -36,8 +36,8 @@ PROMPTS = {
 }
 # Batch 4: the prompts above and one more.
 BATCH = (*PROMPTS.values(), "Write a SQL query that returns the ten customers with the most orders.")
-# `fdecode bench --workloads` names: every prompt and batch 4, or one prompt at batch 1.
-PAIR_WORKLOADS = ("qwen-coder", *(f"qwen-coder-{name}" for name in PROMPTS))
+# `fdecode bench --workloads` names: every prompt and batch 4, one prompt at batch 1, or batch 4 alone.
+PAIR_WORKLOADS = ("qwen-coder", *(f"qwen-coder-{name}" for name in PROMPTS), "qwen-coder-batch")
 SEQ_LEN = 256  # every lane's capacity: the longest prompt + 64 new tokens + a window fit
 
 
@@ -116,18 +116,21 @@ def load_pair(*, hf: bool = True) -> tuple | None:
 def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
                       backend: str = "auto", prompts: tuple[str, ...] | None = None) -> list:
     """The rows of the workload (`fdecode.bench.results.Result`) for `pair` (`load_pair`'s five; the
-    transformers models may be None: no transformers rows). prompts: names in `PROMPTS` (None: all)."""
+    transformers models may be None: no transformers rows). prompts: names in `PROMPTS` (None: all; (): none,
+    batch 4 alone, whose B = 1 step then runs depth K only, for each prompt's tokens alone)."""
     target, draft, tokenizer, hf_target, hf_draft = pair
     hf = hf_target is not None
-    print(f"... qwen-coder: compiling the B=1 step's depths 1 .. {k}", file=sys.stderr, flush=True)
+    depths = [k] if prompts == () else list(range(1, k + 1))
+    print(f"... qwen-coder: compiling the B=1 step's depths {depths}", file=sys.stderr, flush=True)
     step = _compiled(target, draft, k, 1, backend)
     start = time.perf_counter()
-    step.warmup(plans=[GREEDY], depths=list(range(1, k + 1)))
+    step.warmup(plans=[GREEDY], depths=depths)
     compile_s = time.perf_counter() - start
     target_only, before = TargetOnly(step, backend=step.backend), BeforeLoop(step, backend=step.backend)
-    warm = chat_ids(tokenizer, PROMPTS["write"])
-    target_only.generate([warm], max_new_tokens=4)  # compiles the baselines' graphs
-    before.generate([warm], max_new_tokens=2 * (k + 1))
+    if prompts != ():
+        warm = chat_ids(tokenizer, PROMPTS["write"])
+        target_only.generate([warm], max_new_tokens=4)  # compiles the baselines' graphs
+        before.generate([warm], max_new_tokens=2 * (k + 1))
 
     rows = []
     for name, text in PROMPTS.items():
@@ -163,24 +166,25 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
 
 def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, backend) -> list:
     prompts = [chat_ids(tokenizer, text) for text in BATCH]
-    print(f"... qwen-coder: compiling the B=4 step (depth {k})", file=sys.stderr, flush=True)
+    print(f"... qwen-coder: compiling the B=4 step (depths 1 .. {k})", file=sys.stderr, flush=True)
     step = _compiled(target, draft, k, len(prompts), backend)
     start = time.perf_counter()
-    step.warmup(plans=[GREEDY])
+    step.warmup(plans=[GREEDY], depths=list(range(1, k + 1)))  # the adaptive Engine's depths, timed
     compile_s = time.perf_counter() - start
     alone = [fixed_depth(step1, p, k, new_tokens)[0] for p in prompts]  # each prompt's batch-1 tokens
-    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=False)}
+    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=False),
+               "fdecode-adaptive": lambda: engine_run(step, prompts, new_tokens, adaptive=True)}
     if hf_target is not None:
         systems["hf-generate"] = lambda: (hf_generate(hf_target, prompts, new_tokens), None, None)
     print(f"... qwen-coder[batch] B=4 K={k}", file=sys.stderr, flush=True)
     with torch.no_grad():
         timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ")
-    if timed["fdecode"][3][0] != alone:
+    if timed["fdecode"][3][0] != alone or timed["fdecode-adaptive"][3][0] != alone:
         raise RuntimeError("qwen-coder[batch]: the Engine's lanes disagree with batch 1's tokens; no numbers")
     rows = []
     for system, (*seconds, (tokens, steps, info)) in timed.items():
         extra = {"prompts": list(BATCH)}
-        if system == "fdecode":
+        if system.startswith("fdecode"):
             extra.update(compile_s=compile_s, **info)
         else:  # transformers' padded batch against each prompt alone
             extra["tokens_equal_batch_1"] = [t == a for t, a in zip(tokens, alone)]
