@@ -230,15 +230,16 @@ class Step:
         return folder / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
 
     def _announce_compile(self, blocks: int, plan: SamplingPlan, depth: int) -> None:
-        """One line on stderr before a graph compiles (its first call), so a pause is never silent."""
-        if self.backend == "eager" or (self.graph_window(blocks), plan, depth) in self._graphs:
+        """One line on stderr before a graph's first call (its compile, or its load from disk), so a pause is
+        never silent. Called once the graph is made (`_graph`), before it runs."""
+        if self.backend == "eager":
             return
         windows = (
             f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
         what = f"({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, {windows})"
-        path = self.stored_path(self._pure(self.graph_window(blocks), plan, depth))
+        path = getattr(self._graphs[self.graph_window(blocks), plan, depth], "path", None)  # a `StoredGraph`'s file
         if path is not None and path.exists():
             notice(f"loading the compiled decode step {what} from {path}")
             return
@@ -285,11 +286,13 @@ class Step:
         window = blocks * cfg.block_size
         name = graph_name(plan, depth, cfg.K)
         first = (window, name) not in self.plan_compile_seconds
-        if self.announce and not quiet:
+        made = (self.graph_window(blocks), plan, depth) in self._graphs
+        graph = self._graph(blocks, plan, depth)
+        if self.announce and not quiet and not made:
             self._announce_compile(blocks, plan, depth)
         start = time.perf_counter()
         with torch.no_grad():
-            new_state, out = self._graph(blocks, plan, depth)(state)
+            new_state, out = graph(state)
         if first:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds

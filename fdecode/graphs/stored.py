@@ -9,17 +9,19 @@ process with the same key loads the file and runs it without tracing anything.
 
 Where: `FDECODE_CACHE_DIR`, by default `$XDG_CACHE_HOME/fdecode/steps` (`~/.cache/fdecode/steps`);
 `FDECODE_CACHE_DIR=off` turns it off. A file is named by the key of everything its graph is compiled
-from (`graph_key`): fdecode's source, torch and Python, the CPU's vector ISA, Inductor's config, the
-backend, the step function and what it closes over (the `DecodeConfig`, sampling plan, window and depth)
-and each model's layout (module classes, config, parameter and buffer names, shapes, dtypes, devices,
-tied weights). The weights' values are not in it: they are inputs of the graph, so the file serves any
-checkpoint of that architecture. Anything else changed gives another key; nothing stale is ever loaded.
+from (`graph_key`): fdecode's source, torch, Python, the platform and ATen's CPU capability, Inductor's
+config, the backend, the step function and what it closes over (the `DecodeConfig`, sampling plan, window
+and depth) and each model's layout (`model_layout`: module classes, config, parameter, buffer and tensor
+attribute names, shapes, strides, dtypes, devices, tied weights). The weights' values are not in it: they
+are inputs of the graph, so the file serves any checkpoint of that architecture. Anything else changed gives another key; nothing stale is ever loaded.
 To take a cache to another machine of the same kind, copy this folder (and, to skip the C++ builds too,
 Inductor's cache or `fdecode.save_compile_cache`'s file). fdecode never deletes a file there (a new fdecode
 writes files of new keys beside the old): delete the folder to reclaim its space.
 
-Where a graph cannot be stored (a guard Dynamo cannot serialize, a model it cannot name) or a stored one
-refuses its inputs, the step says so in one line and runs the plain `torch.compile` of the same function.
+Where a file cannot be loaded (damaged, stale) or a loaded graph's guards refuse its inputs, the step says
+so in one line, compiles the graph ahead of time again and replaces the file; where a graph cannot be
+stored (a guard Dynamo cannot serialize, a model it cannot name), it runs the plain `torch.compile` of the
+same function.
 """
 
 from __future__ import annotations
