@@ -162,3 +162,24 @@ def test_a_file_that_cannot_serve_is_compiled_afresh(tmp_path, capsys) -> None:
         torch.testing.assert_close(third(x), torch.tanh(x @ model.weight) + 1)
         assert "could not load the stored step graph" in capsys.readouterr().err and not third.loaded
         assert stored(path, model)(x) is not None and path.stat().st_size > 100  # written again, whole
+
+
+@pytest.mark.slow
+def test_a_second_step_on_the_same_layout_says_it_loads_and_loads(monkeypatch, tmp_path, capsys) -> None:
+    """The compile notice names the file the graph is kept in; a second step of the same layout (in this
+    process: its graph is a function of its own) says it loads that file, and loads it."""
+    monkeypatch.setenv("FDECODE_CACHE_DIR", str(tmp_path))
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=32, block_size=8, sampling=False,
+                               context_buckets=(32,))
+
+    def first_step(seed: int):
+        step = fdecode.compile(llama(256, 64, 1, seed=seed), llama(256, 64, 1, seed=seed + 1), cfg)
+        state, out = step(step.prefill([[5, 6, 7]], max_new_tokens=8))
+        (graph,) = step._graphs.values()
+        return graph, capsys.readouterr().err
+
+    graph, err = first_step(0)
+    assert not graph.loaded and f"then kept in {tmp_path}" in err and "loading" not in err
+    graph, err = first_step(3)
+    assert graph.loaded and f"loading the compiled decode step (inductor, greedy sampling plan" in err
+    assert str(graph.path) in err and "compiling the decode step" not in err
