@@ -126,7 +126,8 @@ def run_child(spec: dict, cache: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["bundled", "depth", "qwen-coder"])
-    parser.add_argument("--modes", nargs="+", default=["regions", "plain", "unrolled"], choices=["regions", "plain", "unrolled"])
+    modes = ["regions", "plain", "unrolled"]
+    parser.add_argument("--modes", nargs="+", default=modes, choices=modes)
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -161,7 +162,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['start']} | {r['first_step_s']} | "
-              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | {r['step_ms']} |")
+              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
+              f"{r['step_ms']} |")
     return 0
 
 

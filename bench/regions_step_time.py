@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 
 def workload(name: str):
@@ -77,12 +78,8 @@ def main() -> int:
         steps = {}
         for mode, fields, cache in ways:
             steps[mode] = fdecode.compile(target, draft, dataclasses.replace(cfg, **fields), announce=False)
-            saved = os.environ.get("FDECODE_CACHE_DIR")
-            if cache is not None:
-                os.environ["FDECODE_CACHE_DIR"] = cache
-            timed(steps[mode], prompt, args.steps)  # compile, and warm the windows the stream crosses
-            if cache is not None:
-                os.environ.pop("FDECODE_CACHE_DIR") if saved is None else os.environ.update(FDECODE_CACHE_DIR=saved)
+            with mock.patch.dict(os.environ, {} if cache is None else {"FDECODE_CACHE_DIR": cache}):
+                timed(steps[mode], prompt, args.steps)  # compile, and warm the windows the stream crosses
         times = {mode: [] for mode in steps}
         for _ in range(args.rounds):
             seen = []

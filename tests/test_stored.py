@@ -136,8 +136,8 @@ def stored(path, model: Scale) -> StoredGraph:
         return torch.tanh(x @ model.weight) + 1
 
     cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=16, block_size=8)
-    return StoredGraph(fn, path, {"model": model}, ahead=capture("inductor", fn, cfg, guard_filter=serializable_guards(["model"])),
-                       fallback=lambda: capture("inductor", fn, cfg))
+    ahead = capture("inductor", fn, cfg, guard_filter=serializable_guards(["model"]))
+    return StoredGraph(fn, path, {"model": model}, ahead=ahead, fallback=lambda: capture("inductor", fn, cfg))
 
 
 @pytest.mark.slow

@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         "--target HIDDENxLAYERS) with its random MTP head / as its own draft; qwen-coder (not in the default set): "
         "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
-        "batch 4 (the Engine at depth K and adaptive against transformers' batched generate); needs ../shared/models/qwen-coder-pair "
-        "(fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / -edit / -text: one prompt, batch 1 only; "
-        "qwen-coder-batch: batch 4 only (the Engine at depth K and adaptive)",
+        "batch 4 (the Engine at depth K and adaptive against transformers' batched generate); needs "
+        "../shared/models/qwen-coder-pair (fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / "
+        "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine at depth K and adaptive)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

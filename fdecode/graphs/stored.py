@@ -13,8 +13,8 @@ from (`graph_key`): fdecode's source, torch, Python, the platform and ATen's CPU
 config, the backend, the step function and what it closes over (the `DecodeConfig`, sampling plan, window
 and depth) and each model's layout (`model_layout`: module classes, config, parameter, buffer and tensor
 attribute names, shapes, strides, dtypes, devices, tied weights). The weights' values are not in it: they
-are inputs of the graph, so the file serves any checkpoint of that architecture. Anything else changed gives another key; nothing stale is ever loaded.
-To take a cache to another machine of the same kind, copy this folder (and, to skip the C++ builds too,
+are inputs of the graph, so the file serves any checkpoint of that architecture. Anything else changed
+gives another key; nothing stale is ever loaded. To take a cache to another machine of the same kind, copy this folder (and, to skip the C++ builds too,
 Inductor's cache or `fdecode.save_compile_cache`'s file). fdecode never deletes a file there (a new fdecode
 writes files of new keys beside the old): delete the folder to reclaim its space.
 
