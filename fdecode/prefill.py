@@ -21,6 +21,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.ngram import history_width, is_ngram
+from fdecode.ops.onednn_linear import eager_linears
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops
 from fdecode.params import PerPrompt, SamplingParams, request_params
@@ -267,18 +268,19 @@ def prime(
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
     fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
-    logits, hidden, target_states = forward_rows(
-        target, tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention,
-        recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone
-    )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
-    # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
-    shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    draft_states = None
-    if not is_ngram(draft):  # an n-gram draft has no forward: its history is the prompt itself
-        _, _, draft_states = forward_rows(
-            draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
-            attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
-        )
+    with eager_linears(cfg.device_type):  # large CPU linears by oneDNN, as the step's graphs run them
+        logits, hidden, target_states = forward_rows(
+            target, tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention,
+            recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone
+        )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
+        # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
+        shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
+        draft_states = None
+        if not is_ngram(draft):  # an n-gram draft has no forward: its history is the prompt itself
+            _, _, draft_states = forward_rows(
+                draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
+                attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
+            )
     history = torch.full((n, history_width(draft, cfg)), -1, dtype=torch.int64, device=device)
     history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 

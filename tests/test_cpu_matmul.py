@@ -1,4 +1,5 @@
-"""The CPU Inductor pass that runs few-row matmuls as weight @ rows^T (`fdecode.graphs.cpu_matmul`)."""
+"""The CPU Inductor pass that runs large linears by oneDNN and few-row matmuls of small weights as weight @ rows^T
+(`fdecode.graphs.cpu_matmul`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fdecode.graphs.cpu_matmul import MAX_ROWS, weight_stationary
+from fdecode.ops.onednn_linear import MIN_BYTES as ONEDNN_BYTES
+from fdecode.ops.onednn_linear import onednn_linear
 
 aten = torch.ops.aten
 
@@ -33,11 +36,56 @@ def test_few_row_linears_are_rewritten_and_compute_the_same():
         torch.testing.assert_close(gm(x, w, b), linears(x, w, b), rtol=1e-5, atol=1e-5)
 
 
+def onednn_calls(gm: torch.fx.GraphModule) -> int:
+    return sum(n.target is onednn_linear for n in gm.graph.nodes)
+
+
+def test_large_weights_go_to_onednn_at_any_row_count():
+    """A weight of ONEDNN_BYTES or more: one oneDNN call per linear, with or without a bias, 1 to 200 rows,
+    float32 and bfloat16; no BLAS mm is left."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        n = ONEDNN_BYTES // dtype.itemsize // 256  # [n, 256]: ONEDNN_BYTES exactly
+        w = (torch.randn(n, 256, generator=gen) / 16).to(dtype)
+        b = torch.randn(w.shape[0], generator=gen).to(dtype)
+        for rows in (1, 5, 200):
+            x = torch.randn(rows, 256, generator=gen).to(dtype)
+            gm = make_fx(linears, tracing_mode="fake")(x, w, b)
+            weight_stationary(gm.graph)
+            gm.recompile()
+            assert onednn_calls(gm) == 2, gm.code
+            assert not any(n.target in (aten.mm.default, aten.addmm.default) for n in gm.graph.nodes), gm.code
+            torch.testing.assert_close(gm(x, w, b), linears(x, w, b), rtol=tol, atol=tol)
+
+
+def test_what_onednn_does_not_take():
+    """A weight under ONEDNN_BYTES, a transposed (non-contiguous) weight and a bias of more than one value per
+    output stay with the BLAS call."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 256, generator=gen)
+    small = torch.randn(ONEDNN_BYTES // 4 // 256 - 1, 256, generator=gen)
+    big = torch.randn(ONEDNN_BYTES // 4 // 256, 256, generator=gen)
+
+    def transposed(x, w):
+        return torch.nn.functional.linear(x, w.t().contiguous().t())  # the weight as a transposed view
+
+    def full_bias(x, w):
+        return torch.addmm(torch.ones(3, w.shape[0]), x, w.t())
+
+    for fn, args in ((lambda x, w: torch.nn.functional.linear(x, w), (x, small)), (full_bias, (x, big)),
+                     (transposed, (torch.randn(3, big.shape[0], generator=gen), big.t().contiguous()))):
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+        weight_stationary(gm.graph)
+        gm.recompile()
+        assert onednn_calls(gm) == 0, gm.code
+        torch.testing.assert_close(gm(*args), fn(*args), rtol=1e-4, atol=1e-4)
+
+
 def test_a_compiled_cpu_forward_matches_eager():
     """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input, and a one-output
     linear, whose transposed product is already row-major)."""
-    for lin in (torch.nn.Linear(16, 24), torch.nn.Linear(16, 1, bias=False)):
-        x = torch.randn(1, 4, 16)
+    for lin in (torch.nn.Linear(16, 24), torch.nn.Linear(16, 1, bias=False), torch.nn.Linear(512, 600)):
+        x = torch.randn(1, 4, lin.in_features)
         compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
                                  options={"post_grad_custom_pre_pass": weight_stationary})
         with torch.no_grad():
@@ -68,3 +116,32 @@ def test_a_compiled_moe_mla_verify_forward_matches_eager():
         got = capture("inductor", forward, step.config)(state.target_kv.clone())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
+
+
+def test_eager_linears_take_large_cpu_weights_only():
+    """`OneDNNLinears` sends nn.Linear / F.linear of a large weight to oneDNN, 2-D and 3-D inputs alike, and
+    leaves small weights and anything autograd must see to F.linear; the values are F.linear's."""
+    from unittest import mock
+
+    from fdecode.ops import onednn_linear as module
+
+    calls = []
+
+    def counted(x, w, b):
+        calls.append(tuple(x.shape))
+        return onednn_linear(x, w, b)
+
+    big = torch.nn.Linear(256, ONEDNN_BYTES // 4 // 256)
+    small = torch.nn.Linear(256, 8)
+    x = torch.randn(2, 7, 256)
+    with torch.no_grad():
+        want_big, want_small = big(x), small(x[0])
+    with mock.patch.object(module, "onednn_linear", counted):
+        with torch.no_grad(), module.eager_linears("cpu"):
+            got_big, got_small = big(x), small(x[0])
+        assert calls == [(2, 7, 256)]
+        with module.eager_linears("cpu"):  # grad on: autograd must see the product
+            trained = big(x)
+        assert calls == [(2, 7, 256)] and trained.requires_grad
+    torch.testing.assert_close(got_big, want_big, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_small, want_small)

@@ -1,5 +1,10 @@
-"""`weight_stationary`: an Inductor pass that runs the few-row matmuls of a CPU step as weight @ rows^T
-(docs/design.md, "Prompt lookup: n-gram drafts").
+"""`weight_stationary`: an Inductor pass that runs the linears of a CPU step by oneDNN from the weight as it
+lies, and the few-row ones of small weights as weight @ rows^T (docs/design.md, "Prompt lookup: n-gram
+drafts").
+
+A weight of at least `onednn_linear.MIN_BYTES` goes to `fdecode::onednn_linear` (`fdecode/ops/onednn_linear.py`),
+whatever the rows: 1.5-3x the speed of the BLAS call at 1-256 rows. Below that size oneDNN's fixed cost per
+call (~25 us) outweighs what it saves, and the rest of this docstring applies.
 
 A linear over a few rows lowers to mm(x [M, k], w^T [k, n]). With M = 2 .. 64 rows (a verify's K + 1
 per lane) and the CPU's BLAS at one or two threads, that call costs well over one row's matrix-vector
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from fdecode.ops import onednn_linear
 
 aten = torch.ops.aten
 MAX_ROWS = 64  # a verify of 16 lanes at K = 3; no slower than mm(x, w^T) up to here (BENCHMARKS.md)
@@ -62,8 +69,29 @@ def _row_major(graph: torch.fx.Graph, product: torch.fx.Node) -> torch.fx.Node:
     return _call(graph, aten._reshape_copy.default, transposed, list(transposed.meta["val"].shape))  # row-major
 
 
+def _value(node: object) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _onednn(x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None) -> bool:
+    """Whether oneDNN takes this product (`onednn_linear.takes` on the traced values)."""
+    xv, wv, bv = _value(x), _value(weight), _value(bias)
+    return xv is not None and wv is not None and (bias is None or bv is not None) and onednn_linear.takes(xv, wv, bv)
+
+
+def _product(graph: torch.fx.Graph, x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None) -> torch.fx.Node:
+    """x @ weight^T (+ bias), row-major: by oneDNN for a large weight, else as (weight @ x^T)^T."""
+    if _onednn(x, weight, bias):
+        return _call(graph, onednn_linear.onednn_linear, x, weight, bias)
+    xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
+    out = _row_major(graph, _call(graph, aten.mm.default, weight, xt))  # row-major, as traced
+    return out if bias is None else _call(graph, aten.add.Tensor, out, bias)
+
+
 class WeightStationary(CustomGraphPass):
-    """Rewrites mm(x, w^T) as (w @ x^T)^T, and addmm(b, x, w^T) as (w @ x^T)^T + b, for 2..MAX_ROWS rows."""
+    """Rewrites mm(x, w^T) / addmm(b, x, w^T) as onednn_linear(x, w, b) for a large w, else as (w @ x^T)^T
+    (+ b) for 2..MAX_ROWS rows."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for node in list(graph.nodes):
@@ -73,20 +101,16 @@ class WeightStationary(CustomGraphPass):
             if node.kwargs or not isinstance(x, torch.fx.Node) or not isinstance(wt, torch.fx.Node):
                 continue
             rows, weight = _rows(x), _weight(wt)
-            if weight is None or rows is None or not 2 <= rows <= MAX_ROWS:
+            if weight is None or rows is None or not (_onednn(x, weight, bias) or 2 <= rows <= MAX_ROWS):
                 continue
             with graph.inserting_before(node):
-                xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
-                product = _call(graph, aten.mm.default, weight, xt)
-                out = _row_major(graph, product)  # row-major, as traced
-                if bias is not None:
-                    out = _call(graph, aten.add.Tensor, out, bias)
+                out = _product(graph, x, weight, bias)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
         graph.eliminate_dead_code()
 
     def uuid(self) -> str:
-        return f"fdecode-weight-stationary-{MAX_ROWS}-v5"
+        return f"fdecode-weight-stationary-{MAX_ROWS}-onednn-{onednn_linear.MIN_BYTES}-v6"
 
 
 weight_stationary = WeightStationary()

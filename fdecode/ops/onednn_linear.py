@@ -1,0 +1,82 @@
+"""`fdecode::onednn_linear`: a CPU linear (x @ w^T + b) computed by oneDNN from the weight as it lies.
+
+On a CPU the step's large linears run few rows (a verify's K + 1, a draft's one or two). For those the BLAS
+behind `F.linear` (MKL) streams a weight at a third to a half of what the same weight's read costs, and
+oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel Inductor uses for frozen weights) streams
+it at 1.5-3x that speed, at every row count measured (1-256; BENCHMARKS.md, "oneDNN linears"). Inductor
+lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights, and a step's weights are
+its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
+(`fdecode.graphs.cpu_matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
+`OneDNNLinears`, a mode that sends `F.linear` here wherever `takes` says so.
+
+Registered through `torch.library.Library`, not `torch.library.custom_op`: a step makes hundreds of these
+calls, and the lower-level registration costs ~30 us a call against ~55 us (most of it oneDNN's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+_lib = torch.library.Library("fdecode", "FRAGMENT")
+_lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+
+DTYPES = (torch.float32, torch.bfloat16)  # oneDNN's CPU matmul runs these on every x86 CPU torch supports
+MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (BENCHMARKS.md)
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN (`torch.backends.mkldnn`)."""
+    return torch.backends.mkldnn.is_available()
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight^T + bias goes to oneDNN: a CPU weight of at least MIN_BYTES, 2-D, contiguous, of a
+    dtype oneDNN runs and x's; a bias of one value per output; nothing that autograd must see. Tensors or
+    fake tensors (the graph pass asks about a traced graph's values)."""
+    return (
+        available() and weight.dim() == 2 and weight.is_contiguous() and weight.device.type == "cpu"
+        and weight.dtype in DTYPES and x.dtype == weight.dtype and x.device == weight.device
+        and weight.numel() * weight.element_size() >= MIN_BYTES
+        and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == weight.dtype))
+        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
+    )
+
+
+class OneDNNLinears(TorchFunctionMode):
+    """Within: every `F.linear` (so every `nn.Linear`) that `takes` runs as `onednn_linear`; eager code only
+    (a compiled step gets the same through its graph pass)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, bias = _linear_args(*args, **kwargs)
+            if takes(x, weight, bias):
+                return onednn_linear(x, weight, bias)
+        return func(*args, **kwargs)
+
+
+def eager_linears(device_type: str) -> OneDNNLinears | contextlib.nullcontext:
+    """`OneDNNLinears` for a CPU model, nothing elsewhere."""
+    return OneDNNLinears() if device_type == "cpu" and available() else contextlib.nullcontext()
+
+
+def _linear_args(input, weight, bias=None):  # noqa: A002 - F.linear's own parameter names
+    return input, weight, bias
+
+
+def _cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), weight, bias, "none", [], "")
+
+
+def _meta(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_lib.impl("onednn_linear", _cpu, "CPU")
+_lib.impl("onednn_linear", _meta, "Meta")
+
+onednn_linear = torch.ops.fdecode.onednn_linear.default
