@@ -2,6 +2,7 @@
 
     python bench/step_phases.py                 # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
     python bench/step_phases.py --k 8 --json bench/results/step_phases.json
+    python bench/step_phases.py --compare-onednn   # the compiled forwards with and without oneDNN, interleaved
 
 At B = 1 a decoder forward is bound by reading its weights: every row of a verify, and every draft
 forward, reads all of them once. The script measures the read bandwidth (the median of summing a
@@ -12,8 +13,8 @@ time over a prefilled state (medians of `--repeats`):
 - the target's verify forward over K + 1 rows;
 - one draft forward of 1 row (a step runs K of them: 2 rows, then 1);
 - the whole step, eager and compiled (inductor, the default config);
-and the two forwards again compiled as the step compiles them (Inductor runs few-row matmuls
-weight-stationary on CPU, ~3x faster than eager's at 5 rows). "other" is a step less the target's
+and the two forwards again compiled as the step compiles them (large linears by oneDNN, small few-row ones
+weight-stationary: `fdecode.graphs.cpu_matmul`). "other" is a step less the target's
 verify and K draft forwards: sampling, acceptance, the prepare op, the draft's first forward having
 2 rows, and the wrapper. Tokens per second at the floor: (accepted tokens per step) / (target + K drafts at the floor).
 The models come from `fdecode.assets.qwen_coder` (skipped, naming the script that fetches them, when
@@ -57,11 +58,35 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     return data.numel() * 4 / seconds
 
 
+def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repeats: int) -> dict[str, float]:
+    """The compiled forwards with oneDNN (`fdecode.ops.onednn_linear`) and without it (every linear left to the
+    BLAS call, few rows weight-stationary), timed in turn `repeats` times: medians."""
+    from unittest import mock
+
+    from fdecode.ops import onednn_linear
+
+    with mock.patch.object(onednn_linear, "MIN_BYTES", 2**62):  # no weight is this large: the pass keeps BLAS
+        blas_verify, blas_draft = capture("inductor", verify, cfg), capture("inductor", draft_row, cfg)
+        blas_verify(), blas_draft()  # compile here, under the patch
+    systems = {"target_verify_onednn": compiled_verify, "target_verify_blas": blas_verify,
+               "draft_forward_onednn": compiled_draft, "draft_forward_blas": blas_draft}
+    times = {name: [] for name in systems}
+    for _ in range(repeats):
+        for name, fn in systems.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--compare-onednn", action="store_true",
+                        help="also time the compiled verify and draft forward with every linear left to the BLAS "
+                             "call (no oneDNN), interleaved with the default ones")
     args = parser.parse_args(argv)
     reason = qwen_coder.missing_reason()
     if reason is not None:
@@ -104,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         eager_step()
         measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
         # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
-        measured["target_verify"] = median_seconds(capture("inductor", verify, inductor), args.repeats)
-        measured["draft_forward"] = median_seconds(capture("inductor", draft_row, inductor), args.repeats)
+        compiled_verify, compiled_draft = capture("inductor", verify, inductor), capture("inductor", draft_row, inductor)
+        measured["target_verify"] = median_seconds(compiled_verify, args.repeats)
+        measured["draft_forward"] = median_seconds(compiled_draft, args.repeats)
+        if args.compare_onednn:
+            measured.update(without_onednn(verify, draft_row, compiled_verify, compiled_draft, inductor, args.repeats))
     measured["eager_other"] = (measured["eager_step"] - measured["eager_target_verify"]
                                - k * measured["eager_draft_forward"])
 
