@@ -3,6 +3,7 @@
     python bench/cold_start.py                                  # every workload below
     python bench/cold_start.py --workloads bundled depth        # skip the real pair
     python bench/cold_start.py --workloads qwen-coder --modes regions
+    python bench/cold_start.py --workloads qwen-coder --modes regions --warmup   # step.warmup(), cold and warm
 
 Each measurement is a fresh Python process. "cold" runs with an empty Inductor cache (a new
 TORCHINDUCTOR_CACHE_DIR); "warm" is a second process on that same cache, as a user's second start
@@ -17,6 +18,9 @@ kept on disk, `fdecode.graphs.stored`, which a warm start loads without tracing:
 pair), "plain" (regions, with `FDECODE_CACHE_DIR=off`: a warm start traces the step again, what fdecode did
 before the stored graphs) and "unrolled" (`layer_regions=False`: every layer copy compiled). The step
 graphs' folder lives beside the Inductor cache, so "cold" has both empty and "warm" both filled.
+
+--warmup times `step.warmup()` instead (every graph a user of the default config can hit: each sampling
+plan at each window; the config keeps its sampling plans), right after `fdecode.compile`, cold then warm.
 
 Workloads:
 - bundled: the bundled 4-layer model with its MTP head, K = 3, the demo's config;
@@ -80,6 +84,15 @@ def child(spec: dict) -> dict:
     start = time.perf_counter()
     target, draft, cfg, prompt = models(spec["workload"], spec.get("layers", 0))
     load_s = time.perf_counter() - start
+    if spec.get("warmup"):  # the default config's every plan and window
+        cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled")
+        step = fdecode.compile(target, draft, cfg, announce=False)
+        start, start_cpu = time.perf_counter(), cpu_seconds()
+        graphs = step.warmup(progress=False)
+        return {**spec, "load_s": round(load_s, 2), "warmup_s": round(time.perf_counter() - start, 2),
+                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(graphs),
+                "graph_seconds": {str(k): round(v, 2) for k, v in graphs.items()},
+                "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values())}
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
@@ -129,6 +142,7 @@ def main() -> int:
     modes = ["regions", "plain", "unrolled"]
     parser.add_argument("--modes", nargs="+", default=modes, choices=modes)
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
+    parser.add_argument("--warmup", action="store_true", help="time step.warmup() instead of the first step")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,10 +162,19 @@ def main() -> int:
             for mode in args.modes:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
-                        spec = {"workload": workload, "layers": layers, "mode": mode, "start": start}
+                        spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
+                                "warmup": args.warmup}
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
+    if args.warmup:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bench_cold_start_py_warmup": rows, "load": os.getloadavg()}, f, indent=1)
+        for r in rows:
+            print(f"{r['workload']} {r['mode']} {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
+                  f"{r['graphs']} graphs, {r['loaded']} loaded")
+        return 0
     for a in rows:  # the two modes and starts of a workload commit the same first tokens
         same = [b for b in rows if (b["workload"], b["layers"]) == (a["workload"], a["layers"])]
         assert all(b["first_tokens"] == a["first_tokens"] for b in same), "modes disagree on tokens"
