@@ -65,8 +65,14 @@ def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repe
 
     from fdecode.ops import onednn_linear
 
+    def verify_blas():  # code objects of their own: Dynamo would otherwise reuse the graphs compiled above
+        return verify()
+
+    def draft_blas():
+        return draft_row()
+
     with mock.patch.object(onednn_linear, "MIN_BYTES", 2**62):  # no weight is this large: the pass keeps BLAS
-        blas_verify, blas_draft = capture("inductor", verify, cfg), capture("inductor", draft_row, cfg)
+        blas_verify, blas_draft = capture("inductor", verify_blas, cfg), capture("inductor", draft_blas, cfg)
         blas_verify(), blas_draft()  # compile here, under the patch
     systems = {"target_verify_onednn": compiled_verify, "target_verify_blas": blas_verify,
                "draft_forward_onednn": compiled_draft, "draft_forward_blas": blas_draft}
