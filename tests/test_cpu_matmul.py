@@ -117,7 +117,6 @@ def test_a_compiled_moe_mla_verify_forward_matches_eager():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-
 def test_eager_linears_take_large_cpu_weights_only():
     """`OneDNNLinears` sends nn.Linear / F.linear of a large weight to oneDNN, 2-D and 3-D inputs alike, and
     leaves small weights and anything autograd must see to F.linear; the values are F.linear's."""

@@ -80,9 +80,10 @@ def _onednn(x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None)
     return xv is not None and wv is not None and (bias is None or bv is not None) and onednn_linear.takes(xv, wv, bv)
 
 
-def _product(graph: torch.fx.Graph, x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None) -> torch.fx.Node:
-    """x @ weight^T (+ bias), row-major: by oneDNN for a large weight, else as (weight @ x^T)^T."""
-    if _onednn(x, weight, bias):
+def _product(graph: torch.fx.Graph, x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None,
+             onednn: bool) -> torch.fx.Node:
+    """x @ weight^T (+ bias), row-major: by oneDNN (a large weight, `_onednn`), else as (weight @ x^T)^T."""
+    if onednn:
         return _call(graph, onednn_linear.onednn_linear, x, weight, bias)
     xt = _call(graph, aten.permute.default, x, [1, 0])  # a strided view: the BLAS call reads it
     out = _row_major(graph, _call(graph, aten.mm.default, weight, xt))  # row-major, as traced
@@ -101,10 +102,13 @@ class WeightStationary(CustomGraphPass):
             if node.kwargs or not isinstance(x, torch.fx.Node) or not isinstance(wt, torch.fx.Node):
                 continue
             rows, weight = _rows(x), _weight(wt)
-            if weight is None or rows is None or not (_onednn(x, weight, bias) or 2 <= rows <= MAX_ROWS):
+            if weight is None or rows is None:
+                continue
+            onednn = _onednn(x, weight, bias)
+            if not (onednn or 2 <= rows <= MAX_ROWS):
                 continue
             with graph.inserting_before(node):
-                out = _product(graph, x, weight, bias)
+                out = _product(graph, x, weight, bias, onednn)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
         graph.eliminate_dead_code()
