@@ -3,7 +3,8 @@ lies, and the few-row ones of small weights as weight @ rows^T (docs/design.md, 
 drafts").
 
 A weight of at least `onednn_linear.MIN_BYTES` goes to `fdecode::onednn_linear` (`fdecode/ops/onednn_linear.py`),
-whatever the rows: 1.5-3x the speed of the BLAS call at 1-256 rows. Below that size oneDNN's fixed cost per
+whatever the rows: 1.6-2.8x the speed of MKL's `F.linear` at 1-64 rows (at 2 rows the form below is sometimes
+faster still, but one row in a step's five forwards is not worth a second rule). Below that size oneDNN's fixed cost per
 call (~25 us) outweighs what it saves, and the rest of this docstring applies.
 
 A linear over a few rows lowers to mm(x [M, k], w^T [k, n]). With M = 2 .. 64 rows (a verify's K + 1

@@ -3,7 +3,7 @@
 On a CPU the step's large linears run few rows (a verify's K + 1, a draft's one or two). For those the BLAS
 behind `F.linear` (MKL) streams a weight at a third to a half of what the same weight's read costs, and
 oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel Inductor uses for frozen weights) streams
-it at 1.5-3x that speed, at every row count measured (1-256; BENCHMARKS.md, "oneDNN linears"). Inductor
+a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (BENCHMARKS.md, "oneDNN linears"). Inductor
 lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights, and a step's weights are
 its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
 (`fdecode.graphs.cpu_matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
