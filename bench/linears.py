@@ -4,7 +4,8 @@ oneDNN (`fdecode::onednn_linear`), eagerly, one weight at a time.
     python bench/linears.py                       # the real pair's weight shapes and a few small ones
     python bench/linears.py --json bench/results/linears.json
 
-Each cell is the median of `--repeats` calls after three warm-up calls, in microseconds, and the weight's
+Each cell is the median of `--repeats` calls after one warm-up call, the three forms in turn
+(`interleaved_runs`), in microseconds, and the weight's
 bytes over that time (GB/s, the rate at which the call streams the weight; a one-row product can go no
 faster than the machine's read bandwidth, printed first). The shapes: Qwen2.5-Coder-1.5B's attention and
 MLP projections (1536 wide, MLP 8960), the 0.5B draft's (896, MLP 4864), a quarter of their 151,936-row
@@ -15,28 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from fdecode.bench.timing import interleaved_runs, median_run
 from fdecode.ops.onednn_linear import MIN_BYTES, onednn_linear
 
 SHAPES = [(256, 256), (576, 576), (1536, 576), (1536, 1536), (8960, 1536), (1536, 8960), (896, 896), (4864, 896),
           (151936 // 4, 1536)]
 ROWS = (1, 2, 5, 9, 20, 64)
-
-
-def median_us(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     data = torch.ones(2**28)  # 1 GiB
-    bandwidth = data.numel() * 4 / (median_us(data.sum, 5) / 1e6)
+    bandwidth = data.numel() * 4 / median_run(data.sum, 5)[0]
     del data
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, {torch.get_num_threads()} threads; "
           f"oneDNN from {MIN_BYTES / 2**20:.0f} MiB in the step")
@@ -60,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             mb = w.numel() * 4 / 1e6
             for m in ROWS:
                 x = torch.randn(m, k, generator=gen)
-                us = {name: median_us(lambda f=f: f(x, w), args.repeats) for name, f in systems.items()}
+                cell = {name: (lambda f=f: f(x, w)) for name, f in systems.items()}
+                us = {name: timed[0] * 1e6 for name, timed in interleaved_runs(cell, args.repeats).items()}
                 rows.append({"weight": [n, k], "mb": mb, "rows": m, "us": us})
                 cells = "  ".join(f"{name} {t:8.0f} us {mb / t * 1e3:5.1f} GB/s" for name, t in us.items())
                 best = min(us["F.linear"], us["w @ x^T"])

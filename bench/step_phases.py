@@ -35,6 +35,7 @@ import torch
 import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.bench.pair import PROMPTS, chat_ids
+from fdecode.bench.timing import interleaved_runs
 from fdecode.graphs.backends import capture
 from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
@@ -76,13 +77,7 @@ def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repe
         blas_verify(), blas_draft()  # compile here, under the patch
     systems = {"target_verify_onednn": compiled_verify, "target_verify_blas": blas_verify,
                "draft_forward_onednn": compiled_draft, "draft_forward_blas": blas_draft}
-    times = {name: [] for name in systems}
-    for _ in range(repeats):
-        for name, fn in systems.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: timed[0] for name, timed in interleaved_runs(systems, repeats, warm_up=False).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
