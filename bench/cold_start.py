@@ -19,6 +19,10 @@ pair), "plain" (regions, with `FDECODE_CACHE_DIR=off`: a warm start traces the s
 before the stored graphs) and "unrolled" (`layer_regions=False`: every layer copy compiled). The step
 graphs' folder lives beside the Inductor cache, so "cold" has both empty and "warm" both filled.
 
+--compare-isa runs each workload and mode twice: with Inductor's vector-ISA probes (what fdecode did before
+`fdecode.graphs.vec_isa`: six C++ probe builds on an empty cache, six probe processes on every start) and
+without them (the default), cold and warm each.
+
 --warmup times `step.warmup()` instead (every graph a user of the default config can hit: each sampling
 plan at each window; the config keeps its sampling plans), right after `fdecode.compile`, cold then warm.
 
@@ -81,6 +85,14 @@ def child(spec: dict) -> dict:
 
     import fdecode
 
+    if spec.get("isa") == "probed":  # Inductor tests each vector ISA by compiling and loading a probe
+        import contextlib
+
+        import fdecode.graphs.backends
+        import fdecode.graphs.stored
+
+        fdecode.graphs.backends.isa_options = dict
+        fdecode.graphs.stored.trusted_isa = contextlib.nullcontext
     start = time.perf_counter()
     target, draft, cfg, prompt = models(spec["workload"], spec.get("layers", 0))
     load_s = time.perf_counter() - start
@@ -143,6 +155,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=modes, choices=modes)
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
     parser.add_argument("--warmup", action="store_true", help="time step.warmup() instead of the first step")
+    parser.add_argument("--compare-isa", action="store_true", help="each mode with and without Inductor's ISA probes")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,11 +172,12 @@ def main() -> int:
                 print(f"skipping qwen-coder: {reason}", file=sys.stderr)
                 continue
         for layers in args.depths if workload == "depth" else [0]:
-            for mode in args.modes:
+            for mode, isa in [(m, i) for m in args.modes for i in (("probed", "trusted") if args.compare_isa
+                                                                    else ("trusted",))]:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
                         spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
-                                "warmup": args.warmup}
+                                "warmup": args.warmup, "isa": isa}
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -181,10 +195,12 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
-    print("| workload | layers | mode | start | first step s | CPU s | FX cache hit/miss | graphs loaded | step ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| workload | layers | mode | ISA | start | first step s | prefill s | first call s | CPU s | "
+          "FX cache hit/miss | graphs loaded | step ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['start']} | {r['first_step_s']} | "
+        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['start']} | "
+              f"{r['first_step_s']} | {r['prefill_s']} | {r['first_call_s']} | "
               f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
               f"{r['step_ms']} |")
     return 0

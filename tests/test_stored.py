@@ -20,12 +20,16 @@ from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializabl
 
 # A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
 # of two lanes across windows; prints its tokens, the eager step's tokens, the graphs Dynamo traced and
-# how each step graph came to be (loaded or compiled).
+# how each step graph came to be (loaded or compiled), and whether Inductor built or loaded its base
+# vector-ISA probe (`fdecode.graphs.vec_isa` trusts the CPU's flags instead).
 CHILD = """
 import dataclasses, json, sys, torch
 import fdecode
 from fdecode.bench import llama
 from torch._dynamo.utils import counters
+from torch._inductor.cpu_vec_isa import VecISA
+probed, check_build = [], VecISA.check_build
+VecISA.check_build = lambda isa, code: probed.append(code == VecISA._avx_code) or check_build(isa, code)
 seed = int(sys.argv[1])
 target, draft = llama(512, 64, 2, seed=seed), llama(512, 64, 1, seed=seed + 1)
 cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=8, sampling=False)
@@ -41,7 +45,7 @@ def run(step):
 step, tokens = run(fdecode.compile(target, draft, cfg, announce=False))
 _, eager = run(fdecode.compile(target, draft, dataclasses.replace(cfg, backend="eager")))
 print(json.dumps({"tokens": tokens, "eager": eager, "traced": counters["stats"]["unique_graphs"],
-                  "loaded": [g.loaded for g in step._graphs.values()]}))
+                  "loaded": [g.loaded for g in step._graphs.values()], "base_probes": sum(probed)}))
 """
 
 
@@ -61,11 +65,13 @@ def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -
     first = run_child(0, env)
     assert first["tokens"] == first["eager"]
     assert first["traced"] >= 1 and not any(first["loaded"])
+    assert first["base_probes"] == 0  # neither compiled nor loaded in a child process
     stored = sorted(p.name for p in (tmp_path / "steps").iterdir())
     assert stored and all(name.endswith(".step") for name in stored)
     second = run_child(1, env)
     assert second["tokens"] == second["eager"] != first["tokens"]  # other weights, other tokens, still exact
     assert second["traced"] == 0 and second["loaded"] and all(second["loaded"])
+    assert second["base_probes"] == 0
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == stored  # nothing new written
 
 

@@ -26,6 +26,7 @@ import torch
 from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.cpu_matmul import weight_stationary
+from fdecode.graphs.vec_isa import isa_options
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -235,6 +236,7 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
     options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}
     if backend == "inductor" and cfg.device_type == "cpu":  # few-row matmuls streamed as the weight's rows
         options["post_grad_custom_pre_pass"] = weight_stationary
+        options.update(isa_options())  # the CPU's vector ISA without Inductor's probe builds
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
 
 

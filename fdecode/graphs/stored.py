@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from fdecode.graphs.vec_isa import trusted_isa
 from fdecode.progress import notice
 
 OFF = ("off", "0", "false", "no", "none", "")
@@ -165,7 +166,12 @@ class StoredGraph:
 
     def __call__(self, *args):
         if self._run is None:
-            self._run = self._first(args)
+            with trusted_isa():  # the first call loads or builds the graph's CPU kernels (`fdecode.graphs.vec_isa`)
+                self._run = self._first(args)
+                return self._call(args)
+        return self._call(args)
+
+    def _call(self, args: tuple):
         if not self._ahead_of_time:
             return self._run(*args)
         try:
