@@ -26,7 +26,7 @@ from fdecode.models.layers.decoder_layer import MLP, init_random_
 from fdecode.models.layers.moe import moe_block
 from fdecode.models.layers.norms import OffsetRMSNorm
 from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
-from fdecode.models.regions import call_layer, layer_index
+from fdecode.models.regions import call_layer, layer_indices
 from fdecode.ops.attention import PagedContext, paged_context
 
 
@@ -148,10 +148,10 @@ class HybridModel(DecoderLM):
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
+        attention = layer_indices(sum(isinstance(layer, AttentionBlock) for layer in self.layers), ctx.regions, x.device)
         for layer, index in zip(self.layers, self.mixer_index):  # index: rank among layers of its kind
             if isinstance(layer, AttentionBlock):
-                kv_index = layer_index(index, ctx.regions, x.device)
-                x = call_layer(layer, ctx.regions, x, positions, slots, kv, kv_index, ctx, self.rotary)
+                x = call_layer(layer, ctx.regions, x, positions, slots, kv, attention[index], ctx, self.rotary)
             else:
                 x, conv, rec = call_layer(
                     layer, ctx.regions, x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots

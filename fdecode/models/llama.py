@@ -19,7 +19,7 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm
-from fdecode.models.regions import call_layer, layer_index
+from fdecode.models.regions import call_layer, layer_indices
 from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
@@ -67,8 +67,8 @@ class LlamaModel(DecoderLM):
         """Returns logits [B, Q, V] float32 and the final-norm hidden state [B, Q, H] (model dtype)."""
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
+        indices = layer_indices(len(self.layers), ctx.regions, x.device)
         for i, layer in enumerate(self.layers):
-            index = layer_index(i, ctx.regions, x.device)
-            x = call_layer(layer, ctx.regions, x, positions, slots, kv, index, ctx, self.rotary)
+            x = call_layer(layer, ctx.regions, x, positions, slots, kv, indices[i], ctx, self.rotary)
         hidden = self.norm(x)  # [B, Q, H]
         return self.lm_head(hidden).float(), hidden

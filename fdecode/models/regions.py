@@ -6,7 +6,7 @@ first call of each distinct layer (module structure, input shapes, dtypes, strid
 and every later call of the same kind is one `invoke_subgraph` node calling that code, instead of
 layers x (K + 1) unrolled copies. The captured step is still one graph; in eager mode (the `eager`
 backend, prefill) the region is a plain call. Reuse needs identical inputs, so a layer's place in
-the KV leaf is a [1] int64 tensor (`layer_index`), not a Python int. flash-attn, the NPU kernel and
+the KV leaf is a [1] int64 tensor (`layer_indices`), not a Python int. flash-attn, the NPU kernel and
 the NPU's "scatter_nd" write need an int, so with them layers run unrolled, as they do with
 `DecodeConfig.layer_regions=False`; `PagedContext.regions` says which applies.
 """
@@ -74,7 +74,9 @@ def call_layer(layer: nn.Module, regions: bool, *args, **kwargs):
     return layer(*args, **kwargs)
 
 
-def layer_index(i: int, regions: bool, device: torch.device) -> int | torch.Tensor:
-    """Layer i's index into a KV leaf: a [1] int64 tensor inside compile regions (one region serves every
-    layer), else the int."""
-    return torch.tensor([i], device=device) if compiling_regions(regions) else i
+def layer_indices(count: int, regions: bool, device: torch.device) -> torch.Tensor | range:
+    """Layers 0..count-1's indices into a KV leaf: inside compile regions a [count, 1] int64 tensor whose
+    row i is layer i's [1] index (one region serves every layer), else the ints. One `arange` makes them
+    all, and each row is a view of it: a tensor made per layer (`torch.tensor([i])`) is a kernel of its
+    own, one C++ build each in a cold CPU compile (27 of the real pair's 55 kernels were such constants)."""
+    return torch.arange(count, device=device).view(count, 1) if compiling_regions(regions) else range(count)

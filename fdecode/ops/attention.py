@@ -73,7 +73,7 @@ def paged_attention(
 def paged_attention_reference(
     q: torch.Tensor, kv: torch.Tensor, layer: int | torch.Tensor, ctx: PagedContext
 ) -> torch.Tensor:
-    """layer: an int, or a [1] int64 tensor (`fdecode.models.regions.layer_index`); either gathers only
+    """layer: an int, or a [1] int64 tensor (`fdecode.models.regions.layer_indices`); either gathers only
     the window's keys and values."""
     b, _, _, d = q.shape
     flat = ctx.key_slots.reshape(-1)

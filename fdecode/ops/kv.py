@@ -59,7 +59,7 @@ def write_kv(
 
 def write_rows(
     kv: torch.Tensor,  # [num_layers, kinds, num_slots, H, D], written in place
-    layer: int | torch.Tensor,  # or a [1] int64 tensor (`fdecode.models.regions.layer_index`)
+    layer: int | torch.Tensor,  # or a [1] int64 tensor (`fdecode.models.regions.layer_indices`)
     slots: torch.Tensor,  # [B, Q] int64
     rows: torch.Tensor,  # [kinds, B, Q, H, D]: keys and values (2 kinds), or one latent (`fdecode.ops.latent_kv`)
     *,

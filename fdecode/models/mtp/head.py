@@ -21,7 +21,7 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm, init_random_
 from fdecode.models.llama import LlamaModel
-from fdecode.models.regions import call_layer, layer_index
+from fdecode.models.regions import call_layer, layer_indices
 from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
@@ -92,7 +92,7 @@ class MTPHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(layer output h, final norm of h) [B, Q, H] of the rows (embedded tokens, hidden_in); one
         layer, so `depth` does not matter."""
-        index = layer_index(0, ctx.regions, embedded.device)
+        index = layer_indices(1, ctx.regions, embedded.device)[0]
         h = call_layer(self.layer, ctx.regions, mtp_input(self, embedded, hidden_in), positions, slots, kv, index, ctx,
                        self.rotary)
         return h, self.norm(h)
@@ -114,7 +114,7 @@ def run_one_layer_writing_all(
     for i, layer in enumerate(layers):
         if i != active:
             layer.write_kv(inputs(i), positions, slots, kv, i, ctx, rotary)
-    index = layer_index(active, ctx.regions, positions.device)
+    index = layer_indices(len(layers), ctx.regions, positions.device)[active]
     return active, call_layer(layers[active], ctx.regions, inputs(active), positions, slots, kv, index, ctx, rotary)
 
 
