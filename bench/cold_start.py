@@ -23,6 +23,9 @@ graphs' folder lives beside the Inductor cache, so "cold" has both empty and "wa
 `fdecode.graphs.vec_isa`: six C++ probe builds on an empty cache, six probe processes on every start) and
 without them (the default), cold and warm each.
 
+--phases adds where the compile's time goes (`bench/compile_phases.py`: Dynamo's trace, Inductor's lowering,
+code generation, the wait for C++ builds...), per sampling plan with --warmup.
+
 --warmup times `step.warmup()` instead (every graph a user of the default config can hit: each sampling
 plan at each window; the config keeps its sampling plans), right after `fdecode.compile`, cold then warm.
 
@@ -93,6 +96,11 @@ def child(spec: dict) -> dict:
 
         fdecode.graphs.backends.isa_options = dict
         fdecode.graphs.stored.trusted_isa = contextlib.nullcontext
+    phases = None
+    if spec.get("phases"):
+        from compile_phases import CompilePhases
+
+        phases = CompilePhases()
     start = time.perf_counter()
     target, draft, cfg, prompt = models(spec["workload"], spec.get("layers", 0))
     load_s = time.perf_counter() - start
@@ -100,11 +108,20 @@ def child(spec: dict) -> dict:
         cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled")
         step = fdecode.compile(target, draft, cfg, announce=False)
         start, start_cpu = time.perf_counter(), cpu_seconds()
-        graphs = step.warmup(progress=False)
+        if phases is None:
+            graphs = step.warmup(progress=False)
+        else:  # one plan at a time, the same work as one call
+            per_plan = {}
+            for plan in step.plans:
+                before, plan_start = phases.seconds(), time.perf_counter()
+                graphs = step.warmup([plan], progress=False)
+                per_plan[plan.name] = {"warmup_s": round(time.perf_counter() - plan_start, 2),
+                                       **phases.since(before)}
         return {**spec, "load_s": round(load_s, 2), "warmup_s": round(time.perf_counter() - start, 2),
-                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(graphs),
+                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(step._graphs),
                 "graph_seconds": {str(k): round(v, 2) for k, v in graphs.items()},
-                "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values())}
+                "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values()),
+                **({"phases": per_plan} if phases else {})}
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
@@ -134,6 +151,7 @@ def child(spec: dict) -> dict:
         "first_tokens": first,
         "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values()),
         "backend": step.backend,
+        **({"phases": phases.seconds()} if phases else {}),
     }
 
 
@@ -155,6 +173,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=modes, choices=modes)
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
     parser.add_argument("--warmup", action="store_true", help="time step.warmup() instead of the first step")
+    parser.add_argument("--phases", action="store_true", help="where the compile's time goes (per plan with --warmup)")
     parser.add_argument("--compare-isa", action="store_true", help="each mode with and without Inductor's ISA probes")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -177,7 +196,7 @@ def main() -> int:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
                         spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
-                                "warmup": args.warmup, "isa": isa}
+                                "warmup": args.warmup, "isa": isa, "phases": args.phases}
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -188,6 +207,8 @@ def main() -> int:
         for r in rows:
             print(f"{r['workload']} {r['mode']} {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
                   f"{r['graphs']} graphs, {r['loaded']} loaded")
+            for plan, seconds in r.get("phases", {}).items():
+                print(f"    {plan}: {seconds}")
         return 0
     for a in rows:  # the two modes and starts of a workload commit the same first tokens
         same = [b for b in rows if (b["workload"], b["layers"]) == (a["workload"], a["layers"])]
