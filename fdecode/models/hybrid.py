@@ -148,10 +148,10 @@ class HybridModel(DecoderLM):
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
-        attention = layer_indices(sum(isinstance(layer, AttentionBlock) for layer in self.layers), ctx.regions, x.device)
+        kv_indices = layer_indices(sum(isinstance(layer, AttentionBlock) for layer in self.layers), ctx.regions, x.device)
         for layer, index in zip(self.layers, self.mixer_index):  # index: rank among layers of its kind
             if isinstance(layer, AttentionBlock):
-                x = call_layer(layer, ctx.regions, x, positions, slots, kv, attention[index], ctx, self.rotary)
+                x = call_layer(layer, ctx.regions, x, positions, slots, kv, kv_indices[index], ctx, self.rotary)
             else:
                 x, conv, rec = call_layer(
                     layer, ctx.regions, x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots
