@@ -97,6 +97,25 @@ def test_one_host_read_per_step_and_streaming_callbacks():
     assert sum(len(e.new_tokens) for e in seen) == 13
 
 
+@pytest.mark.parametrize("budgets", [[11], [5, 11]])
+def test_no_step_runs_past_the_end_of_the_requests(budgets):
+    """The Engine reads one step behind, except where every running lane may finish in the pending step:
+    it reads that one before launching, so it runs the steps a loop reading each output at once runs."""
+    prompts = [[3, 1, 4], [1, 5]][: len(budgets)]
+    step = make_step()
+    state = step.prefill(prompts, params=[fdecode.SamplingParams(max_new_tokens=b, ignore_eos=True) for b in budgets])
+    loop = 0
+    while not bool(state.step_output.finished.all()):
+        state, _ = step(state)
+        loop += 1
+    engine = fdecode.Engine(make_step())
+    ids = [engine.add_request(p, max_new_tokens=b, ignore_eos=True) for p, b in zip(prompts, budgets)]
+    got = engine.run()
+    assert [len(got[i]) for i in ids] == budgets
+    assert engine.steps == loop  # one more before: a last launch that ran finished lanes only
+    assert engine.host_waits == engine.steps + 1
+
+
 @pytest.mark.parametrize("max_batch", [1, 3])
 def test_no_recompile_over_admissions_and_retirements(max_batch):
     step = make_step(max_batch=max_batch, backend="dynamo")

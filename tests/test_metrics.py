@@ -70,7 +70,9 @@ def test_a_self_draft_accepts_every_draft():
     assert metrics.totals == RequestMetrics(54, 54, 18, 0)
     assert metrics.acceptance_by_position == [1.0, 1.0, 1.0]
     assert metrics.mean_accepted_length == 4.0 and metrics.totals.acceptance_rate == 1.0
-    assert engine.host_waits == engine.steps + 1  # one read per step, plus the first priming read
+    # Two waves of 3 verified steps, none past the end (`Engine._ending`); one read per step, plus each wave's
+    # priming read: the second wave is primed after the first's last output was read, with no step pending.
+    assert engine.steps == 6 and engine.host_waits == engine.steps + 2
     assert "drafts=54/54 accepted (1.00), mean_accepted_length=4.00, by_position=[1.00, 1.00, 1.00]" in repr(metrics)
 
 

@@ -200,7 +200,12 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[Event]:
-        """One iteration: launch, read the previous output, admit. Returns the events read."""
+        """One iteration: launch, read the previous output, admit. Returns the events read.
+
+        Where every running lane may finish in the pending step (`_ending`), that output is read before the
+        launch instead, so no step runs only lanes that have finished: one wait without a step behind it
+        (free on the CPU, which runs a step inside its launch), for a step saved at the end of each stream."""
+        early = self._drain() if self._ending() else []
         launched, verified = None, {}
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
@@ -214,7 +219,7 @@ class Engine:
                 self.state, out = self.step_fn(self.state, speculate=speculate)
             launched = out.packed
             self.steps += 1
-        events, self._cancelled = self._cancelled + self._drain(), []
+        events, self._cancelled = self._cancelled + early + self._drain(), []
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
@@ -242,6 +247,13 @@ class Engine:
         return results
 
     # ------------------------------------------------------------------ internals
+
+    def _ending(self) -> bool:
+        """Whether a step is pending and every running lane may finish in it: at most W tokens are left of
+        its budget (an EOS may end a lane sooner; that is not foreseen)."""
+        running = [r for r in self._lanes if r is not None]
+        return (self._out_lanes is not None and bool(running)
+                and all(len(r.prompt) + r.budget - r.known <= self.config.W for r in running))
 
     def _drain(self) -> list[Event]:
         """Read the pending step output and primed first tokens (one event wait) into events."""
