@@ -6,7 +6,7 @@ One step is compiled (inductor, greedy graph, one 256-token window, `adaptive_de
 graph is compiled before anything is timed (`warmup(depths=...)`). For every prompt the script decodes
 `--new` tokens at each fixed depth 1 .. K (`step(state, depth=d)`, read at once), then through an
 `Engine` at depth K and with the Engine choosing the depth (`fdecode.runtime.depth`); an Engine reads
-one step behind, so it launches one step past a request's end: compare the two Engine rows. It reports tokens per second, the mean tokens per step, the median
+one step behind, except at a request's end (`Engine._ending`): compare the two Engine rows. It reports tokens per second, the mean tokens per step, the median
 step time of each depth (what `depth_costs` models by the weights each depth reads), and the depths
 the controller launched. The tokens of every run of a prompt must be equal (greedy is lossless); the
 script asserts it. Skipped, naming the script that fetches the pair, when the models are missing.
@@ -47,7 +47,7 @@ def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
 
 
 def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None = None) -> dict:
-    """Through an `Engine` (reads one step behind, so its last launch runs past the end), choosing among
+    """Through an `Engine` (reads one step behind, and the last output before launching past the end), choosing among
     `depths` (None: every depth 1 .. K; one depth: the fixed-depth row this one compares with)."""
     engine = fdecode.Engine(step)
     if depths is not None:
