@@ -251,9 +251,9 @@ class Engine:
     def _ending(self) -> bool:
         """Whether a step is pending and every running lane may finish in it: at most W tokens are left of
         its budget (an EOS may end a lane sooner; that is not foreseen)."""
-        running = [r for r in self._lanes if r is not None]
-        return (self._out_lanes is not None and bool(running)
-                and all(len(r.prompt) + r.budget - r.known <= self.config.W for r in running))
+        if self._out_lanes is None or not self.num_active:
+            return False
+        return all(r is None or len(r.prompt) + r.budget - r.known <= self.config.W for r in self._lanes)
 
     def _drain(self) -> list[Event]:
         """Read the pending step output and primed first tokens (one event wait) into events."""
