@@ -26,25 +26,17 @@ from unittest import mock
 import torch
 
 
-def loop(step, prompt: list[int], new: int) -> tuple[list[int], int]:
-    state = step.prefill([prompt], max_new_tokens=new, ignore_eos=True)
-    tokens, steps = state.step_output.tokens[0, :1].tolist(), 0
-    while not bool(state.step_output.finished[0]):
-        state, out = step(state)
-        tokens += out.tokens[0, : int(out.num_tokens[0])].tolist()
-        steps += 1
-    return tokens, steps
+K = 4
 
 
 def engine(step, prompt: list[int], new: int, *, behind: bool) -> tuple[list[int], int]:
+    """`fdecode.bench.pair.engine_run` at depth K; behind: with the early read of the last step off."""
     import fdecode
+    from fdecode.bench.pair import engine_run
 
     with mock.patch.object(fdecode.Engine, "_ending", lambda self: False) if behind else contextlib.nullcontext():
-        run = fdecode.Engine(step)
-        if run.depths is not None:  # every launch at depth K, as the loop runs (the step allows adaptive depths)
-            run.depths.depths = (step.config.K,)
-        rid = run.add_request(prompt, max_new_tokens=new, ignore_eos=True)
-        return run.run()[rid], run.steps
+        (tokens,), steps, _ = engine_run(step, [prompt], new, adaptive=False)
+    return tokens, steps
 
 
 def main() -> int:
@@ -54,15 +46,14 @@ def main() -> int:
     parser.add_argument("--prompts", nargs="+", default=["write", "text"])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from fdecode.bench.pair import PROMPTS, _compiled, chat_ids, load_pair
+    from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair, fixed_depth
 
-    loaded = load_pair(hf=False)
-    if loaded is None:
+    pair = compiled_pair(K)
+    if pair is None:
         return 0
-    target, draft, tokenizer, _, _ = loaded
-    step = _compiled(target, draft, 4, 1, "auto")
+    step, tokenizer = pair
     systems = {
-        "loop": lambda p: loop(step, p, args.new),
+        "loop": lambda p: fixed_depth(step, p, K, args.new),
         "engine": lambda p: engine(step, p, args.new, behind=False),
         "engine-behind": lambda p: engine(step, p, args.new, behind=True),
     }
@@ -70,7 +61,7 @@ def main() -> int:
     with torch.no_grad():
         for name in args.prompts:
             prompt = chat_ids(tokenizer, PROMPTS[name])
-            loop(step, prompt, 8)  # compiles the step
+            fixed_depth(step, prompt, K, 8)  # compiles the step
             speeds, steps, tokens = {s: [] for s in systems}, {}, {}
             for _ in range(args.rounds):
                 for system, run in systems.items():

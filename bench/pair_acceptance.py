@@ -35,13 +35,12 @@ def main() -> int:
     parser.add_argument("--new", type=int, default=160, help="new tokens per prompt")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from fdecode.bench.pair import PROMPTS, _compiled, chat_ids, load_pair
+    from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair
 
-    loaded = load_pair(hf=False)
-    if loaded is None:
+    pair = compiled_pair(args.k)
+    if pair is None:
         return 0
-    target, draft, tokenizer, _, _ = loaded
-    step = _compiled(target, draft, args.k, 1, "auto")
+    step, tokenizer = pair
     rows = {}
     with torch.no_grad():
         for name, text in PROMPTS.items():

@@ -113,6 +113,16 @@ def load_pair(*, hf: bool = True) -> tuple | None:
     return target, draft, tokenizer, hf_target, hf_draft
 
 
+def compiled_pair(k: int) -> tuple | None:
+    """(the real pair's step at K = k, B = 1, its tokenizer) for the bench scripts; None, with a message, where
+    the pair is missing."""
+    loaded = load_pair(hf=False)
+    if loaded is None:
+        return None
+    target, draft, tokenizer, _, _ = loaded
+    return _compiled(target, draft, k, 1, "auto"), tokenizer
+
+
 def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
                       backend: str = "auto", prompts: tuple[str, ...] | None = None) -> list:
     """The rows of the workload (`fdecode.bench.results.Result`) for `pair` (`load_pair`'s five; the
