@@ -5,7 +5,9 @@ the *previous* step's output from a persistent host buffer after one event wait,
 and retires finished lanes (their blocks return to the pool), (3) queues a non-blocking copy of this
 step's output into the host buffer, (4) admits waiting requests into free lanes by priming (no
 recompilation: shapes are fixed by `max_batch`; their first token is read with the next output).
-Stop conditions are applied on the device; the host learns of a finished lane one step later.
+Stop conditions are applied on the device; the host learns of a finished lane one step later. Where
+every running lane may finish in the step in flight (at most W tokens of its budget left), (2) comes
+before (1) instead (`Engine._ending`), so no step is launched for lanes that have already finished.
 
 Before each launch every lane owns the blocks of every position the step in flight and the next one
 can reach (capped at prompt + budget). A request is admitted when a lane and its first blocks are free
@@ -88,7 +90,7 @@ class Engine:
         self.allocator = BlockAllocator(cfg.pool_blocks)
         self.callbacks = list(callbacks)
         self.steps = 0  # device steps launched
-        self.host_waits = 0  # device -> host reads (one per step)
+        self.host_waits = 0  # device -> host reads (one per step, plus priming reads no step output carried)
         self._lanes: list[_Request | None] = [None] * cfg.max_batch
         self._waiting: deque[_Request] = deque()
         self._requests: dict[int, _Request] = {}
