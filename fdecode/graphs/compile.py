@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -16,6 +17,7 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
     DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend,
 )
+from fdecode.graphs.kernel_batches import batched_cpu_kernels
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
@@ -291,7 +293,8 @@ class Step:
         if self.announce and not quiet and not made:
             self._announce_compile(blocks, plan, depth)
         start = time.perf_counter()
-        with torch.no_grad():
+        # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
+        with torch.no_grad(), batched_cpu_kernels() if first else contextlib.nullcontext():
             new_state, out = graph(state)
         if first:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
