@@ -23,6 +23,10 @@ graphs' folder lives beside the Inductor cache, so "cold" has both empty and "wa
 `fdecode.graphs.vec_isa`: six C++ probe builds on an empty cache, six probe processes on every start) and
 without them (the default), cold and warm each.
 
+--compare-batches runs each workload and mode twice: with the graph's C++ kernels built one library each
+(Inductor's own way, what fdecode did before `fdecode.graphs.kernel_batches`) and a few to a library (the
+default), cold and warm each.
+
 --phases adds where the compile's time goes (`bench/compile_phases.py`: Dynamo's trace, Inductor's lowering,
 code generation, the wait for C++ builds...), per sampling plan with --warmup.
 
@@ -96,6 +100,11 @@ def child(spec: dict) -> dict:
 
         fdecode.graphs.backends.isa_options = dict
         fdecode.graphs.stored.trusted_isa = contextlib.nullcontext
+    if spec.get("kernels") == "single":  # Inductor builds each C++ kernel as a library of its own
+        import contextlib
+
+        # the module, not the `compile` function `fdecode.graphs` exports under the same name
+        sys.modules["fdecode.graphs.compile"].batched_cpu_kernels = contextlib.nullcontext
     phases = None
     if spec.get("phases"):
         from compile_phases import CompilePhases
@@ -175,6 +184,8 @@ def main() -> int:
     parser.add_argument("--warmup", action="store_true", help="time step.warmup() instead of the first step")
     parser.add_argument("--phases", action="store_true", help="where the compile's time goes (per plan with --warmup)")
     parser.add_argument("--compare-isa", action="store_true", help="each mode with and without Inductor's ISA probes")
+    parser.add_argument("--compare-batches", action="store_true",
+                        help="each mode with the C++ kernels built one library each and a few to a library")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -191,12 +202,13 @@ def main() -> int:
                 print(f"skipping qwen-coder: {reason}", file=sys.stderr)
                 continue
         for layers in args.depths if workload == "depth" else [0]:
-            for mode, isa in [(m, i) for m in args.modes for i in (("probed", "trusted") if args.compare_isa
-                                                                    else ("trusted",))]:
+            isas = ("probed", "trusted") if args.compare_isa else ("trusted",)
+            kernels = ("single", "batched") if args.compare_batches else ("batched",)
+            for mode, isa, built in [(m, i, b) for m in args.modes for i in isas for b in kernels]:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
                         spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
-                                "warmup": args.warmup, "isa": isa, "phases": args.phases}
+                                "warmup": args.warmup, "isa": isa, "kernels": built, "phases": args.phases}
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -205,7 +217,7 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump({"bench_cold_start_py_warmup": rows, "load": os.getloadavg()}, f, indent=1)
         for r in rows:
-            print(f"{r['workload']} {r['mode']} {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
+            print(f"{r['workload']} {r['mode']} {r['kernels']} kernels {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
                   f"{r['graphs']} graphs, {r['loaded']} loaded")
             for plan, seconds in r.get("phases", {}).items():
                 print(f"    {plan}: {seconds}")
@@ -216,11 +228,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
-    print("| workload | layers | mode | ISA | start | first step s | prefill s | first call s | CPU s | "
+    print("| workload | layers | mode | ISA | C++ kernels | start | first step s | prefill s | first call s | CPU s | "
           "FX cache hit/miss | graphs loaded | step ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['start']} | "
+        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['kernels']} | {r['start']} | "
               f"{r['first_step_s']} | {r['prefill_s']} | {r['first_call_s']} | "
               f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
               f"{r['step_ms']} |")

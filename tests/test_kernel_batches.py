@@ -109,3 +109,35 @@ def test_inductor_is_itself_again_after_the_context() -> None:
     with pytest.raises(RuntimeError), batched_cpu_kernels():
         raise RuntimeError("a compile that fails")
     assert (AsyncCompile.cpp_pybinding, AsyncCompile.wait) == before
+
+
+def one_more_kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`several_kernels` with one more kernel after it, behind another matmul."""
+    return torch.log1p((several_kernels(x, w) @ w).abs())
+
+
+def kernels_in(paths) -> int:
+    return sum(path.read_text().count('extern "C" void kernel_') for path in paths)
+
+
+def test_a_second_graph_builds_only_the_kernels_no_library_holds() -> None:
+    from torch._inductor import config
+    from torch._inductor.utils import fresh_cache
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 32), torch.randn(32, 32)
+    torch._dynamo.reset()
+    with fresh_cache(), config.patch(fx_graph_cache=False):
+        folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        with batched_cpu_kernels():
+            first = torch.compile(several_kernels, fullgraph=True, dynamic=False)(x, w)
+        built = built_sources(folder)["batched"]
+        torch._dynamo.reset()
+        with batched_cpu_kernels():
+            second = torch.compile(one_more_kernel, fullgraph=True, dynamic=False)(x, w)
+        new = [path for path in built_sources(folder)["batched"] if path not in built]
+        counts = kernels_in(built), kernels_in(new)
+    torch._dynamo.reset()
+    torch.testing.assert_close(first, several_kernels(x, w))
+    torch.testing.assert_close(second, one_more_kernel(x, w))
+    assert counts[0] >= 3 and 1 <= counts[1] < counts[0]  # the shared kernels come from the first library

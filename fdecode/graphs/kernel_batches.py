@@ -16,18 +16,24 @@ where it compiles without workers, as fdecode's tests do), kernel i renamed `ker
 function of one Python module, and built through Inductor's own cache
 (`CppPythonBindingsCodeCache.load_async`: its compiler flags, precompiled header, worker pool and file
 locks); the module then holds the built functions, as it would have. The kernels' code is unchanged, so the
-graph computes what it did. A library is named by its source, so a second process that loads the same
-graph finds it on disk. A kernel whose arguments the bindings below do not parse and a batch that
+graph computes what it did. A kernel some library already holds (graphs of one step share most of their
+kernels: every sampling plan's graph has the same layers) is taken from it rather than built again
+(`BuiltKernels`: in the process, and across processes through a small file per kernel in Inductor's
+cache folder), so a second graph builds only its new kernels, and a second process that loads a graph
+builds none. A kernel whose arguments the bindings below do not parse and a batch that
 fails to build fall back to Inductor's one-library-per-kernel path (the latter with a notice).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import re
 import threading
 from concurrent.futures import Future
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from fdecode.progress import notice
 
@@ -148,6 +154,62 @@ def groups(sizes: Sequence[int], count: int) -> list[list[int]]:
     return [sorted(b) for b in bins if b]
 
 
+class BuiltKernels:
+    """Which library holds each kernel already built, so that a kernel two graphs share (the sampling plans'
+    graphs share every layer's) is built once: in this process (a dict), and across processes on one
+    Inductor cache (a small file per kernel in its folder `fdecode-kernels`, naming the library and the
+    function). Keyed by the kernel's source and argument types, torch's version and the vector ISA its
+    library is built for, so a library is never taken for another CPU or torch."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple[Path, str], object] = {}  # (Inductor's cache folder, key) -> function
+
+    @staticmethod
+    def key(argtypes: Sequence[str], source: str) -> str:
+        import torch
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        text = "\n".join([torch.__version__, str(pick_vec_isa()), ",".join(argtypes), source])
+        return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+    @staticmethod
+    def folder() -> Path:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return Path(cache_dir()) / "fdecode-kernels"
+
+    def find(self, argtypes: Sequence[str], source: str):
+        """The built function of this kernel, or None where no library holds it."""
+        key, folder = self.key(argtypes, source), self.folder()
+        function = self.loaded.get((folder, key))
+        if function is not None:
+            return function
+        try:
+            library, name = (folder / key).read_text().split("\n")[:2]
+            if not Path(library).exists():
+                return None
+            from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+            module = CppPythonBindingsCodeCache._load_library(library, Path(library).name.split(".")[0])
+            function = self.loaded[folder, key] = getattr(module, name)
+        except (OSError, ValueError, AttributeError, ImportError):  # not built, or a stale entry: build it
+            return None
+        return function
+
+    def add(self, argtypes: Sequence[str], source: str, module, name: str) -> None:
+        """Record that `module` (a built library) holds this kernel as `name`."""
+        key, folder = self.key(argtypes, source), self.folder()
+        self.loaded[folder, key] = getattr(module, name)
+        with contextlib.suppress(OSError):  # the next process builds it again, nothing worse
+            folder.mkdir(parents=True, exist_ok=True)
+            entry = folder / f"{key}.{os.getpid()}.tmp"
+            entry.write_text(f"{module.__file__}\n{name}\n")
+            entry.replace(folder / key)
+
+
+BUILT = BuiltKernels()
+
+
 class _Batch:
     """The kernels one generated module (one `AsyncCompile`) has asked for and not yet built."""
 
@@ -162,16 +224,21 @@ class _Batch:
         return kernel
 
     def build(self) -> None:
-        """Build every pending kernel, in as many libraries as Inductor has compile workers."""
+        """Build every pending kernel that no library holds yet (`BUILT`), in as many libraries as Inductor has
+        compile workers; the others come from the libraries that hold them."""
         from torch._inductor.async_compile import get_compile_threads
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        pending, self.pending = self.pending, []
+        pending = []
+        for argtypes, source, kernel in self.pending:
+            kernel.function = BUILT.find(argtypes, source)
+            if kernel.function is None:
+                pending.append((argtypes, source, kernel))
+        self.pending = []
         workers = get_compile_threads()
         submit = self.async_compile.submit if workers > 1 else None  # one worker: built here, in turn
-        parts = groups([len(source) for _, source, _ in pending], workers)
         loads = []
-        for part in parts:
+        for part in groups([len(source) for _, source, _ in pending], workers):
             kernels = [pending[i] for i in part]
             try:
                 code = batch_source([(argtypes, source) for argtypes, source, _ in kernels])
@@ -184,8 +251,9 @@ class _Batch:
             except Exception as error:  # noqa: BLE001 - built one by one instead
                 self._fallback(kernels, error)
                 continue
-            for i, (_, _, kernel) in enumerate(kernels):
+            for i, (argtypes, source, kernel) in enumerate(kernels):
                 kernel.function = getattr(module, f"kernel_{i}")
+                BUILT.add(argtypes, source, module, f"kernel_{i}")
 
     def _fallback(self, kernels, error: Exception) -> None:
         notice(f"could not build {len(kernels)} CPU kernels together ({type(error).__name__}: {error}); "
