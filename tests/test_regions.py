@@ -119,3 +119,21 @@ def test_other_families_run_their_layers_as_regions(family):
     assert sum(with_regions.regions.values()) > len(with_regions.regions) > 0  # some region is called again
     assert (with_regions.graph_count, with_regions.graph_break_count, with_regions.host_syncs) == (1, 0, [])
     assert torch.equal(tokens(on, steps=4), tokens(unrolled, steps=4))
+
+
+def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(deep_pair, monkeypatch):
+    """Dynamo matches each region call against the layer kinds it has traced from its arguments; flat ones
+    (tensors, constants, modules: the context goes in as its fields) take its fast path, a named tuple
+    among them a trace of `pytree.tree_flatten` per call (~0.1 s each on the real pair's 124 calls)."""
+    from torch._dynamo.variables import invoke_subgraph
+
+    slow = []
+    original = invoke_subgraph.build_fingerprint_with_pytree
+    monkeypatch.setattr(invoke_subgraph, "build_fingerprint_with_pytree",
+                        lambda *args: slow.append(1) or original(*args))
+    target, draft = deep_pair
+    step = step_of(target, draft, regions=True)
+    state = step.prefill(PROMPTS, max_new_tokens=30)
+    state, _ = step(state)
+    assert fdecode.inspect(step, state).regions  # the calls were regions
+    assert slow == []

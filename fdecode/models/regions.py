@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fdecode.ops.attention import PagedContext
+
 # `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step: a region call
 # costs host time in Inductor's CPU wrapper, which few copies do not win back in compile time, and many
 # do (BENCHMARKS.md, "Cold start: each layer kind compiled once" and the regions' step time).
@@ -27,7 +29,10 @@ MAX_KINDS = 64
 
 
 @torch.compiler.nested_compile_region(max_reuse_entries=MAX_KINDS)
-def _region(layer: nn.Module, *args, **kwargs):
+def _region(layer: nn.Module, ctx_at: int, *args, **kwargs):
+    if ctx_at >= 0:  # the layer's `PagedContext` came in as its fields (`call_layer`)
+        size = len(PagedContext._fields)
+        args = (*args[:ctx_at], PagedContext(*args[ctx_at:ctx_at + size]), *args[ctx_at + size:])
     return layer(*args, **kwargs)
 
 
@@ -68,9 +73,17 @@ def compiling_regions(regions: bool) -> bool:
 
 
 def call_layer(layer: nn.Module, regions: bool, *args, **kwargs):
-    """`layer(*args, **kwargs)`, as a compile region where `regions` (`PagedContext.regions`)."""
+    """`layer(*args, **kwargs)`, as a compile region where `regions` (`PagedContext.regions`).
+
+    A region's arguments go in flat: its `PagedContext` as the context's fields (tensors and constants),
+    rebuilt inside. Dynamo matches a call against the regions it has traced by its arguments; with a
+    named tuple among them it flattens them by tracing `pytree.tree_flatten`, ~0.1 s a call (14 of a
+    real-pair graph's ~17 s of Dynamo trace, 124 calls), and flat leaves cost it next to nothing."""
     if compiling_regions(regions):
-        return _region(layer, *args, **kwargs)
+        at = next((i for i, arg in enumerate(args) if isinstance(arg, PagedContext)), -1)
+        if at >= 0:
+            args = (*args[:at], *args[at], *args[at + 1:])
+        return _region(layer, at, *args, **kwargs)
     return layer(*args, **kwargs)
 
 
