@@ -158,8 +158,9 @@ class BuiltKernels:
     """Which library holds each kernel already built, so that a kernel two graphs share (the sampling plans'
     graphs share every layer's) is built once: in this process (a dict), and across processes on one
     Inductor cache (a small file per kernel in its folder `fdecode-kernels`, naming the library and the
-    function). Keyed by the kernel's source and argument types, torch's version and the vector ISA its
-    library is built for, so a library is never taken for another CPU or torch."""
+    function). Keyed by the kernel's source and argument types, torch's version, the vector ISA and its
+    flags, and Inductor's C++ options (`cpp.*`: the compiler among them), so a library is never taken for
+    another CPU, torch or compiler."""
 
     def __init__(self) -> None:
         self.loaded: dict[tuple[Path, str], object] = {}  # (Inductor's cache folder, key) -> function
@@ -167,9 +168,13 @@ class BuiltKernels:
     @staticmethod
     def key(argtypes: Sequence[str], source: str) -> str:
         import torch
+        from torch._inductor import config
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-        text = "\n".join([torch.__version__, str(pick_vec_isa()), ",".join(argtypes), source])
+        isa = pick_vec_isa()
+        cpp = sorted((name, repr(value)) for name, value in config.get_config_copy().items()
+                     if name.startswith("cpp."))  # the compiler and its options
+        text = "\n".join([torch.__version__, str(isa), isa.build_arch_flags(), repr(cpp), ",".join(argtypes), source])
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
     @staticmethod
