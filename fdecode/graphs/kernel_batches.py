@@ -31,8 +31,8 @@ import hashlib
 import os
 import re
 import threading
-from concurrent.futures import Future
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from fdecode.progress import notice
@@ -166,7 +166,8 @@ class BuiltKernels:
         self.loaded: dict[tuple[Path, str], object] = {}  # (Inductor's cache folder, key) -> function
 
     @staticmethod
-    def key(argtypes: Sequence[str], source: str) -> str:
+    def context() -> str:
+        """What a library is built for besides its kernels' source: torch, the vector ISA, the C++ options."""
         import torch
         from torch._inductor import config
         from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -174,7 +175,11 @@ class BuiltKernels:
         isa = pick_vec_isa()
         cpp = sorted((name, repr(value)) for name, value in config.get_config_copy().items()
                      if name.startswith("cpp."))  # the compiler and its options
-        text = "\n".join([torch.__version__, str(isa), isa.build_arch_flags(), repr(cpp), ",".join(argtypes), source])
+        return "\n".join([torch.__version__, str(isa), isa.build_arch_flags(), repr(cpp)])
+
+    @staticmethod
+    def key(context: str, argtypes: Sequence[str], source: str) -> str:
+        text = "\n".join([context, ",".join(argtypes), source])
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
     @staticmethod
@@ -183,9 +188,9 @@ class BuiltKernels:
 
         return Path(cache_dir()) / "fdecode-kernels"
 
-    def find(self, argtypes: Sequence[str], source: str):
-        """The built function of this kernel, or None where no library holds it."""
-        key, folder = self.key(argtypes, source), self.folder()
+    def find(self, context: str, argtypes: Sequence[str], source: str):
+        """The built function of this kernel (`context`: `context()`), or None where no library holds it."""
+        key, folder = self.key(context, argtypes, source), self.folder()
         function = self.loaded.get((folder, key))
         if function is not None:
             return function
@@ -201,9 +206,9 @@ class BuiltKernels:
             return None
         return function
 
-    def add(self, argtypes: Sequence[str], source: str, module, name: str) -> None:
-        """Record that `module` (a built library) holds this kernel as `name`."""
-        key, folder = self.key(argtypes, source), self.folder()
+    def add(self, context: str, argtypes: Sequence[str], source: str, module, name: str) -> None:
+        """Record that `module` (a library built for `context`) holds this kernel as `name`."""
+        key, folder = self.key(context, argtypes, source), self.folder()
         self.loaded[folder, key] = getattr(module, name)
         with contextlib.suppress(OSError):  # the next process builds it again, nothing worse
             folder.mkdir(parents=True, exist_ok=True)
@@ -234,9 +239,9 @@ class _Batch:
         from torch._inductor.async_compile import get_compile_threads
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        pending = []
+        context, pending = BUILT.context(), []
         for argtypes, source, kernel in self.pending:
-            kernel.function = BUILT.find(argtypes, source)
+            kernel.function = BUILT.find(context, argtypes, source)
             if kernel.function is None:
                 pending.append((argtypes, source, kernel))
         self.pending = []
@@ -258,7 +263,7 @@ class _Batch:
                 continue
             for i, (argtypes, source, kernel) in enumerate(kernels):
                 kernel.function = getattr(module, f"kernel_{i}")
-                BUILT.add(argtypes, source, module, f"kernel_{i}")
+                BUILT.add(context, argtypes, source, module, f"kernel_{i}")
 
     def _fallback(self, kernels, error: Exception) -> None:
         notice(f"could not build {len(kernels)} CPU kernels together ({type(error).__name__}: {error}); "
