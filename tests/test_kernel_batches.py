@@ -12,8 +12,7 @@ import torch
 
 from fdecode.graphs import kernel_batches
 from fdecode.graphs.kernel_batches import batch_source, batched_cpu_kernels, groups
-
-ENTRY = 'extern "C"  void  kernel('  # how Inductor starts a kernel of its own
+from support.kernel_files import ENTRY, kernel_files
 
 
 def several_kernels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -22,18 +21,6 @@ def several_kernels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     b = torch.nn.functional.silu(a @ w) * a.sum(-1, keepdim=True)
     c = (b @ w.t()).cumsum(0)
     return torch.where(c > 0, c.tanh(), c.argmax(-1, keepdim=True).to(c.dtype))
-
-
-def built_sources(folder: Path) -> dict[str, list[Path]]:
-    """The kernel C++ files Inductor wrote in `folder`: batches (ours) and single kernels (its own)."""
-    found: dict[str, list[Path]] = {"batched": [], "single": []}
-    for path in folder.rglob("*.cpp"):
-        text = path.read_text()
-        if "fdecode_arg" in text:
-            found["batched"].append(path)
-        elif ENTRY in text:
-            found["single"].append(path)
-    return found
 
 
 def compile_fresh(batched: bool):
@@ -50,7 +37,7 @@ def compile_fresh(batched: bool):
                 out = fn(x, w)
         else:
             out = fn(x, w)
-        sources = built_sources(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+        sources = kernel_files(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
     torch._dynamo.reset()
     return out, sources, several_kernels(x, w)
 
@@ -131,11 +118,11 @@ def test_a_second_graph_builds_only_the_kernels_no_library_holds() -> None:
         folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
         with batched_cpu_kernels():
             first = torch.compile(several_kernels, fullgraph=True, dynamic=False)(x, w)
-        built = built_sources(folder)["batched"]
+        built = kernel_files(folder)["batched"]
         torch._dynamo.reset()
         with batched_cpu_kernels():
             second = torch.compile(one_more_kernel, fullgraph=True, dynamic=False)(x, w)
-        new = [path for path in built_sources(folder)["batched"] if path not in built]
+        new = [path for path in kernel_files(folder)["batched"] if path not in built]
         counts = kernels_in(built), kernels_in(new)
     torch._dynamo.reset()
     torch.testing.assert_close(first, several_kernels(x, w))

@@ -17,6 +17,7 @@ import fdecode
 from fdecode.bench import llama
 from fdecode.graphs.backends import capture
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
+from support.kernel_files import kernel_files
 
 # A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
 # of two lanes across windows; prints its tokens, the eager step's tokens, the graphs Dynamo traced and
@@ -56,18 +57,6 @@ def run_child(seed: int, env: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def kernel_sources(folder) -> dict[str, list[str]]:
-    """The kernel C++ files Inductor wrote in `folder`: batches (`fdecode.graphs.kernel_batches`) and single kernels."""
-    found: dict[str, list[str]] = {"batched": [], "single": []}
-    for path in sorted(folder.rglob("*.cpp")):
-        text = path.read_text()
-        if "fdecode_arg" in text:
-            found["batched"].append(path.name)
-        elif 'extern "C"  void  kernel(' in text:
-            found["single"].append(path.name)
-    return found
-
-
 @pytest.mark.slow
 def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -> None:
     """The first process compiles the step and keeps its graphs; a second one, with other weights of the
@@ -76,7 +65,7 @@ def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -
     env = {**os.environ, "FDECODE_CACHE_DIR": str(tmp_path / "steps"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "OMP_NUM_THREADS": "1"}
     first = run_child(0, env)
-    built = kernel_sources(tmp_path / "inductor")
+    built = kernel_files(tmp_path / "inductor")
     assert built["batched"] and not built["single"]  # its kernels built a few to a library
     assert first["tokens"] == first["eager"]
     assert first["traced"] >= 1 and not any(first["loaded"])
@@ -88,7 +77,7 @@ def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -
     assert second["traced"] == 0 and second["loaded"] and all(second["loaded"])
     assert second["base_probes"] == 0
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == stored  # nothing new written
-    assert kernel_sources(tmp_path / "inductor") == built  # its kernels loaded, none built again
+    assert kernel_files(tmp_path / "inductor") == built  # its kernels loaded, none built again
 
 
 def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) -> None:

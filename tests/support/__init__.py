@@ -16,4 +16,5 @@
 - kernel_semantics: device attention kernels as documented, in plain torch, installed as fakes
 - tokenizers:       a tiny byte-level BPE and a tiny SentencePiece-style tokenizer, built offline
 - tp_worker:        the rank side of the tensor-parallel tests (spawned gloo processes)
+- kernel_files:     the kernel C++ files in an Inductor cache: fdecode's batches and Inductor's single kernels
 """
