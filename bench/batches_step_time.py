@@ -14,7 +14,6 @@ changes nothing in a step. Workloads as in `bench/cold_start.py`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -39,20 +38,18 @@ def main() -> int:
     import cold_start
     import fdecode
 
-    compile_module = sys.modules["fdecode.graphs.compile"]  # not the `compile` function of the same name
-    batched = compile_module.batched_cpu_kernels
     target, draft, cfg, prompt = cold_start.models(args.workload, 0)
     cfg = dataclasses.replace(cfg, sampling=False, layer_regions=args.layers == "regions")
     steps, first = {}, {}
     for name in ("single", "batched"):
-        compile_module.batched_cpu_kernels = contextlib.nullcontext if name == "single" else batched
+        cold_start.use_kernel_batches(name == "batched")
         step = fdecode.compile(target, draft, cfg, announce=False)
         state = step.prefill([prompt], max_new_tokens=args.new_tokens)
         start = time.perf_counter()
         step(state)
         first[name] = round(time.perf_counter() - start, 2)
         steps[name] = step
-    compile_module.batched_cpu_kernels = batched
+    cold_start.use_kernel_batches(True)
     times: dict[str, list[float]] = {name: [] for name in steps}
     tokens: dict[str, list] = {}
     for r in range(args.rounds):

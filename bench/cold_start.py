@@ -84,6 +84,17 @@ def models(workload: str, layers: int):
     return target, draft, fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=256), prompt
 
 
+def use_kernel_batches(on: bool) -> None:
+    """Whether this process's step graphs build their C++ kernels a few to a library (`fdecode.graphs.kernel_batches`,
+    the default) or each as a library of its own (Inductor's way, what fdecode did before)."""
+    import contextlib
+
+    from fdecode.graphs.kernel_batches import batched_cpu_kernels
+
+    # the module, not the `compile` function `fdecode.graphs` exports under the same name
+    sys.modules["fdecode.graphs.compile"].batched_cpu_kernels = batched_cpu_kernels if on else contextlib.nullcontext
+
+
 def child(spec: dict) -> dict:
     import dataclasses
 
@@ -100,11 +111,7 @@ def child(spec: dict) -> dict:
 
         fdecode.graphs.backends.isa_options = dict
         fdecode.graphs.stored.trusted_isa = contextlib.nullcontext
-    if spec.get("kernels") == "single":  # Inductor builds each C++ kernel as a library of its own
-        import contextlib
-
-        # the module, not the `compile` function `fdecode.graphs` exports under the same name
-        sys.modules["fdecode.graphs.compile"].batched_cpu_kernels = contextlib.nullcontext
+    use_kernel_batches(spec.get("kernels") != "single")
     phases = None
     if spec.get("phases"):
         from compile_phases import CompilePhases
