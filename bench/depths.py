@@ -1,15 +1,18 @@
 """Each depth of the real pair's step, fixed and adaptive, side by side in one process.
 
-    python bench/depths.py --json bench/results/depths.json      # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
+    python bench/depths.py --rounds 2 --json bench/results/depths.json   # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
 
 One step is compiled (inductor, greedy graph, one 256-token window, `adaptive_depth=True`); each depth's
-graph is compiled before anything is timed (`warmup(depths=...)`). For every prompt the script decodes
-`--new` tokens at each fixed depth 1 .. K (`step(state, depth=d)`, read at once), then through an
-`Engine` at depth K and with the Engine choosing the depth (`fdecode.runtime.depth`); an Engine reads
-one step behind, except at a request's end (`Engine._ending`): compare the two Engine rows. It reports tokens per second, the mean tokens per step, the median
-step time of each depth (what `depth_costs` models by the weights each depth reads), and the depths
-the controller launched. The tokens of every run of a prompt must be equal (greedy is lossless); the
-script asserts it. Skipped, naming the script that fetches the pair, when the models are missing.
+graph is compiled before anything is timed (`warmup(depths=0 .. K)`, which also times them: the controller's
+starting costs). For every prompt (`--prompts`, default the qwen-coder workload's three) the script decodes
+`--new` tokens (no EOS stop) at each fixed depth 0 .. K (`step(state, depth=d)`, read at once; depth 0 is
+target-only), then through an `Engine` at depth K and with the Engine choosing the depth
+(`fdecode.runtime.depth`); an Engine reads one step behind, except at a request's end (`Engine._ending`):
+compare the two Engine rows. Every row runs once per round, rounds back to back (`--rounds`), and the median
+is reported, with its ratio to the best fixed depth >= 1, the mean tokens per step, the median step time of
+each depth and the depths the controller launched. The tokens of every run of a prompt must be equal
+(greedy is lossless); the script asserts it. Skipped, naming the script that fetches the pair, when the
+models are missing.
 """
 
 from __future__ import annotations
@@ -28,11 +31,10 @@ from fdecode.bench.pair import PROMPTS as PAIR_PROMPTS, chat_ids
 from fdecode.ops.plan import GREEDY
 from fdecode.runtime.depth import depth_costs
 
-PROMPTS = {name: PAIR_PROMPTS[name] for name in ("write", "edit")}  # the workload's first two
 
 
 def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
-    state = step.prefill([prompt], max_new_tokens=new)
+    state = step.prefill([prompt], max_new_tokens=new, ignore_eos=True)
     tokens, times = state.step_output.tokens[0, :1].tolist(), []
     start = time.perf_counter()
     while not bool(state.step_output.finished[0]):
@@ -52,7 +54,7 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
     engine = fdecode.Engine(step)
     if depths is not None:
         engine.depths.depths = depths
-    rid = engine.add_request(prompt, max_new_tokens=new)
+    rid = engine.add_request(prompt, max_new_tokens=new, ignore_eos=True)
     engine.step()  # admits and primes: the first token, as the prefill of `fixed`
     start = time.perf_counter()
     tokens = engine.run()[rid]
@@ -65,7 +67,9 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--new", type=int, default=48)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1, help="runs of every row, interleaved; the median is reported")
+    p.add_argument("--prompts", nargs="+", default=["write", "edit", "text"], choices=sorted(PAIR_PROMPTS))
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     reason = qwen_coder.missing_reason()
@@ -80,22 +84,34 @@ def main(argv=None) -> int:
                                backend="inductor", sampling=False, adaptive_depth=True, dtype=torch.float32)
     step = fdecode.compile(str(target_dir), str(draft_dir), cfg)
     start = time.perf_counter()
-    step.warmup(plans=[GREEDY], depths=list(range(1, args.k + 1)))
-    print(f"compiled {args.k} depths in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    step.warmup(plans=[GREEDY], depths=list(range(args.k + 1)))
+    print(f"compiled depths 0 .. {args.k} in {time.perf_counter() - start:.0f} s; warm-up timings {step.depth_seconds}",
+          file=sys.stderr)
     costs = depth_costs(step.target, step.draft, step.config)
-    results = {"k": args.k, "new": args.new, "costs_gb": costs, "prompts": {}}
-    for name, text in PROMPTS.items():
-        prompt = chat_ids(tokenizer, text)
-        rows = {f"depth {d}": fixed(step, prompt, d, args.new) for d in range(1, args.k + 1)}
-        rows[f"engine, depth {args.k}"] = adaptive(step, prompt, args.new, (args.k,))
-        rows["engine, adaptive"] = adaptive(step, prompt, args.new)
-        want = rows[f"depth {args.k}"]["tokens"]
-        for row, got in rows.items():
-            assert got["tokens"] == want, (name, row)
-        results["prompts"][name] = {row: {k: v for k, v in r.items() if k != "tokens"} for row, r in rows.items()}
-        for row, r in results["prompts"][name].items():
+    results = {"k": args.k, "new": args.new, "rounds": args.rounds, "costs_gb": costs,
+               "warmup_seconds": dict(step.depth_seconds), "prompts": {}}
+    for name in args.prompts:
+        prompt = chat_ids(tokenizer, PAIR_PROMPTS[name])
+        runs: dict[str, list[dict]] = {}
+        for _ in range(args.rounds):  # every row once per round, rounds back to back: the rows interleaved
+            for d in range(args.k + 1):
+                runs.setdefault(f"depth {d}", []).append(fixed(step, prompt, d, args.new))
+            runs.setdefault(f"engine, depth {args.k}", []).append(adaptive(step, prompt, args.new, (args.k,)))
+            runs.setdefault("engine, adaptive", []).append(adaptive(step, prompt, args.new))
+        want = runs[f"depth {args.k}"][0]["tokens"]
+        for row, got in runs.items():
+            assert all(r["tokens"] == want for r in got), (name, row)
+        rows = results["prompts"][name] = {
+            row: {**{k: v for k, v in got[0].items() if k not in ("tokens", "tok_s")},
+                  "tok_s": [round(r["tok_s"], 3) for r in got], "median_tok_s": statistics.median(r["tok_s"] for r in got),
+                  **({"launches": [r["launches"] for r in got]} if "launches" in got[0] else {})}
+            for row, got in runs.items()
+        }
+        best = max(r["median_tok_s"] for row, r in rows.items() if row.startswith("depth") and row != "depth 0")
+        for row, r in rows.items():
             extra = f"  step {r['step_ms']:.0f} ms" if "step_ms" in r else f"  launches {r['launches']}"
-            print(f"{name:6} {row:16} {r['tok_s']:.2f} tok/s  {r['per_step']:.2f} tok/step{extra}")
+            print(f"{name:6} {row:16} {r['median_tok_s']:.2f} tok/s ({r['median_tok_s'] / best:.3f}x the best depth) "
+                  f"{r['tok_s']}  {r['per_step']:.2f} tok/step{extra}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -61,9 +61,11 @@ class DecodeConfig:
     # keep failing (`fdecode.runtime.gate`). Lossless either way; False: every step verifies K + 1 rows.
     draft_gate: bool = True
     # An `Engine` chooses each launch's depth (how many of the K drafts the step verifies and proposes) from
-    # the acceptance it reads one step behind (`fdecode.runtime.depth`); False: every step verifies K.
-    # For draft LMs and MTP heads (n-gram drafts have `draft_gate`); recurrent models keep K.
-    adaptive_depth: bool = False
+    # the acceptance it reads one step behind and each depth's step time (`fdecode.runtime.depth`), among the
+    # depths whose graphs are made: `step.warmup(depths=range(K + 1))` makes them all; with depth K alone (the
+    # default warmup, or none) it runs K. False: every step verifies K. For draft LMs and MTP heads (n-gram
+    # drafts have `draft_gate`); recurrent models keep K.
+    adaptive_depth: bool = True
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.

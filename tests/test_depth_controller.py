@@ -51,7 +51,7 @@ def test_the_depth_follows_what_the_lanes_accept():
 
 
 def test_lanes_that_disagree_are_weighed_by_what_each_would_commit():
-    controller = DepthController(K, COSTS)
+    controller = DepthController(K, COSTS, hysteresis=0.0)  # the scores alone
     for lane in range(4):
         controller.admit(lane)
     depths = run(controller, lambda b, n: n if b == 0 else 0, 16)  # one lane copies, three never accept
@@ -82,7 +82,7 @@ def test_near_ties_keep_the_last_depth():
 def test_an_admission_starts_its_lane_afresh_and_late_outputs_are_not_its():
     controller = DepthController(K, COSTS)
     controller.admit(0)
-    run(controller, lambda b, n: 0, 10)
+    run(controller, lambda b, n: 0, 40)
     assert controller.rate(0) < 0.1
     depth, verified = controller.launch()
     controller.admit(0)  # the lane's request finished; another was primed into it before the output was read
@@ -92,6 +92,110 @@ def test_an_admission_starts_its_lane_afresh_and_late_outputs_are_not_its():
     assert controller.lanes == {} and controller.choose() == K
     with pytest.raises(ValueError, match="K \\+ 1 = 5 positive costs"):
         DepthController(K, COSTS[:-1])
+
+
+def test_each_verified_draft_weighs_the_same_whatever_the_depth():
+    """Four steps of depth 1 and one of depth 4, each accepting every draft, leave the same rate."""
+    shallow, deep = DepthController(K, COSTS, prior=0.5), DepthController(K, COSTS, prior=0.5)
+    for controller in (shallow, deep):
+        controller.admit(0)
+    for _ in range(4):
+        shallow.observe_output(packed([2]), {0: (1, 1)})
+    deep.observe_output(packed([5]), {0: (4, 1)})
+    assert shallow.lanes[0] == pytest.approx(deep.lanes[0]) and shallow.rate(0) > 0.5
+    rejected = DepthController(K, COSTS, prior=0.5)
+    rejected.admit(0)
+    rejected.observe_output(packed([1]), {0: (4, 1)})  # the first of four drafts rejected: one trial, failed
+    keep, strength = 1 - rejected.weight, rejected.strength
+    assert rejected.lanes[0] == pytest.approx([keep * strength / 2, keep * strength / 2 + 1])
+
+
+def test_costs_follow_the_steps_launched():
+    controller = DepthController(K, [1.0, 1.0, 2.0, 3.0, 4.0])
+    for seconds in (3.0, 3.0, 3.0):  # depth 2 runs 1.5x its starting cost
+        controller.observe_cost(2, seconds)
+    assert controller.costs[2] == pytest.approx(3.0)
+    assert controller.costs[4] == pytest.approx(6.0) and controller.costs[1] == pytest.approx(1.5)  # not launched yet
+    controller.observe_cost(2, 7.0)
+    assert controller.costs[2] == pytest.approx(0.75 * 3.0 + 0.25 * 7.0)  # a running mean (`cost_weight`)
+    frozen = DepthController(K, COSTS, learn_costs=False)
+    frozen.observe_cost(2, 9.0)
+    assert frozen.costs == COSTS
+    controller.costs = COSTS  # costs given anew: the measurements go
+    assert controller.costs == COSTS
+    with pytest.raises(ValueError, match="horizon"):
+        DepthController(K, COSTS, horizon=0)
+
+
+def test_a_switch_to_a_deeper_step_counts_its_first_step_short():
+    """From depth 1 (one draft carried), a step of depth 4 verifies one draft: over `horizon` steps that matters
+    less; at horizon 1 it is all that counts, and the controller stays."""
+    chosen = {}
+    for horizon in (1, 16):
+        controller = DepthController(K, [1.0, 1.0, 1.2, 1.4, 1.6], horizon=horizon)
+        controller.admit(0)
+        controller.launch()
+        controller.depth, controller.carried[0] = 1, 1
+        controller.lanes[0] = [0.95, 0.05]
+        chosen[horizon] = controller.choose()
+    assert chosen == {1: 1, 16: K}
+
+
+def test_the_engine_times_each_launch_but_not_a_compile():
+    engine = fdecode.Engine(adaptive("partial", warm=False))
+    launched, timed = [], []
+    controller = engine.depths
+    launch, observe = controller.launch, controller.observe_cost
+    controller.launch = lambda *ready: (lambda r: (launched.append(r[0]), r)[1])(launch(*ready))
+    # (launch index, depth, seconds): observed in the `Engine.step` that launched it
+    controller.observe_cost = lambda depth, seconds: (timed.append((len(launched) - 1, depth, seconds)),
+                                                      observe(depth, seconds))
+    for p in PROMPTS:
+        engine.add_request(list(p), max_new_tokens=30)
+    engine.run()
+    firsts = {launched.index(d) for d in set(launched)}  # each depth's first launch ran its graph for the first time
+    assert timed and all(seconds > 0 and launched[i] == d for i, d, seconds in timed)
+    assert not firsts & {i for i, _, _ in timed}
+    assert set(controller.measured) == {d for _, d, _ in timed}
+
+
+def test_depth_zero_runs_the_target_alone_and_tries_the_drafts_again():
+    """Drafts never accepted, a step of depth 1 dearer than the target alone: depth 0, and every `probe`
+    launches of it one trial of the draft carried (which fails again)."""
+    controller = DepthController(K, [1.0, 1.5, 1.8, 2.1, 2.4], depths=range(K + 1), probe=4)
+    controller.admit(0)
+    schedule = "".join(map(str, run(controller, lambda b, n: 0, 40)))
+    paused = schedule[schedule.index("0"):]  # once depth 0 is reached
+    assert "00001" * 4 in paused and "00000" not in paused and set(paused) == {"0", "1"}, schedule
+    with pytest.raises(ValueError, match="probe"):
+        DepthController(K, COSTS, probe=0)
+
+
+def test_only_depths_whose_graphs_are_made_are_launched():
+    controller = DepthController(K, COSTS)
+    controller.admit(0)
+    run(controller, lambda b, n: 0, 12)  # nothing accepted: depth 1 earns the most
+    assert controller.choose() == 1 and controller.choose(ready={K}) == K and controller.choose(ready={2, K}) == 2
+    assert controller.choose(ready=()) == K  # none made yet: the depth `warmup` compiles by default
+    assert controller.launch(ready={3})[0] == 3
+
+
+def test_an_engine_waits_for_no_compile_and_runs_the_depths_warmup_made():
+    """The adaptive Engine launches depth K only (the graph its first launch made) until `warmup(depths=...)`
+    has made the others; then the poor draft's depth. Eager makes its graphs the same way (no schedule
+    depends on the backend)."""
+    step = adaptive("random", warm=False, num_draft_tokens=2, sampling=False)
+    for warm in (None, (1, 2)):
+        if warm is not None:
+            step.warmup(depths=warm, progress=False)
+        engine = fdecode.Engine(step)
+        engine.depths.costs, engine.depths.learn_costs = COSTS[:3], False
+        ids = [engine.add_request(list(p), max_new_tokens=12) for p in PROMPTS]
+        got = engine.run()
+        assert [got[i] for i in ids] == [hf_greedy(p, 12) for p in PROMPTS]
+        launched = {d for d, n in engine.depths.launches.items() if n}
+        assert launched == ({2} if warm is None else {1, 2}), engine.depths
+    assert step.ready_depths(engine.state) == (1, 2) and step.depths == (0, 1, 2)
 
 
 def test_costs_count_the_weights_each_depth_reads():
@@ -114,23 +218,28 @@ def test_costs_count_the_weights_each_depth_reads():
 
 
 def test_warmup_times_each_depth_and_the_engine_weighs_depths_by_those_times():
-    step = adaptive("partial", num_draft_tokens=2)
+    step = adaptive("partial", warm=False, num_draft_tokens=2)
     byte_model = depth_costs(step.target, step.draft, step.config)
     assert step_costs(step, [1, 2]) == byte_model  # nothing timed yet: the bytes each depth reads
     step.warmup(depths=[1])
-    assert set(step.depth_seconds) == {1} and step_costs(step, [1, 2]) == byte_model  # depth 2 untimed
-    step.warmup(depths=[1, 2])
     timed = step.depth_seconds
-    assert set(timed) == {1, 2} and min(timed.values()) > 0
-    assert step_costs(step, [1, 2]) == [min(timed.values()), timed[1], timed[2]]  # depth 0: never launched
-    assert fdecode.Engine(step).depths.costs == step_costs(step, [1, 2])
+    assert set(timed) == {1}  # depth 2 untimed: its bytes at depth 1's seconds per GB
+    assert step_costs(step, [1, 2]) == pytest.approx([b * timed[1] / byte_model[1] for b in byte_model])
+    step.warmup(depths=[0, 1, 2])
+    assert set(timed) == {0, 1, 2} and min(timed.values()) > 0
+    assert step_costs(step, [0, 1, 2]) == [timed[0], timed[1], timed[2]]
+    assert fdecode.Engine(step).depths.costs == step_costs(step, [0, 1, 2])
 
 
-def adaptive(kind: str, **changes):
+def adaptive(kind: str, *, warm: bool = True, **changes):
+    """A step whose Engine chooses depths (the default), every depth's graph made (`warm`) so it may launch any."""
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(**{"num_draft_tokens": K, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
-                                  "backend": "eager", "adaptive_depth": True, **changes})
-    return fdecode.compile(target, independent_draft(kind, target), cfg)
+                                  "backend": "eager", **changes})
+    step = fdecode.compile(target, independent_draft(kind, target), cfg)
+    if warm:
+        step.warmup(depths=step.depths, progress=False)
+    return step
 
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
@@ -139,9 +248,10 @@ PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 8
 @pytest.mark.parametrize(("kind", "depths"), [("self", {K}), ("partial", None), ("random", {1})])
 def test_the_engine_launches_the_depth_the_draft_earns_and_stays_lossless(kind, depths):
     engine = fdecode.Engine(adaptive(kind))
+    assert engine.depths.depths == tuple(range(K + 1))  # the target alone (0) up to every draft
     # The tiny draft reads as many bytes as the tiny target (embedding and head dominate), which never pays
     # (`depth_costs`); cost it as a real draft, 0.3 of its target's bytes per proposal.
-    engine.depths.costs = COSTS
+    engine.depths.costs, engine.depths.learn_costs = COSTS, False
     ids = [engine.add_request(list(p), max_new_tokens=30) for p in PROMPTS]
     got = engine.run()
     assert [got[i] for i in ids] == [hf_greedy(p, 30) for p in PROMPTS]
@@ -170,6 +280,7 @@ def test_random_lanes_follow_the_filtered_target_with_adaptive_depths(draft_kind
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=64, max_seq_len=12, block_size=4, backend="eager",
                                adaptive_depth=True)
     step = fdecode.compile(target, tiny_draft(draft_kind, target), cfg)
+    step.warmup(depths=step.depths, progress=False)  # every depth's graph made: the Engine may launch any
     params = dict(temperature=0.9, top_k=0, top_p=0.95, min_p=0.0)
     samples = torch.cat([
         torch.tensor(fdecode.generate(step, [PROMPT] * 64, max_new_tokens=3, seed=[1000 * b + i for i in range(64)],

@@ -174,9 +174,12 @@ def test_adaptive_depths_count_the_drafts_each_launch_verified():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=K, max_batch=1, max_seq_len=64, block_size=4, backend="eager",
                                adaptive_depth=True)
-    step = Recording(fdecode.compile(target, independent_draft("partial", target), cfg))
+    compiled = fdecode.compile(target, independent_draft("partial", target), cfg)
+    compiled.warmup(depths=compiled.depths, progress=False)  # every depth's graph made: the Engine may launch any
+    step = Recording(compiled)
     engine = fdecode.Engine(step)
     engine.depths.costs = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a draft 0.3 of its target's bytes
+    engine.depths.learn_costs = False
     for prompt in ([5, 17, 33], [7, 3]):
         engine.add_request(prompt, max_new_tokens=30, eos_token_id=[])
     events = list(engine.stream())

@@ -62,15 +62,15 @@ def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
     rows = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager")
     one = {r.system for r in rows if r.batch == 1}
     assert one == {"hf-generate", "hf-assisted", "target-only", "before", "fdecode depth 1", "fdecode depth 2",
-                   "fdecode", "fdecode-adaptive"}
+                   "fdecode", "fdecode Engine depth 2"}
     assert len(rows) == 3 * len(one) + 3 and all(r.tokens_per_s > 0 for r in rows)
-    adaptive = [r for r in rows if r.system == "fdecode-adaptive"]
-    assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {1, 2}
+    adaptive = [r for r in rows if r.system == "fdecode"]  # the default config: the Engine chooses depths
+    assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {0, 1, 2}
                for r in adaptive)
     batch = {r.system: r for r in rows if r.batch == 4}
-    assert set(batch) == {"fdecode", "fdecode-adaptive", "hf-generate"}
-    assert batch["fdecode"].extra["depths_launched"].keys() == {2}
-    assert set(batch["fdecode-adaptive"].extra["depths_launched"]) <= {1, 2}
+    assert set(batch) == {"fdecode", "fdecode Engine depth 2", "hf-generate"}
+    assert batch["fdecode Engine depth 2"].extra["depths_launched"].keys() == {2}
+    assert set(batch["fdecode"].extra["depths_launched"]) <= {0, 1, 2}
     # `--workloads qwen-coder-batch`: batch 4 alone.
     alone = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager", prompts=())
-    assert {(r.batch, r.system) for r in alone} == {(4, "fdecode"), (4, "fdecode-adaptive"), (4, "hf-generate")}
+    assert {(r.batch, r.system) for r in alone} == {(4, "fdecode"), (4, "fdecode Engine depth 2"), (4, "hf-generate")}

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
         "batch 4 (the Engine at depth K and adaptive against transformers' batched generate); needs "
         "../shared/models/qwen-coder-pair (fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / "
-        "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine at depth K and adaptive)",
+        "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine as configured and at depth K)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

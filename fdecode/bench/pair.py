@@ -4,8 +4,9 @@
 Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft) (`fdecode.assets.qwen_coder`), fp32,
 greedy, chat prompts (`PROMPTS`). At batch 1, per prompt, round-robin: hf-generate, hf-assisted (its
 default schedule), target-only, before (at K), fdecode depth d (`step(state, depth=d)`, d = 1 .. K),
-fdecode (an `Engine` verifying K drafts) and fdecode-adaptive (`adaptive_depth`). At batch 4 (`BATCH`):
-the Engine against transformers' batched greedy `generate` (left padding). Every system decodes exactly
+fdecode (an `Engine` as the default config runs it: the depth of each launch chosen, `adaptive_depth`, among
+depths 0 .. K, which the workload's warm-up compiles) and "fdecode Engine depth K" (every launch at K). At
+batch 4 (`BATCH`): both Engines against transformers' batched greedy `generate` (left padding). Every system decodes exactly
 `new_tokens` tokens (no EOS stop); every batch-1 system must commit target-only's tokens, and the Engine
 at batch 4 each prompt's batch-1 tokens, else nothing is reported; the row says whether transformers'
 batched tokens agreed. The step is compiled once per batch size with `context_buckets=(256,)`
@@ -60,7 +61,7 @@ def fixed_depth(step, prompt: list[int], depth: int, new_tokens: int) -> tuple[l
 
 def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: bool) -> tuple[list[list[int]], int, dict]:
     """Tokens of each prompt through an `Engine` (which reads one step behind), its steps and the depths it
-    launched. adaptive=False: every launch at depth K, as the default `DecodeConfig` runs."""
+    launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
     engine = fdecode.Engine(step)
     if not adaptive:
         engine.depths.depths = (step.config.K,)
@@ -85,7 +86,7 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, assistant=None
 
 def _compiled(target, draft, k: int, batch: int, backend: str):
     cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=SEQ_LEN, context_buckets=(SEQ_LEN,),
-                               dtype=torch.float32, adaptive_depth=True, backend=backend)
+                               dtype=torch.float32, backend=backend)
     return fdecode.compile(target, draft, cfg)
 
 
@@ -130,7 +131,7 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
     batch 4 alone, whose B = 1 step then runs depth K only, for each prompt's tokens alone)."""
     target, draft, tokenizer, hf_target, hf_draft = pair
     hf = hf_target is not None
-    depths = [k] if prompts == () else list(range(1, k + 1))
+    depths = [k] if prompts == () else list(range(k + 1))
     print(f"... qwen-coder: compiling the B=1 step's depths {depths}", file=sys.stderr, flush=True)
     step = _compiled(target, draft, k, 1, backend)
     start = time.perf_counter()
@@ -152,8 +153,8 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
             "before": lambda: _one((*before.generate([prompt], max_new_tokens=new_tokens), None)),
             **{f"fdecode depth {d}": (lambda d=d: (*fixed_depth(step, prompt, d, new_tokens), None))
                for d in range(1, k + 1)},
-            "fdecode": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=False)),
-            "fdecode-adaptive": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=True)),
+            "fdecode": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=True)),
+            f"fdecode Engine depth {k}": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=False)),
         }
         if hf:
             systems["hf-generate"] = lambda: (hf_generate(hf_target, [prompt], new_tokens)[0], None, None)
@@ -176,20 +177,20 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
 
 def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, backend) -> list:
     prompts = [chat_ids(tokenizer, text) for text in BATCH]
-    print(f"... qwen-coder: compiling the B=4 step (depths 1 .. {k})", file=sys.stderr, flush=True)
+    print(f"... qwen-coder: compiling the B=4 step (depths 0 .. {k})", file=sys.stderr, flush=True)
     step = _compiled(target, draft, k, len(prompts), backend)
     start = time.perf_counter()
-    step.warmup(plans=[GREEDY], depths=list(range(1, k + 1)))  # the adaptive Engine's depths, timed
+    step.warmup(plans=[GREEDY], depths=list(range(k + 1)))  # the adaptive Engine's depths, timed
     compile_s = time.perf_counter() - start
     alone = [fixed_depth(step1, p, k, new_tokens)[0] for p in prompts]  # each prompt's batch-1 tokens
-    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=False),
-               "fdecode-adaptive": lambda: engine_run(step, prompts, new_tokens, adaptive=True)}
+    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=True),
+               f"fdecode Engine depth {k}": lambda: engine_run(step, prompts, new_tokens, adaptive=False)}
     if hf_target is not None:
         systems["hf-generate"] = lambda: (hf_generate(hf_target, prompts, new_tokens), None, None)
     print(f"... qwen-coder[batch] B=4 K={k}", file=sys.stderr, flush=True)
     with torch.no_grad():
         timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ")
-    if timed["fdecode"][3][0] != alone or timed["fdecode-adaptive"][3][0] != alone:
+    if timed["fdecode"][3][0] != alone or timed[f"fdecode Engine depth {k}"][3][0] != alone:
         raise RuntimeError("qwen-coder[batch]: the Engine's lanes disagree with batch 1's tokens; no numbers")
     rows = []
     for system, (*seconds, (tokens, steps, info)) in timed.items():

@@ -32,7 +32,7 @@ from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves, is_hybrid
 from fdecode.step import decode_step, general_plan
 
-TIMED_RUNS = 3  # `Step.warmup` times each depth's step this many times (the median is its cost)
+TIMED_RUNS = 5  # `Step.warmup` times each depth's step this many times, in rounds (the median is its cost)
 
 
 def fresh_code(fn: Callable, name: str) -> Callable:
@@ -271,6 +271,13 @@ class Step:
         k = self.config.K
         return (0, k) if is_hybrid(self.target) or is_hybrid(self.draft) else tuple(range(k + 1))
 
+    def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
+        """The depths whose graph for `state` (its window and sampling plan) this process has made: a step of one
+        of them compiles and loads nothing (an adaptive `Engine` launches no other). Under eager too, so that a
+        schedule does not depend on the backend."""
+        key, plan = self.graph_window(self.config.bucket_for(state.max_position)), self.plan_for(state)
+        return tuple(d for d in self.depths if (key, plan, d) in self._graphs)
+
     def check_depth(self, depth) -> int:
         """`depth` if this step runs it (one of `depths`), else raises."""
         k = self.config.K
@@ -314,8 +321,8 @@ class Step:
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
-        Each depth's step is then timed at the widest window (the median of `TIMED_RUNS` runs, the fastest
-        plan): the seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
+        Each depth's step is then timed at the widest window (the median of `TIMED_RUNS` rounds over every
+        graph, the fastest plan): the seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
@@ -336,14 +343,16 @@ class Step:
                 shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
                 state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
-            for plan, depth in dict.fromkeys((plan, depth) for _, plan, depth in runs):
-                times = []
-                for _ in range(TIMED_RUNS):
+            timed = list(dict.fromkeys((plan, depth) for _, plan, depth in runs))
+            times: dict[tuple[SamplingPlan, int], list[float]] = {run: [] for run in timed}
+            for _ in range(TIMED_RUNS):  # round after round of every graph: a drift of the machine's speed is shared
+                for plan, depth in timed:
                     start = time.perf_counter()
                     state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
                     out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
-                    times.append(time.perf_counter() - start)
-                seconds = statistics.median(times)
+                    times[plan, depth].append(time.perf_counter() - start)
+            for (plan, depth), seconds in times.items():
+                seconds = statistics.median(seconds)
                 self.depth_seconds[depth] = min(seconds, self.depth_seconds.get(depth, seconds))
         return dict(self.compile_seconds)
 

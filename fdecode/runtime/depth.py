@@ -1,14 +1,15 @@
 """`DepthController`: how many drafts each launch of an `Engine` verifies (`DecodeConfig.adaptive_depth`)
-(docs/design.md, "Prompt lookup: n-gram drafts").
+(docs/design.md, "The depth of a step").
 
 A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
-(`fdecode.step.proposals`). The controller keeps, per lane, decayed counts of the verified drafts that
-were accepted and of verified runs that ended at a rejection (read one step behind, as the Engine reads
-outputs; starting from `prior`), so a lane's acceptance rate a gives 1 + a + ... + a^d expected tokens
-at depth d; each launch takes the depth with the most expected tokens per unit of cost, summed over the
-running lanes, and keeps the last depth unless another scores `hysteresis` better. The costs
-(`step_costs`) are each depth's step time where `Step.warmup(depths=...)` timed them, else the model
-`depth_costs` (bytes of weights read), with which a run's schedule depends only on its outputs.
+(`fdecode.step.proposals`). The controller keeps, per lane, a decayed Beta estimate of how often a verified
+draft is accepted (read one step behind, as the Engine reads outputs; every verified draft weighs the
+same, whatever the depth of its step), so a lane's rate a gives 1 + a + ... + a^d expected tokens at
+depth d; each launch takes the depth with the most expected tokens per second, summed over the running
+lanes. A depth's seconds start from `step_costs` (each depth's step time where `Step.warmup(depths=...)`
+timed them, else the model `depth_costs`, bytes of weights read) and then follow what the Engine's
+launches of that depth took (`observe_cost`): warm-up timings are a few steps on an idle state, and a
+machine's speed drifts, so the steps themselves are the better measure.
 
 Lossless whatever it chooses: every depth commits the target's tokens (greedy) or its distribution
 (random lanes); a random lane's draws depend on the schedule and so on its batch, as with `DraftGate`.
@@ -16,7 +17,8 @@ Lossless whatever it chooses: every depth commits the target's tokens (greedy) o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -46,44 +48,88 @@ def depth_costs(target, draft, cfg) -> list[float]:
 
 
 def step_costs(step, depths: Sequence[int]) -> list[float]:
-    """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed every one of
-    `depths` (`Step.depth_seconds`), else the weights it reads (`depth_costs`). Depths outside `depths`
-    are never launched; they get the cheapest cost so the list stays positive."""
-    timed = step.depth_seconds
-    if not all(d in timed for d in depths):
-        return depth_costs(step.target, step.draft, step.config)
-    return [timed.get(d, min(timed[e] for e in depths)) for d in range(step.config.K + 1)]
+    """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed it (`Step.depth_seconds`),
+    else the weights it reads (`depth_costs`) times the median seconds per GB of the depths timed (only the
+    weights where none of `depths` was timed)."""
+    model = depth_costs(step.target, step.draft, step.config)
+    timed = {d: seconds for d, seconds in step.depth_seconds.items() if d in depths}
+    if not timed:
+        return model
+    per_gb = statistics.median(timed[d] / model[d] for d in timed)
+    return [timed.get(d, model[d] * per_gb) for d in range(step.config.K + 1)]
 
 
 class DepthController:
     """Chooses the depth of each launch (`launch`) from what the verified steps accepted (`observe_output`),
-    read one step behind; `admit` starts a lane afresh."""
+    read one step behind, and from what each depth's steps took (`observe_cost`); `admit` starts a lane afresh.
+
+    A lane's rate is a Beta estimate: `strength` pseudo-drafts at `prior`, then every verified draft (an
+    accepted one, or the rejection that ends a run) weighs 1 and every earlier one decays by 1 - `weight`, so
+    a step of depth 4 teaches as much as four of depth 1. The costs start from `costs` (warm-up timings or
+    bytes read) and follow the steps: each launched depth's seconds are a running mean (`cost_weight`), and a
+    depth not launched yet is its starting cost times the ratio measured on the others. A deeper depth than
+    the drafts a lane carries verifies only those at its first step: its score amortises that step over
+    `horizon` steps. A depth must score `hysteresis` better than the last one to replace it. Depth 0 (the
+    target alone, where `depths` has it) verifies nothing and so teaches nothing: after `probe` launches of it
+    in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again."""
 
     def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
-                 weight: float = 0.15, prior: float = 0.8, hysteresis: float = 0.05):
+                 weight: float = 0.05, prior: float = 0.9, strength: float = 2.0, hysteresis: float = 0.05,
+                 horizon: int = 8, probe: int = 8, cost_weight: float = 0.25, learn_costs: bool = True):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
             raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
-        if not 0 < weight <= 1:
-            raise ValueError(f"DepthController weight must be in (0, 1], got {weight!r}")
+        for name, value in (("weight", weight), ("cost_weight", cost_weight)):
+            if not 0 < value <= 1:
+                raise ValueError(f"DepthController {name} must be in (0, 1], got {value!r}")
         if not 0 <= prior <= 1:
             raise ValueError(f"DepthController prior must be in [0, 1], got {prior!r}")
+        if not strength > 0:
+            raise ValueError(f"DepthController strength must be > 0, got {strength!r}")
         if not hysteresis >= 0:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
-        self.hysteresis = hysteresis
+        for name, value in (("horizon", horizon), ("probe", probe)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DepthController {name} must be an int >= 1, got {value!r}")
+        self.hysteresis, self.horizon, self.strength, self.probe = hysteresis, horizon, strength, probe
+        self.paused = 0  # depth-0 launches in a row
         self.depth: int | None = None  # the last launch's depth (None: none since the batch was empty)
-        self.num_draft_tokens, self.costs, self.weight, self.prior = k, list(costs), weight, prior
+        self.num_draft_tokens, self.weight, self.prior = k, weight, prior
+        self.cost_weight, self.learn_costs = cost_weight, learn_costs
+        self.costs = costs
         self.depths = tuple(range(1, k + 1)) if depths is None else tuple(depths)
         self.lanes: dict[int, list[float]] = {}  # lane -> [accepted drafts, rejections] (decayed, prior included)
         self.carried: dict[int, int] = {}  # lane -> drafts its window carries now
         self.admissions: dict[int, int] = {}  # lane -> admissions so far (tells its requests apart)
         self.launches = {d: 0 for d in range(k + 1)}  # how many steps launched at each depth
 
+    @property
+    def costs(self) -> list[float]:
+        """costs[d] for d in 0 .. K: what a step of depth d costs now (measured where launched, see the class)."""
+        return [self.measured.get(d, c * self.scale) for d, c in enumerate(self.start_costs)]
+
+    @costs.setter
+    def costs(self, costs: Sequence[float]) -> None:
+        self.start_costs = list(costs)
+        self.measured: dict[int, float] = {}  # depth -> running mean of its steps' seconds
+        self.scale = 1.0  # measured / starting cost, a running mean over every step measured
+
+    def observe_cost(self, depth: int, seconds: float) -> None:
+        """What a launched step of `depth` took (an Engine's launch to its read of the step before, which on the
+        CPU runs the step). Ignored where `learn_costs` is False."""
+        if not self.learn_costs or not seconds > 0:
+            return
+        w = self.cost_weight
+        known = self.measured.get(depth)
+        self.measured[depth] = seconds if known is None else (1 - w) * known + w * seconds
+        ratio = seconds / self.start_costs[depth]
+        self.scale = ratio if len(self.measured) == 1 and known is None else (1 - w) * self.scale + w * ratio
+
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
         if not self.lanes:
             self.depth = None  # a fresh batch: its first depth comes from the priors alone
-        self.lanes[lane] = [2 * self.prior, 2 * (1 - self.prior)]
+        self.lanes[lane] = [self.strength * self.prior, self.strength * (1 - self.prior)]
         self.carried[lane] = self.num_draft_tokens
         self.admissions[lane] = self.admissions.get(lane, 0) + 1
 
@@ -91,24 +137,38 @@ class DepthController:
         accepted, rejected = self.lanes[lane]
         return accepted / (accepted + rejected) if accepted + rejected > 0 else self.prior
 
-    def choose(self) -> int:
-        """The depth with the most expected tokens per cost over the lanes running now (K with none)."""
+    def choose(self, ready: Collection[int] | None = None) -> int:
+        """The depth with the most expected tokens per cost over the lanes running now (K with none), among those
+        `ready` (None: all); the deepest allowed where none is."""
+        depths = [d for d in self.depths if ready is None or d in ready]
+        if not depths:
+            return max(self.depths)
         if not self.lanes:
-            return self.num_draft_tokens
+            return self.num_draft_tokens if self.num_draft_tokens in depths else max(depths)
+        costs = self.costs
 
-        def score(depth: int) -> float:  # in the steady state of that depth (its windows carry `depth` drafts)
-            return sum(expected_tokens(self.rate(b), depth) for b in self.lanes) / self.costs[depth]
+        def score(depth: int) -> float:  # over `horizon` steps of that depth, the first verifying what is carried
+            tokens = 0.0
+            for b in self.lanes:
+                rate, steady = self.rate(b), expected_tokens(self.rate(b), depth)
+                first = expected_tokens(rate, min(depth, self.carried[b]))
+                tokens += (first + (self.horizon - 1) * steady) / self.horizon
+            return tokens / costs[depth]
 
-        scores = {d: score(d) for d in self.depths}
-        best = max(sorted(self.depths, reverse=True), key=scores.__getitem__)  # ties: the deeper step
+        scores = {d: score(d) for d in depths}
+        best = max(sorted(depths, reverse=True), key=scores.__getitem__)  # ties: the deeper step
         if self.depth in scores and scores[best] < (1 + self.hysteresis) * scores[self.depth]:
-            return self.depth  # a switch's first step verifies only the drafts carried: not worth a near tie
+            best = self.depth
+        if best == 0 and self.paused >= self.probe and len(depths) > 1:
+            return min(d for d in depths if d > 0)  # a trial: what the drafts are worth now
         return best
 
-    def launch(self) -> tuple[int, dict[int, tuple[int, int]]]:
-        """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`."""
-        depth = self.depth = self.choose()
+    def launch(self, ready: Collection[int] | None = None) -> tuple[int, dict[int, tuple[int, int]]]:
+        """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`. ready: the
+        depths whose graphs are made (`Step.ready_depths`; None: all), so that no launch waits for a compile."""
+        depth = self.depth = self.choose(ready)
         self.launches[depth] += 1
+        self.paused = self.paused + 1 if depth == 0 else 0
         verified = {b: (min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
         from_step = max(depth, 1)  # what a step of this depth proposes (an LM draft or MTP head)
         for b in self.lanes:
@@ -118,7 +178,6 @@ class DepthController:
     def observe_output(self, packed: torch.Tensor, verified: dict[int, tuple[int, int]]) -> None:
         """A launched step's packed output (`StepOutput.packed`, on the host) and what `launch` said it verifies:
         each lane still running updates its rate; a finished lane leaves."""
-        keep = 1 - self.weight
         for lane, (drafts, admission) in verified.items():
             if lane not in self.lanes or self.admissions[lane] != admission:
                 continue  # the lane's request left, or another was admitted since the launch
@@ -126,11 +185,14 @@ class DepthController:
                 self.lanes.pop(lane)
                 self.carried.pop(lane)
                 continue
-            accepted = int(packed[lane, -2]) - 1
+            accepted = max(int(packed[lane, -2]) - 1, 0)
+            rejected = 1 if accepted < drafts else 0
             counts = self.lanes[lane]
-            counts[0] = keep * counts[0] + max(accepted, 0)
-            counts[1] = keep * counts[1] + (1 if accepted < drafts else 0)
+            for hit in [1] * accepted + [0] * rejected:  # in the order verified: each draft weighs 1, the older less
+                counts[0] = (1 - self.weight) * counts[0] + hit
+                counts[1] = (1 - self.weight) * counts[1] + 1 - hit
 
     def __repr__(self) -> str:
         rates = ", ".join(f"{b}: {self.rate(b):.2f}" for b in sorted(self.lanes))
-        return f"DepthController(K={self.num_draft_tokens}, rates={{{rates}}}, launches={self.launches})"
+        costs = ", ".join(f"{c:.3g}" for c in self.costs)
+        return f"DepthController(K={self.num_draft_tokens}, rates={{{rates}}}, costs=[{costs}], launches={self.launches})"

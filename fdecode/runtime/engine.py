@@ -18,6 +18,7 @@ and stopped, and its last event carries the error. Other lanes are never touched
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ import torch
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt, prime
 from fdecode.runtime.allocator import BlockAllocator
-from fdecode.runtime.depth import DepthController, step_costs
+from fdecode.runtime.depth import DepthController, depth_costs, step_costs
 from fdecode.runtime.gate import DraftGate
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
@@ -112,8 +113,13 @@ class Engine:
         # Draft LMs and MTP heads with `DecodeConfig.adaptive_depth`: each launch's depth (`fdecode.runtime.depth`).
         self.depths = None
         if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
-            allowed = [d for d in step.depths if d > 0]
-            self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
+            # 0 .. K; recurrent models, whose steps run 0 or K, K alone (`Step.depths`)
+            allowed = step.depths if 1 in step.depths else (cfg.K,)
+            if getattr(step.target, "tp", None) is None:
+                self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
+            else:  # every rank must launch the same depths: costs from the weights alone, never from timings
+                costs = depth_costs(step.target, step.draft, cfg)
+                self.depths = DepthController(cfg.K, costs, depths=allowed, learn_costs=False)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
         # The grammars resident in the state's pool (`fdecode.state.grammar_pool`), where lanes may follow one.
         self.grammars = GrammarPool(cfg, step.target.config.vocab_size) if cfg.grammars else None
@@ -209,10 +215,12 @@ class Engine:
         (free on the CPU, which runs a step inside its launch), for a step saved at the end of each stream."""
         early = self._drain() if self._ending() else []
         launched, verified = None, {}
+        started, compiled = time.perf_counter(), self._compiled()
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
             if self.depths is not None:
-                depth, verified = self.depths.launch()
+                ready = getattr(self.step_fn, "ready_depths", lambda state: None)(self.state)
+                depth, verified = self.depths.launch(ready)
                 speculate, (self.state, out) = True, self.step_fn(self.state, depth=depth)
             elif self.gate is None:
                 speculate, (self.state, out) = True, self.step_fn(self.state)
@@ -222,6 +230,9 @@ class Engine:
             launched = out.packed
             self.steps += 1
         events, self._cancelled = self._cancelled + early + self._drain(), []
+        if self.depths is not None and launched is not None and not early and self._compiled() == compiled:
+            # The launch and the read of the step before: on the CPU, the step itself (`DepthController.observe_cost`).
+            self.depths.observe_cost(depth, time.perf_counter() - started)
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
@@ -249,6 +260,11 @@ class Engine:
         return results
 
     # ------------------------------------------------------------------ internals
+
+    def _compiled(self) -> int:
+        """Graphs the step has run so far (`Step.plan_compile_seconds`): a launch that adds one compiled or
+        loaded it, and its seconds say nothing of the depth's cost."""
+        return len(getattr(self.step_fn, "plan_compile_seconds", ()))
 
     def _ending(self) -> bool:
         """Whether a step is pending and every running lane may finish in it: at most W tokens are left of
