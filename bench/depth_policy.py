@@ -11,7 +11,8 @@ token matches (`match[i]`); a step at position i verifying v drafts commits min(
 tokens, whatever schedule led there. `--collect` computes those sequences with transformers (the target's
 greedy `generate`, then one draft forward) for the workload's prompts and a few more, into
 `bench/results/pair_matches.json`. The replay runs `DepthController` (the Engine's, unchanged: read one step
-behind, costs learnt from the steps it launches, starting from warm-up-like costs `--bias` off) over each
+behind, costs learnt from the steps it launches, starting from warm-up-like costs `--bias` off, as
+`step_costs` smooths them) over each
 sequence, and each fixed depth, with per-depth step seconds `--costs` (measured by `bench/depths.py`), each
 step's seconds jittered by `--noise`; plus sequences drawn at fixed rates, independent and in bursts. It prints,
 per sequence, the controller's tokens per second against the best fixed depth and against depth 0 (target-only).
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from fdecode.runtime.depth import DepthController
+from fdecode.runtime.depth import DepthController, smoothed
 
 RESULTS = Path(__file__).parent / "results" / "pair_matches.json"
 EXTRA = {  # beyond the workload's prompts (`fdecode.bench.pair`): other kinds of answer, 96 tokens each
@@ -129,8 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--collect", action="store_true")
     p.add_argument("--matches", type=Path, default=RESULTS)
     p.add_argument("--costs", default="0.41,0.56,0.68,0.80,0.95", help="seconds of a step at depth 0 .. K")
-    p.add_argument("--bias", default="1,0.83,0.85,0.85,0.74",
-                   help="the controller's starting costs over --costs (warm-up timings ran low)")
+    p.add_argument("--bias", default="1.05,0.9,1.05,1.14,0.9",
+                   help="the controller's starting costs (warm-up timings) over --costs, before `smoothed`")
     p.add_argument("--noise", type=float, default=0.1)
     p.add_argument("--param", action="append", default=[], help="a DepthController keyword, name=value")
     args = p.parse_args(argv)
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
         return 0
     costs = [float(c) for c in args.costs.split(",")]
     start = [c * float(b) for c, b in zip(costs, args.bias.split(","))]
+    start = list(smoothed(dict(enumerate(start))).values())  # as `step_costs` hands warm-up timings to the Engine
     k = len(costs) - 1
     params = {name: float(value) if "." in value else int(value) for name, value in (p.split("=") for p in args.param)}
     sequences = {name: rec["match"] for name, rec in json.loads(args.matches.read_text()).items()}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fdecode
-from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, step_costs
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, smoothed, step_costs
 from support.llama_models import fdecode_target, hf_greedy, independent_draft
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
@@ -108,6 +108,15 @@ def test_each_verified_draft_weighs_the_same_whatever_the_depth():
     rejected.observe_output(packed([1]), {0: (4, 1)})  # the first of four drafts rejected: one trial, failed
     keep, strength = 1 - rejected.weight, rejected.strength
     assert rejected.lanes[0] == pytest.approx([keep * strength / 2, keep * strength / 2 + 1])
+
+
+def test_warm_up_timings_of_the_drafting_depths_are_put_on_a_line():
+    """Depth 3 timed dearer than depth 4 (a noisy warm-up): depths 1 .. 4 go on their least-squares line, depth 0
+    stays; fewer than three such depths stay as timed."""
+    timed = {0: 0.44, 1: 0.50, 2: 0.66, 3: 0.86, 4: 0.85}
+    line = smoothed(timed)
+    assert line[0] == 0.44 and line == pytest.approx({0: 0.44, 1: 0.53, 2: 0.655, 3: 0.78, 4: 0.905})
+    assert smoothed({0: 0.4, 1: 0.6, 2: 0.5}) == {0: 0.4, 1: 0.6, 2: 0.5}
 
 
 def test_costs_follow_the_steps_launched():

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         "a random DeepSeek-V3-shaped model (MLA over the latent cache, a dense first layer then MoE; "
         "--target HIDDENxLAYERS) with its random MTP head / as its own draft; qwen-coder (not in the default set): "
         "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
-        "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine at K and adaptive) and "
-        "batch 4 (the Engine at depth K and adaptive against transformers' batched generate); needs "
+        "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine as the default config runs "
+        "it, choosing depths 0 .. K, and at K) and batch 4 (both Engines against transformers' batched generate); needs "
         "../shared/models/qwen-coder-pair (fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / "
         "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine as configured and at depth K)",
     )
