@@ -154,18 +154,15 @@ class DepthController:
         """The depth with the most expected tokens per cost over the lanes running now (K with none), among those
         `ready` (None: all); the deepest allowed where none is."""
         depths = [d for d in self.depths if ready is None or d in ready]
-        if not depths:
-            return max(self.depths)
-        if not self.lanes:
-            return self.num_draft_tokens if self.num_draft_tokens in depths else max(depths)
-        costs = self.costs
+        if not depths or not self.lanes:
+            return max(depths or self.depths)
+        costs, rates = self.costs, {b: self.rate(b) for b in self.lanes}
 
         def score(depth: int) -> float:  # over `horizon` steps of that depth, the first verifying what is carried
             tokens = 0.0
-            for b in self.lanes:
-                rate, steady = self.rate(b), expected_tokens(self.rate(b), depth)
+            for b, rate in rates.items():
                 first = expected_tokens(rate, min(depth, self.carried[b]))
-                tokens += (first + (self.horizon - 1) * steady) / self.horizon
+                tokens += (first + (self.horizon - 1) * expected_tokens(rate, depth)) / self.horizon
             return tokens / costs[depth]
 
         scores = {d: score(d) for d in depths}
