@@ -240,6 +240,15 @@ def test_warmup_times_each_depth_and_the_engine_weighs_depths_by_those_times():
     assert fdecode.Engine(step).depths.costs == step_costs(step, [0, 1, 2])
 
 
+def test_tensor_parallel_ranks_cost_depths_by_their_weights_alone(monkeypatch):
+    """Every rank must launch the same depths: no timing (warm-up or launch) may enter the choice."""
+    step = adaptive("partial")  # every depth warmed up, and so timed
+    assert step.depth_seconds
+    monkeypatch.setattr(step.target, "tp", "a process group", raising=False)
+    controller = fdecode.Engine(step).depths
+    assert controller.costs == depth_costs(step.target, step.draft, step.config) and not controller.learn_costs
+
+
 def adaptive(kind: str, *, warm: bool = True, **changes):
     """A step whose Engine chooses depths (the default), every depth's graph made (`warm`) so it may launch any."""
     target = fdecode_target(2)
