@@ -32,7 +32,6 @@ from fdecode.ops.plan import GREEDY
 from fdecode.runtime.depth import depth_costs
 
 
-
 def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
     state = step.prefill([prompt], max_new_tokens=new, ignore_eos=True)
     tokens, times = state.step_output.tokens[0, :1].tolist(), []
@@ -50,7 +49,7 @@ def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
 
 def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None = None) -> dict:
     """Through an `Engine` (reads one step behind, and the last output before launching past the end), choosing among
-    `depths` (None: every depth 1 .. K; one depth: the fixed-depth row this one compares with)."""
+    `depths` (None: every depth 0 .. K, as the default config; one depth: the fixed-depth row this one compares with)."""
     engine = fdecode.Engine(step)
     if depths is not None:
         engine.depths.depths = depths
@@ -59,9 +58,8 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
     start = time.perf_counter()
     tokens = engine.run()[rid]
     seconds = time.perf_counter() - start
-    first = engine.depths.launches
     return {"tokens": tokens, "tok_s": (len(tokens) - 1) / seconds, "steps": engine.steps,
-            "per_step": (len(tokens) - 1) / max(engine.steps, 1), "launches": dict(first)}
+            "per_step": (len(tokens) - 1) / max(engine.steps, 1), "launches": dict(engine.depths.launches)}
 
 
 def main(argv=None) -> int:

@@ -68,7 +68,7 @@ def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: boo
     ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
     got = engine.run()
     info = {"depths_launched": {d: n for d, n in engine.depths.launches.items() if n}}
-    if adaptive:  # the seconds of each depth the controller weighed (`Step.warmup` timed them)
+    if adaptive:  # the seconds per depth it weighed at the end (warm-up timings, then its own launches)
         info["depth_costs_s"] = [round(c, 4) for c in engine.depths.costs]
     return [got[i] for i in ids], engine.steps, info
 

@@ -1,5 +1,5 @@
 """`DepthController`: how many drafts each launch of an `Engine` verifies (`DecodeConfig.adaptive_depth`)
-(docs/design.md, "The depth of a step").
+(docs/design.md, "Prompt lookup: n-gram drafts": "An Engine chooses each launch's depth").
 
 A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
 (`fdecode.step.proposals`). The controller keeps, per lane, a decayed Beta estimate of how often a verified
@@ -7,7 +7,7 @@ draft is accepted (read one step behind, as the Engine reads outputs; every veri
 same, whatever the depth of its step), so a lane's rate a gives 1 + a + ... + a^d expected tokens at
 depth d; each launch takes the depth with the most expected tokens per second, summed over the running
 lanes. A depth's seconds start from `step_costs` (each depth's step time where `Step.warmup(depths=...)`
-timed them, else the model `depth_costs`, bytes of weights read) and then follow what the Engine's
+timed it, `smoothed`, else the bytes of weights it reads, `depth_costs`) and then follow what the Engine's
 launches of that depth took (`observe_cost`): warm-up timings are a few steps on an idle state, and a
 machine's speed drifts, so the steps themselves are the better measure.
 
@@ -132,11 +132,11 @@ class DepthController:
         CPU runs the step). Ignored where `learn_costs` is False."""
         if not self.learn_costs or not seconds > 0:
             return
-        w = self.cost_weight
+        w, first = self.cost_weight, not self.measured
         known = self.measured.get(depth)
         self.measured[depth] = seconds if known is None else (1 - w) * known + w * seconds
         ratio = seconds / self.start_costs[depth]
-        self.scale = ratio if len(self.measured) == 1 and known is None else (1 - w) * self.scale + w * ratio
+        self.scale = ratio if first else (1 - w) * self.scale + w * ratio
 
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
