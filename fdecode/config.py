@@ -66,6 +66,12 @@ class DecodeConfig:
     # default warmup, or none) it runs K. False: every step verifies K. For draft LMs and MTP heads (n-gram
     # drafts have `draft_gate`); recurrent models keep K.
     adaptive_depth: bool = True
+    # A draft LM sits out depth-0 steps (the target alone, as target-only decoding costs): up to this many in
+    # a row, whose tokens the next step that drafts feeds it (a catch-up step: it verifies the first row, runs
+    # the draft over the tokens it missed and proposes one draft); a depth-0 step past that many catches it
+    # up itself. 0: a draft LM runs at every step. MTP heads (which read the target's hidden states) and
+    # recurrent or n-gram drafts run at every step (`fdecode.step.idles_draft`).
+    draft_catch_up: int = 8
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
@@ -101,7 +107,7 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "num_blocks", "max_stop_ids",
                      "top_k_candidates", "tp_size", "max_logit_bias", "max_logprobs", "max_grammar_states",
-                     "max_grammar_transitions"):  # numpy / torch integers as ints (the config is hashed)
+                     "max_grammar_transitions", "draft_catch_up"):  # numpy / torch integers as ints (the config is hashed)
             value = scalar(getattr(self, name))
             if isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, name, value)
@@ -109,6 +115,8 @@ class DecodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
+        if isinstance(self.draft_catch_up, bool) or not isinstance(self.draft_catch_up, int) or self.draft_catch_up < 0:
+            raise ValueError(f"DecodeConfig.draft_catch_up must be an int >= 0, got {self.draft_catch_up!r}")
         if isinstance(self.top_k_candidates, bool) or not isinstance(self.top_k_candidates, int) or self.top_k_candidates < 0:
             raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
         if not isinstance(self.dynamic_window, bool):

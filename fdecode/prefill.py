@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.idle import missed_width
 from fdecode.models.ngram import history_width, is_ngram
 from fdecode.ops.onednn_linear import eager_linears
 from fdecode.ops.paging import slot_of
@@ -155,6 +156,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         draft_kv=kv[1],
         **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
         history=torch.full((batch, history_width(draft, cfg)), -1, **zeros),
+        missed=torch.full((batch, missed_width(draft, cfg)), -1, **zeros),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -168,7 +170,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
         output=torch.zeros(batch, cfg.output_width, **zeros),
-    ).bound_positions(0).record_sampling((None,) * batch)
+    ).bound_positions(0).record_sampling((None,) * batch).record_lag(0)
 
 
 def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -296,6 +298,7 @@ def prime(
         **after_prompts(fresh, target_states, draft_states),
         grammar_allowed=state.grammar_allowed, grammar_keys=state.grammar_keys, grammar_next=state.grammar_next,
         history=history,
+        missed=torch.full((n, missed_width(draft, cfg)), -1, dtype=torch.int64, device=device),  # nothing missed yet
         active=active,
         remaining=remaining,
         stop_ids=stops,
@@ -332,7 +335,8 @@ def prime(
         known = list(known)
         for lane_index, p in zip(lanes, inputs):
             known[lane_index] = p
-    return write_lanes(state, index, new).bound_positions(bound).record_sampling(known)
+    # The new lanes' drafts missed nothing: the others' lag is what it was.
+    return write_lanes(state, index, new).bound_positions(bound).record_sampling(known).record_lag(state.draft_lag)
 
 
 SHARED = ("target_kv", "draft_kv", "grammar_allowed", "grammar_keys", "grammar_next")  # pools, not lanes

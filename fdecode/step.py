@@ -21,10 +21,12 @@ from typing import NamedTuple
 import torch
 
 from fdecode.config import DecodeConfig
+from fdecode.models.idle import idles_draft
 from fdecode.models.ngram import is_ngram
 from fdecode.models.mtp.head import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
 from fdecode.models.regions import compiling_regions, shares_parameters
+from fdecode.ops.catch_up import missed_rows, sit_out
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
@@ -37,6 +39,9 @@ from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
+
+
+CATCH_UP = -1  # `decode_step`'s depth for the step that catches a draft LM up (`fdecode.ops.catch_up`)
 
 
 def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,16 +147,19 @@ def decode_step(
     window (max(depth, 1) for a draft LM or MTP head; K for n-gram drafts, whose lookups cost nothing, and
     for recurrent drafts); the rest of the next window is -1 (nothing proposed: never accepted, and a random
     lane's rejection there draws from p itself, so every depth is exact). depth 0 commits one token per
-    lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts).
+    lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts); a draft LM
+    sits it out (`fdecode.ops.catch_up`) and proposes nothing. depth CATCH_UP: depth 0 whose draft forward
+    first takes the tokens the draft sat out, then proposes one draft.
     """
     plan = general_plan(cfg) if plan is None else plan
     depth = cfg.K if depth is None else depth
+    catch_up, depth = depth == CATCH_UP, max(depth, 0)
     verified = validate(target, cfg, state, context_blocks, depth)
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
     committed = commit(target, cfg, state, verified, noise, accept_u, plan, depth)
     new_state = advance(
         draft, cfg, state, committed, draft_u, context_blocks=context_blocks, plan=plan,
-        proposals=proposals(draft, cfg, depth),
+        proposals=1 if catch_up else proposals(draft, cfg, depth), catch_up=catch_up,
         # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
         draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
     )
@@ -212,9 +220,12 @@ def commit(
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
     """How many drafts a step of `depth` proposes for the next window: as many as it verified (at least the
-    one the draft's first forward makes anyway, which keeps the draft's KV in step); all K where a
-    proposal costs nothing (n-gram lookups) or a recurrent draft's ring needs them (`commit_ring`)."""
-    return cfg.K if is_ngram(draft) or is_hybrid(draft) else max(depth, 1)
+    one the draft's first forward makes anyway, which keeps the draft's KV in step); none at depth 0 where the
+    draft sits it out (`idles_draft`); all K where a proposal costs nothing (n-gram lookups) or a recurrent
+    draft's ring needs them (`commit_ring`)."""
+    if is_ngram(draft) or is_hybrid(draft):
+        return cfg.K
+    return 0 if depth == 0 and idles_draft(draft, cfg) else max(depth, 1)
 
 
 def verify(
@@ -292,10 +303,12 @@ def advance(
     context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
     draft_regions: bool = False,  # run the draft's layers as compile regions (`fdecode.models.regions`)
-    proposals: int | None = None,  # drafts to propose, 1 .. K (None: K); the rest of the window is -1
+    proposals: int | None = None,  # drafts to propose, 0 .. K (None: K); the rest of the window is -1
+    catch_up: bool = False,  # the draft's first forward takes the tokens it sat out first (`fdecode.ops.catch_up`)
 ) -> DecodeState:
     """prepare -> propose: the next draft input from the committed run (the fused op), the drafts of the next
-    window (draft forwards, or an n-gram lookup), and the next state."""
+    window (draft forwards, or an n-gram lookup; none where the draft sits the step out, `proposals` 0), and
+    the next state."""
     accepted, length, hidden = committed.accepted, committed.length, committed.hidden
     batch = accepted.shape[0]
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]
@@ -304,12 +317,17 @@ def advance(
     rows = prepare_next_draft(accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs)
     last = rows[0].view(batch, 2)[:, 1]  # the last committed token, the next window's t
     pos = state.base_pos + length  # P, its position (not sliced out of the op's strided rows: see `propose_lm`)
+    missed = state.missed  # [B, 0] for an n-gram draft; all -1 before a step that is not depth 0 or a catch-up
     if is_ngram(draft):
         drafts, draft_probs = propose_ngram(draft, cfg, state, committed, pos, context, draft_u)
+    elif proposals == 0:  # the draft sits the step out: it takes the committed token when it catches up
+        drafts, draft_probs = unproposed(state, draft_u, 0)
+        missed = sit_out(missed, last, length)
     else:
         drafts, draft_probs = propose_lm(draft, cfg, state, committed, rows, pos, context, draft_u, plan=plan,
-                                         draft_regions=draft_regions, proposals=proposals)
-    return next_state(state, last, drafts, draft_probs, pos, committed)
+                                         draft_regions=draft_regions, proposals=proposals, catch_up=catch_up)
+        missed = torch.full_like(missed, -1) if catch_up else missed
+    return next_state(state, last, drafts, draft_probs, pos, committed, missed)
 
 
 def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, pos: torch.Tensor,
@@ -329,12 +347,14 @@ def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Commi
 def propose_lm(
     draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, rows: tuple[torch.Tensor, ...],
     pos: torch.Tensor, context: torch.Tensor, draft_u: torch.Tensor | None, *, plan: SamplingPlan,
-    draft_regions: bool, proposals: int | None,
+    draft_regions: bool, proposals: int | None, catch_up: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """A draft LM's or MTP head's proposals: its first forward over the op's two rows per lane (repair,
     current), which proposes d'1 at P + 1, then one forward per further draft; -1 and all-zero q rows
-    past `proposals`. `pos` is P computed afresh: the op's rows_pos is a strided view (stride 2, kept
-    even by .contiguous() when B == 1) that would differ from primed states and recompile."""
+    past `proposals`. catch_up: the first forward's rows are the tokens the draft sat out, then current
+    (`fdecode.ops.catch_up`; a first-row step repairs nothing). `pos` is P computed afresh: the op's
+    rows_pos is a strided view (stride 2, kept even by .contiguous() when B == 1) that would differ from
+    primed states and recompile."""
     tokens, rows_hidden, rows_pos, _kv_lens, rows_slots = rows
     accepted, length = committed.accepted, committed.length
     batch, window = accepted.shape
@@ -345,21 +365,25 @@ def propose_lm(
     start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
     # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
     valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
+    rows_in = [tokens.view(batch, 2), rows_pos.view(batch, 2), rows_slots.view(batch, 2), rows_hidden.view(batch, 2, width)]
+    if catch_up:
+        sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live, bs)
+        hidden_pad = rows_hidden.new_zeros(batch, state.missed.shape[1], width)  # a draft LM reads no hidden state
+        rows_in = [torch.cat([before, row[:, 1:]], dim=1) for before, row in zip((*sat_out, hidden_pad), rows_in)]
     logits, draft_hidden, draft_state = forward_rows(
-        draft, tokens.view(batch, 2), rows_pos.view(batch, 2), rows_slots.view(batch, 2), state.draft_kv, context,
-        block_size=bs, hidden_in=rows_hidden.view(batch, 2, width), attention=cfg.attention, regions=draft_regions,
-        recurrent=start, valid=valid,
-    )  # the `current` row (column 1) proposes d'1 at P + 1
+        draft, *rows_in[:3], state.draft_kv, context, block_size=bs, hidden_in=rows_in[3], attention=cfg.attention,
+        regions=draft_regions, recurrent=start, valid=valid,
+    )  # the `current` row (the last column) proposes d'1 at P + 1
     ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     candidates = cfg.top_k_candidates
     # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they
     # propose what the target will choose; draft j counts the proposals before it.
     lanes = processors(state)._replace(min_left=committed.min_left, grammar_state=committed.grammar_state)
     vectors = lane_vectors(lanes, logits.shape[-1], **features(cfg)) if cfg.processing else None  # for every draft
-    logits = processed(cfg, lanes, logits[:, 1:2], vectors=vectors)[:, 0]
+    logits = processed(cfg, lanes, logits[:, -1:], vectors=vectors)[:, 0]
     proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
     proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
-    h = draft_hidden[:, 1:2]
+    h = draft_hidden[:, -1:]
     drafts, draft_probs = [proposal], [probs]
     proposals = window - 1 if proposals is None else proposals
     for j in range(1, proposals):
@@ -376,13 +400,19 @@ def propose_lm(
         drafts.append(proposal)
         draft_probs.append(probs)
 
-    for j in range(proposals, window - 1):  # not proposed: -1, and q all zeros (a greedy graph passes q on)
-        drafts.append(torch.full_like(proposal, -1))
-        draft_probs.append(state.draft_probs[:, j] if draft_u is None else torch.zeros_like(probs))
-
+    rest, rest_probs = unproposed(state, draft_u, proposals)
     if hybrid:
         commit_ring((state.draft_conv, state.draft_rec), ring, live)
-    return drafts, torch.stack(draft_probs, dim=1)
+    return drafts + rest, torch.cat([torch.stack(draft_probs, dim=1), rest_probs], dim=1)
+
+
+def unproposed(state: DecodeState, draft_u: torch.Tensor | None, start: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The window's drafts start + 1 .. K where nothing is proposed: -1 each, and q [B, K - start, V] all zeros
+    (a greedy-only step, `draft_u` None, passes the state's q on: never read)."""
+    batch, k = state.draft_probs.shape[:2]
+    drafts = [state.tokens.new_full((batch,), -1) for _ in range(start, k)]
+    q = state.draft_probs[:, start:]
+    return drafts, q if draft_u is None else torch.zeros_like(q)
 
 
 def repair_slots(rows_slots: torch.Tensor, state: DecodeState, length: torch.Tensor, live: torch.Tensor, bs: int):
@@ -405,7 +435,7 @@ def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def next_state(
     state: DecodeState, last: torch.Tensor, drafts: list[torch.Tensor], draft_probs: torch.Tensor, pos: torch.Tensor,
-    committed: Committed,
+    committed: Committed, missed: torch.Tensor,
 ) -> DecodeState:
     """The state after a transition: window [last, *drafts] at base_pos = pos, the output packed; the KV,
     recurrent and history leaves were written in place, the lanes' parameters carry over."""
@@ -415,5 +445,5 @@ def next_state(
     return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
         state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,
         remaining=committed.remaining, min_left=committed.min_left, grammar_state=committed.grammar_state,
-        counter=state.counter + 1, output=output.packed,
+        counter=state.counter + 1, output=output.packed, missed=missed,
     )

@@ -60,20 +60,31 @@ def test_greedy_equals_transformers_whatever_the_depth_of_each_step(draft_kind):
         assert any(n > 1 for _, counts in steps for n in counts)
 
 
-@pytest.mark.parametrize("draft_kind", ["model", "mtp"])
-def test_a_draft_that_agrees_is_accepted_as_far_as_it_was_asked(draft_kind):
+@pytest.mark.parametrize(("draft_kind", "catch_up"), [("model", 8), ("model", 2), ("model", 0), ("mtp", 8)])
+def test_a_draft_that_agrees_is_accepted_as_far_as_it_was_asked(draft_kind, catch_up):
     """A draft equal to the target: each step accepts min(depth, drafts the previous step proposed) drafts, so
     the draft's KV and the window stay right across depth changes (a shallow step proposes max(depth, 1); the
-    draft's KV of its last proposal is repaired when all of them are accepted)."""
-    step, _ = build(draft_kind, "self", k=4, max_seq_len=128)
+    draft's KV of its last proposal is repaired when all of them are accepted). A draft LM sits depth-0 steps
+    out: the next step that drafts (or the depth-0 step after `draft_catch_up` of them) verifies the first row,
+    feeds the draft the tokens it missed and proposes one, which is then accepted: the draft's KV caught up."""
+    step, _ = build(draft_kind, "self", k=4, max_seq_len=128, draft_catch_up=catch_up)
+    assert step.idles_draft == (draft_kind == "model" and catch_up > 0)
     prompts = [(1, 2, 3), (4, 5)]
-    schedule = (4, 2, 0, 1, 3, 4, 4, 2, 2, 4)
+    schedule = (4, 2, 0, 1, 3, 0, 0, 0, 4, 4, 2, 0, 2, 4)
     state = step.prefill([list(p) for p in prompts], max_new_tokens=120)
-    proposed = 4  # after a prefill the window carries K drafts
+    proposed, lag, catch_ups = 4, 0, 0  # after a prefill the window carries K drafts
     for depth in schedule * 2:
         state, out = step(state, depth=depth)
-        assert out.num_tokens.tolist()[:2] == [min(depth, proposed) + 1] * 2, (depth, proposed)
-        proposed = max(depth, 1)
+        if step.idles_draft and depth == 0 and lag < catch_up:  # the target alone; the draft sits it out
+            committed, proposed, lag = 1, 0, lag + 1
+        elif step.idles_draft and lag > 0:  # catch-up: the first row verified, one draft proposed
+            committed, proposed, lag, catch_ups = 1, 1, 0, catch_ups + 1
+        else:
+            committed, proposed = min(depth, proposed) + 1, max(depth, 1)
+        assert out.num_tokens.tolist()[:2] == [committed] * 2, (depth, proposed, lag)
+        assert state.draft_lag == lag
+    # Each catch-up's draft was accepted by the step after it (asserted above): the draft's KV caught up.
+    assert catch_ups == (6 if step.idles_draft else 0)  # with catch_up=2 the third 0 of 0, 0, 0 is one
 
 
 RANDOM_CASES = [  # (draft, sampling parameters): every proposal accepted, some, adversarial
@@ -107,7 +118,8 @@ def test_each_depth_is_one_graph_that_never_recompiles():
     with torch._dynamo.config.patch(error_on_recompile=True):
         for depth in (3, 1, 0, 1, 3, 0, 3):
             state, _ = step(state, depth=depth)
-    assert sorted(depth for _, _, depth in step._graphs) == [0, 1, 3]
+    # -1: the catch-up graph, which the first step that drafts after a depth-0 step runs (`fdecode.ops.catch_up`)
+    assert sorted(depth for _, _, depth in step._graphs) == [-1, 0, 1, 3]
     # Depth 1: the target's 2 layers over 2 rows, one draft forward (its first, 2 rows, 2 layers).
     # (at depth K: 2 + K writes, tests/test_graph.py)
     shallow = fdecode.inspect(step, state, depth=1)

@@ -7,6 +7,8 @@ random lanes follow the filtered target, and the depths it launched follow how g
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -218,8 +220,11 @@ def test_costs_count_the_weights_each_depth_reads():
                    if embedding or not n.startswith("embed_tokens")) / 1e9
 
     assert target.lm_head.weight is not target.embed_tokens.weight  # untied: a forward gathers a few rows
-    assert costs == pytest.approx([gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False)
-                                   for d in range(4)])
+    # depth d reads the draft d times (0: it sits the step out, `DecodeConfig.draft_catch_up`), else at least once
+    assert costs == pytest.approx([gb(target, embedding=False) + d * gb(draft, embedding=False) for d in range(4)])
+    always = depth_costs(target, draft, dataclasses.replace(cfg, draft_catch_up=0))
+    assert always == pytest.approx([gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False)
+                                    for d in range(4)])
     assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target, embedding=False)] * 4)
     tied = fdecode_target(2)
     tied.lm_head.weight = tied.embed_tokens.weight  # a tied head reads the whole table
@@ -279,6 +284,30 @@ def test_the_engine_launches_the_depth_the_draft_earns_and_stays_lossless(kind, 
     else:  # after the first steps (the prior), the depth its acceptance earns
         late = run_tail(engine)
         assert late <= depths, engine.depths
+
+
+def test_a_draft_not_worth_running_sits_out_and_catches_up_with_requests_admitted_meanwhile():
+    """A draft that never agrees, costed as a real one: the Engine runs the target alone (depth 0, the draft LM
+    sitting out: `fdecode.ops.catch_up`), and every few launches a catch-up step then one that verifies its
+    draft. Requests admitted while the draft sits out (two lanes, six requests of different lengths) decode
+    exactly what transformers does; the controller counts the draft's lag as the step does."""
+    engine = fdecode.Engine(adaptive("random", max_batch=2, draft_catch_up=3))
+    engine.depths.costs, engine.depths.learn_costs = [1.0 + 0.3 * d for d in range(K + 1)], False
+    prompts = PROMPTS * 2
+    budgets = [30, 12, 21, 9, 26, 15]
+    ids = [engine.add_request(list(p), max_new_tokens=n) for p, n in zip(prompts, budgets)]
+    got, schedule = {}, []
+    while engine.has_work():
+        launches = engine.steps
+        for event in engine.step():
+            got.setdefault(event.request_id, []).extend(event.new_tokens)
+        assert engine.state.draft_lag == engine.depths.lag <= 3
+        if engine.steps > launches:  # c: a catch-up step (it verified nothing and proposed one draft)
+            schedule.append(f"{engine.depths.depth}{'c' if engine.depths.caught_up else ''}")
+    assert [got[i] for i in ids] == [hf_greedy(p, n) for p, n in zip(prompts, budgets)]
+    # Three depth-0 steps, a catch-up, the step verifying its draft, and again (each admission starts deeper).
+    assert " ".join(schedule).count("0 0 0 1c 1 ") >= 3, schedule
+    assert engine.depths.launches[0] > engine.depths.launches[1], schedule
 
 
 def run_tail(engine) -> set[int]:

@@ -19,6 +19,7 @@ from fdecode.graphs.backends import (
 )
 from fdecode.graphs.kernel_batches import batched_cpu_kernels
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
+from fdecode.models.idle import idles_draft, missed_width
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.regions import resolve_regions
@@ -30,7 +31,7 @@ from fdecode.progress import bar, notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves, is_hybrid
-from fdecode.step import decode_step, general_plan
+from fdecode.step import CATCH_UP, decode_step, general_plan
 
 TIMED_RUNS = 5  # `Step.warmup` times each depth's step this many times, in rounds (the median is its cost)
 
@@ -73,14 +74,18 @@ def plan_config(config: DecodeConfig, plan: SamplingPlan) -> DecodeConfig:
 
 
 def depth_suffix(config: DecodeConfig, depth: int) -> str:
+    if depth == CATCH_UP:
+        return "_catch_up"
     return "" if depth == config.K else "_first_row" if depth == 0 else f"_depth{depth}"
 
 
 def graph_name(plan: SamplingPlan, depth: int, k: int) -> str:
     """A step graph's name in messages and `Step.plan_compile_seconds`: the plan's, marked for first-row
-    graphs (depth 0) and for graphs that verify fewer than the K drafts."""
+    graphs (depth 0), the catch-up graph (`CATCH_UP`) and graphs that verify fewer than the K drafts."""
     if depth == k:
         return plan.name
+    if depth == CATCH_UP:
+        return f"{plan.name} (first row, draft catch-up)"
     return f"{plan.name} (first row only)" if depth == 0 else f"{plan.name} (depth {depth})"
 
 
@@ -146,6 +151,7 @@ class Step:
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self.depth_seconds: dict[int, float] = {}
         self.announce = announce
+        self.idles_draft = idles_draft(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
         # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
         self.dynamic_window = (
             config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
@@ -263,7 +269,20 @@ class Step:
         target-only decoding would."""
         depth = self.check_depth(requested_depth(speculate, depth, self.config.K))
         self.check_state(state)
-        return self._run(state, self.config.bucket_for(state.max_position), self.plan_for(state), depth=depth)
+        blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state)
+        return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
+
+    def graph_depth(self, state: DecodeState, depth: int) -> int:
+        """The graph a step of `depth` runs on `state`: `depth`, except where the draft sits out depth-0 steps
+        (`idles_draft`, `fdecode.ops.catch_up`): the catch-up graph (`CATCH_UP`: it verifies the first row,
+        feeds the draft the tokens it missed, proposes one draft) for a step that drafts after depth-0 steps
+        (`state.draft_lag` > 0, or unknown), or for a depth-0 step once the draft missed `draft_catch_up` steps."""
+        if not self.idles_draft:
+            return depth
+        lag = state.draft_lag
+        if depth == 0:
+            return 0 if lag is not None and lag < self.config.draft_catch_up else CATCH_UP
+        return depth if lag == 0 else CATCH_UP
 
     @property
     def depths(self) -> tuple[int, ...]:
@@ -276,7 +295,7 @@ class Step:
         of them compiles and loads nothing (an adaptive `Engine` launches no other). Under eager too, so that a
         schedule does not depend on the backend."""
         key, plan = self.graph_window(self.config.bucket_for(state.max_position)), self.plan_for(state)
-        return tuple(d for d in self.depths if (key, plan, d) in self._graphs)
+        return tuple(d for d in self.depths if (key, plan, self.graph_depth(state, d)) in self._graphs)
 
     def check_depth(self, depth) -> int:
         """`depth` if this step runs it (one of `depths`), else raises."""
@@ -307,6 +326,8 @@ class Step:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
         new_state.record_sampling(state.lane_sampling)
+        lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `graph_depth`) counts one more
+        new_state.record_lag((None if lag is None else lag + 1) if depth == 0 and self.idles_draft else 0)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
@@ -332,8 +353,11 @@ class Step:
         cfg = self.config
         if depths is None:
             depths = (cfg.K, 0) if self.gated else (cfg.K,)
+        depths = [self.check_depth(depth) for depth in depths]
+        if self.idles_draft and 0 in depths:  # the graph that ends a run of depth-0 steps
+            depths.append(CATCH_UP)
         runs = [
-            (blocks, plan, self.check_depth(depth)) for plan in (self.plans if plans is None else plans)
+            (blocks, plan, depth) for plan in (self.plans if plans is None else plans)
             for depth in depths for blocks in cfg.bucket_blocks
         ]
         show = (self.announce if progress is None else progress) and self.backend != "eager"
@@ -343,7 +367,7 @@ class Step:
                 shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
                 state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
-            timed = list(dict.fromkeys((plan, depth) for _, plan, depth in runs))
+            timed = list(dict.fromkeys((plan, depth) for _, plan, depth in runs if depth != CATCH_UP))  # depths only
             times: dict[tuple[SamplingPlan, int], list[float]] = {run: [] for run in timed}
             for _ in range(TIMED_RUNS):  # round after round of every graph: a drift of the machine's speed is shared
                 for plan, depth in timed:
@@ -429,12 +453,13 @@ class Step:
         if state.target_kv.dtype != cfg.dtype:
             raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
         check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
-        history = (cfg.max_batch, history_width(self.draft, cfg))
-        if tuple(state.history.shape) != history:
-            raise ValueError(
-                f"state.history is {tuple(state.history.shape)}, this step's {self.draft_kind} draft holds {history}: "
-                "was the state made by a step with another draft?"
-            )
+        for name, width in (("history", history_width(self.draft, cfg)), ("missed", missed_width(self.draft, cfg))):
+            shape = (cfg.max_batch, width)
+            if tuple(getattr(state, name).shape) != shape:
+                raise ValueError(
+                    f"state.{name} is {tuple(getattr(state, name).shape)}, this step's {self.draft_kind} draft holds "
+                    f"{shape}: was the state made by a step with another draft or DecodeConfig?"
+                )
 
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config

@@ -217,7 +217,7 @@ def inspect(
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
     key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
-    depth = requested_depth(speculate, depth, cfg.K)
+    depth = step.graph_depth(state, step.check_depth(requested_depth(speculate, depth, cfg.K)))  # what `step` runs
     fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, depth), "fdecode_inspect")
     window = () if key is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are

@@ -84,11 +84,16 @@ class DepthController:
     the drafts a lane carries verifies only those at its first step: its score amortises that step over
     `horizon` steps. A depth must score `hysteresis` better than the last one to replace it. Depth 0 (the
     target alone, where `depths` has it) verifies nothing and so teaches nothing: after `probe` launches of it
-    in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again."""
+    in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again.
+    Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Step.idles_draft`),
+    the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
+    proposes one draft), so the launch after it verifies (a depth >= 1), and a trial comes after at most
+    `catch_up` depth-0 launches; the controller counts them as the step does (`Step.graph_depth`)."""
 
     def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
                  weight: float = 0.05, prior: float = 0.9, strength: float = 2.0, hysteresis: float = 0.05,
-                 horizon: int = 8, probe: int = 8, cost_weight: float = 0.25, learn_costs: bool = True):
+                 horizon: int = 8, probe: int = 8, cost_weight: float = 0.25, learn_costs: bool = True,
+                 catch_up: int = 0):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
             raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
@@ -101,11 +106,13 @@ class DepthController:
             raise ValueError(f"DepthController strength must be > 0, got {strength!r}")
         if not hysteresis >= 0:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
-        for name, value in (("horizon", horizon), ("probe", probe)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DepthController {name} must be an int >= 1, got {value!r}")
+        for name, value, least in (("horizon", horizon, 1), ("probe", probe, 1), ("catch_up", catch_up, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"DepthController {name} must be an int >= {least}, got {value!r}")
         self.hysteresis, self.horizon, self.strength, self.probe = hysteresis, horizon, strength, probe
         self.paused = 0  # depth-0 launches in a row
+        self.catch_up, self.lag = catch_up, 0  # the draft sits out up to `catch_up` depth-0 steps; how many it has
+        self.caught_up = False  # the last launch was a catch-up step: the next one verifies its draft
         self.depth: int | None = None  # the last launch's depth (None: none since the batch was empty)
         self.num_draft_tokens, self.weight, self.prior = k, weight, prior
         self.cost_weight, self.learn_costs = cost_weight, learn_costs
@@ -130,7 +137,7 @@ class DepthController:
     def observe_cost(self, depth: int, seconds: float) -> None:
         """What a launched step of `depth` took (an Engine's launch to its read of the step before, which on the
         CPU runs the step). Ignored where `learn_costs` is False."""
-        if not self.learn_costs or not seconds > 0:
+        if not self.learn_costs or not seconds > 0 or self.caught_up:  # a catch-up costs what no depth does
             return
         w, first = self.cost_weight, not self.measured
         known = self.measured.get(depth)
@@ -169,8 +176,9 @@ class DepthController:
         best = max(sorted(depths, reverse=True), key=scores.__getitem__)  # ties: the deeper step
         if self.depth in scores and scores[best] < (1 + self.hysteresis) * scores[self.depth]:
             best = self.depth
-        if best == 0 and self.paused >= self.probe and len(depths) > 1:
-            return min(d for d in depths if d > 0)  # a trial: what the drafts are worth now
+        drafting = [d for d in depths if d > 0]
+        if best == 0 and drafting and (self.caught_up or self.paused >= self.probe or 0 < self.catch_up <= self.lag):
+            return min(drafting)  # a trial (what the drafts are worth now), or the draft a catch-up proposed
         return best
 
     def launch(self, ready: Collection[int] | None = None) -> tuple[int, dict[int, tuple[int, int]]]:
@@ -179,8 +187,12 @@ class DepthController:
         depth = self.depth = self.choose(ready)
         self.launches[depth] += 1
         self.paused = self.paused + 1 if depth == 0 else 0
-        verified = {b: (min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
-        from_step = max(depth, 1)  # what a step of this depth proposes (an LM draft or MTP head)
+        # As the step decides (`Step.graph_depth`): a catch-up verifies nothing and proposes one draft.
+        self.caught_up = self.catch_up > 0 and (self.lag > 0 if depth > 0 else self.lag >= self.catch_up)
+        idle = depth == 0 and self.catch_up > 0 and not self.caught_up
+        self.lag = self.lag + 1 if idle else 0
+        verified = {b: (0 if self.caught_up else min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
+        from_step = 0 if idle else 1 if self.caught_up else max(depth, 1)  # what the step proposes
         for b in self.lanes:
             self.carried[b] = from_step
         return depth, verified

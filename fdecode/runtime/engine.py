@@ -115,11 +115,12 @@ class Engine:
         if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
             # 0 .. K; recurrent models, whose steps run 0 or K, K alone (`Step.depths`)
             allowed = step.depths if 1 in step.depths else (cfg.K,)
+            catch_up = cfg.draft_catch_up if getattr(step, "idles_draft", False) else 0  # `fdecode.ops.catch_up`
             if getattr(step.target, "tp", None) is None:
-                self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed)
+                self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed, catch_up=catch_up)
             else:  # every rank must launch the same depths: costs from the weights alone, never from timings
                 costs = depth_costs(step.target, step.draft, cfg)
-                self.depths = DepthController(cfg.K, costs, depths=allowed, learn_costs=False)
+                self.depths = DepthController(cfg.K, costs, depths=allowed, learn_costs=False, catch_up=catch_up)
         self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
         # The grammars resident in the state's pool (`fdecode.state.grammar_pool`), where lanes may follow one.
         self.grammars = GrammarPool(cfg, step.target.config.vocab_size) if cfg.grammars else None

@@ -130,6 +130,9 @@ class HostInfo:
     max_position: int | None = None  # upper bound on every active lane's base_pos, None: unknown
     lane_sampling: tuple[tuple[float, int, float, bool] | None, ...] | None = None  # None: unknown
     ticket: KVTicket | None = None  # which transition of which KV chain made the state, None: unknown
+    # Depth-0 steps since the draft last ran: the most tokens any lane's draft has missed (`fdecode.ops.catch_up`;
+    # 0 where the draft never sits out). None: unknown, so the next step that drafts catches it up.
+    draft_lag: int | None = None
 
     def carried(self, changed: set[str], same_kv: bool) -> HostInfo:
         """This bookkeeping for a state built from its state with the leaves `changed` (by name)
@@ -138,6 +141,7 @@ class HostInfo:
         return HostInfo(
             max_position=None if {"base_pos", "active"} & changed else self.max_position,
             lane_sampling=None if PLAN_LEAVES & changed else self.lane_sampling,
+            draft_lag=None if "missed" in changed else self.draft_lag,
             ticket=self.ticket if same_kv or self.ticket is None else self.ticket.detached(),
         )
 
@@ -164,6 +168,9 @@ class DecodeState:
     # n-gram drafts (`fdecode.models.ngram`): the committed token at each position, -1 past the last one,
     # written in place like the KV; [B, 0] for any other draft.
     history: torch.Tensor  # [B, blocks_per_lane * block_size + W] int64
+    # A draft LM that sits out depth-0 steps (`fdecode.ops.catch_up`): per lane the last C committed tokens it
+    # has not seen, the newest (at base_pos) last, -1 = none; [B, 0] where the draft runs at every step.
+    missed: torch.Tensor  # [B, DecodeConfig.draft_catch_up] int64
     active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
     remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
     stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none
@@ -243,6 +250,17 @@ class DecodeState:
     def record_sampling(self, lanes: tuple[tuple[float, int, float, bool] | None, ...] | None) -> DecodeState:
         """Record `lanes` as this state's `lane_sampling` (host bookkeeping only); returns self."""
         return self._set_host(dataclasses.replace(self.host, lane_sampling=None if lanes is None else tuple(lanes)))
+
+    @property
+    def draft_lag(self) -> int | None:
+        """Host-side count of the depth-0 steps a draft LM sat out since it last ran (an upper bound on the tokens
+        any lane's draft missed, `DecodeState.missed`), None when unknown. Like `max_position`, host bookkeeping:
+        the step reads it to choose between sitting the draft out and catching it up, without a sync."""
+        return self.host.draft_lag
+
+    def record_lag(self, lag: int | None) -> DecodeState:
+        """Record `lag` as this state's `draft_lag` (host bookkeeping only); returns self."""
+        return self._set_host(dataclasses.replace(self.host, draft_lag=lag))
 
     @property
     def consumed(self) -> bool:
