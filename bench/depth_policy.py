@@ -2,7 +2,7 @@
 
     python bench/depth_policy.py --collect      # once: the pair's greedy tokens and the draft's matches (~10 min)
     python bench/depth_policy.py                # replay: a second, no noise
-    python bench/depth_policy.py --costs 0.41,0.56,0.68,0.80,0.95 --param weight=0.1 --param horizon=1
+    python bench/depth_policy.py --costs 0.35,0.56,0.68,0.80,0.95 --catch-up 8 --catch-up-cost 0.45
 
 Greedy decoding makes a draft's acceptance a property of the position alone: at position i of the target's
 tokens g, the draft proposes its own greedy continuation of prompt + g[:i], and it is accepted as far as
@@ -14,8 +14,11 @@ greedy `generate`, then one draft forward) for the workload's prompts and a few 
 behind, costs learnt from the steps it launches, starting from warm-up-like costs `--bias` off, as
 `step_costs` smooths them) over each
 sequence, and each fixed depth, with per-depth step seconds `--costs` (measured by `bench/depths.py`), each
-step's seconds jittered by `--noise`; plus sequences drawn at fixed rates, independent and in bursts. It prints,
-per sequence, the controller's tokens per second against the best fixed depth and against depth 0 (target-only).
+step's seconds jittered by `--noise`; plus sequences drawn at fixed rates, independent and in bursts. With
+`--catch-up C` (`DecodeConfig.draft_catch_up`) the draft sits out depth-0 steps (which then cost what target-only
+decoding does) and a catch-up step (`--catch-up-cost` seconds) commits one token and proposes one draft; with 0
+it runs at depth 0 too. It prints, per sequence, the controller's tokens per second against the best fixed
+depth and against depth 0.
 What it leaves out: the host's own time, and costs that vary with the context length.
 """
 
@@ -84,14 +87,16 @@ def run_of_matches(match: list[int], i: int, most: int) -> int:
 
 
 def replay(match: list[int], costs: list[float], k: int, depth: int | None, *, start: list[float] | None = None,
-           noise: float = 0.0, params: dict | None = None) -> tuple[float, list[int]]:
+           noise: float = 0.0, params: dict | None = None, catch_up: int = 0,
+           catch_up_cost: float = 0.0) -> tuple[float, list[int | str]]:
     """Tokens per second decoding `match`'s tokens (the first comes from the prefill) at a fixed `depth`, or
-    (None) with a `DepthController` reading one step behind as the Engine does. Returns it and the depths."""
+    (None) with a `DepthController` reading one step behind as the Engine does. Returns it and the depths
+    launched ("c" for a catch-up step, where the draft sits out depth 0: `catch_up` > 0)."""
     new, position, carried, seconds, launched = len(match), 1, k, 0.0, []
     jitter = random.Random(1)
     controller = None
     if depth is None:
-        controller = DepthController(k, start or costs, depths=range(k + 1), **(params or {}))  # as the Engine
+        controller = DepthController(k, start or costs, depths=range(k + 1), catch_up=catch_up, **(params or {}))
         controller.admit(0)
     pending = None
     while position < new:
@@ -102,11 +107,14 @@ def replay(match: list[int], costs: list[float], k: int, depth: int | None, *, s
             d, verified = controller.launch()
         else:
             d = depth
-        committed = min(run_of_matches(match, position, min(d, carried)) + 1, new - position)
-        position, carried = position + committed, max(d, 1)
-        took = costs[d] * (1 + jitter.uniform(-noise, noise))
+        caught_up = controller is not None and controller.caught_up
+        verifies = 0 if caught_up else min(d, carried)
+        committed = min(run_of_matches(match, position, verifies) + 1, new - position)
+        position = position + committed
+        carried = 1 if caught_up else 0 if d == 0 and catch_up else max(d, 1)
+        took = (catch_up_cost if caught_up else costs[d]) * (1 + jitter.uniform(-noise, noise))
         seconds += took
-        launched.append(d)
+        launched.append("c" if caught_up else d)
         if controller is not None:
             if pending is not None:
                 controller.observe_output(*pending)
@@ -134,6 +142,8 @@ def main(argv=None) -> int:
                    help="the controller's starting costs (warm-up timings) over --costs, before `smoothed`")
     p.add_argument("--noise", type=float, default=0.1)
     p.add_argument("--param", action="append", default=[], help="a DepthController keyword, name=value")
+    p.add_argument("--catch-up", type=int, default=0, help="DecodeConfig.draft_catch_up (0: the draft runs at depth 0)")
+    p.add_argument("--catch-up-cost", type=float, default=0.45, help="seconds of a catch-up step")
     args = p.parse_args(argv)
     if args.collect:
         collect(args.matches)
@@ -151,16 +161,19 @@ def main(argv=None) -> int:
     for rate in (0.2, 0.4, 0.6, 0.8):
         sequences[f"iid {rate}"] = drawn(rate, 96, rng)
         sequences[f"bursts {rate}"] = drawn(rate, 96, rng, stay=0.8)
-    ratios = []
+    ratios, alone = [], []
     print(f"costs {costs}, controller starts at {[round(c, 3) for c in start]}, noise {args.noise}, params {params}")
     for name, match in sequences.items():
-        fixed = [replay(match, costs, k, d)[0] for d in range(k + 1)]
-        tok_s, launched = replay(match, costs, k, None, start=start, noise=args.noise, params=params)
+        fixed = [replay(match, costs, k, d, catch_up=args.catch_up)[0] for d in range(k + 1)]
+        tok_s, launched = replay(match, costs, k, None, start=start, noise=args.noise, params=params,
+                                 catch_up=args.catch_up, catch_up_cost=args.catch_up_cost)
         best = max(range(1, k + 1), key=fixed.__getitem__)
         ratios.append(tok_s / fixed[best])
+        alone.append(tok_s / fixed[0])
         print(f"{name:10} {tok_s:.2f} tok/s  {tok_s / fixed[best]:.3f}x the best depth ({best})  "
               f"{tok_s / fixed[0]:.2f}x depth 0  {''.join(map(str, launched))}")
     print(f"against the best fixed depth: geometric mean {statistics.geometric_mean(ratios):.3f}, worst {min(ratios):.3f}")
+    print(f"against depth 0: geometric mean {statistics.geometric_mean(alone):.3f}, worst {min(alone):.3f}")
     return 0
 
 

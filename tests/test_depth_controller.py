@@ -171,15 +171,26 @@ def test_the_engine_times_each_launch_but_not_a_compile():
 
 
 def test_depth_zero_runs_the_target_alone_and_tries_the_drafts_again():
-    """Drafts never accepted, a step of depth 1 dearer than the target alone: depth 0, and every `probe`
-    launches of it one trial of the draft carried (which fails again)."""
-    controller = DepthController(K, [1.0, 1.5, 1.8, 2.1, 2.4], depths=range(K + 1), probe=4)
+    """Drafts never accepted, a step of depth 1 dearer than the target alone: depth 0, and after `probe`
+    launches of it one trial of the draft carried, which fails again, so the next comes twice as late, up to
+    `max_probe`; a fresh admission tries again after `probe`."""
+    costs = [1.0, 1.5, 1.8, 2.1, 2.4]
+    controller = DepthController(K, costs, depths=range(K + 1), probe=4, max_probe=4)
     controller.admit(0)
     schedule = "".join(map(str, run(controller, lambda b, n: 0, 40)))
     paused = schedule[schedule.index("0"):]  # once depth 0 is reached
     assert "00001" * 4 in paused and "00000" not in paused and set(paused) == {"0", "1"}, schedule
-    with pytest.raises(ValueError, match="probe"):
-        DepthController(K, COSTS, probe=0)
+    controller = DepthController(K, costs, depths=range(K + 1), probe=4, max_probe=16)
+    controller.admit(0)
+    schedule = "".join(map(str, run(controller, lambda b, n: 0, 60)))
+    paused = schedule[schedule.index("0"):]
+    assert paused.startswith("0" * 4 + "1" + "0" * 8 + "1" + "0" * 16 + "1" + "0" * 16 + "1"), schedule
+    controller.admit(1)  # a new prompt: its lane starts at the prior, then trials every 4 again
+    later = "".join(map(str, run(controller, lambda b, n: 0, 30)))
+    assert "00001" in later[later.index("0"):], later
+    for bad in (dict(probe=0), dict(probe=8, max_probe=4), dict(catch_up=-1)):
+        with pytest.raises(ValueError, match="probe|catch_up"):
+            DepthController(K, COSTS, **bad)
 
 
 def test_only_depths_whose_graphs_are_made_are_launched():

@@ -84,16 +84,18 @@ class DepthController:
     the drafts a lane carries verifies only those at its first step: its score amortises that step over
     `horizon` steps. A depth must score `hysteresis` better than the last one to replace it. Depth 0 (the
     target alone, where `depths` has it) verifies nothing and so teaches nothing: after `probe` launches of it
-    in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again.
+    in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again;
+    each trial after which they choose depth 0 again doubles the launches to the next, up to `max_probe`
+    (an admission, or a depth the rates choose, starts again from `probe`).
     Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Step.idles_draft`),
     the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
-    proposes one draft), so the launch after it verifies (a depth >= 1), and a trial comes after at most
-    `catch_up` depth-0 launches; the controller counts them as the step does (`Step.graph_depth`)."""
+    proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
+    depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`)."""
 
     def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
                  weight: float = 0.05, prior: float = 0.9, strength: float = 2.0, hysteresis: float = 0.05,
-                 horizon: int = 8, probe: int = 8, cost_weight: float = 0.25, learn_costs: bool = True,
-                 catch_up: int = 0):
+                 horizon: int = 8, probe: int = 8, max_probe: int = 64, cost_weight: float = 0.25,
+                 learn_costs: bool = True, catch_up: int = 0):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
             raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
@@ -106,11 +108,15 @@ class DepthController:
             raise ValueError(f"DepthController strength must be > 0, got {strength!r}")
         if not hysteresis >= 0:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
-        for name, value, least in (("horizon", horizon, 1), ("probe", probe, 1), ("catch_up", catch_up, 0)):
+        for name, value, least in (("horizon", horizon, 1), ("probe", probe, 1), ("max_probe", max_probe, probe),
+                                   ("catch_up", catch_up, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"DepthController {name} must be an int >= {least}, got {value!r}")
         self.hysteresis, self.horizon, self.strength, self.probe = hysteresis, horizon, strength, probe
         self.paused = 0  # depth-0 launches in a row
+        self.max_probe, self.probe_every = max_probe, probe  # depth-0 launches before the next trial
+        self.trying = self.on_trial = False  # the launch chosen is a trial's; one is under way
+        self.judge_at: int | None = None  # the launch by which a trial's verified output has been read
         self.catch_up, self.lag = catch_up, 0  # the draft sits out up to `catch_up` depth-0 steps; how many it has
         self.caught_up = False  # the last launch was a catch-up step: the next one verifies its draft
         self.depth: int | None = None  # the last launch's depth (None: none since the batch was empty)
@@ -150,6 +156,7 @@ class DepthController:
         if not self.lanes:
             self.depth = None  # a fresh batch: its first depth comes from the priors alone
         self.lanes[lane] = [self.strength * self.prior, self.strength * (1 - self.prior)]
+        self.probe_every = self.probe  # a new prompt may be worth drafting from
         self.carried[lane] = self.num_draft_tokens
         self.admissions[lane] = self.admissions.get(lane, 0) + 1
 
@@ -177,20 +184,29 @@ class DepthController:
         if self.depth in scores and scores[best] < (1 + self.hysteresis) * scores[self.depth]:
             best = self.depth
         drafting = [d for d in depths if d > 0]
-        if best == 0 and drafting and (self.caught_up or self.paused >= self.probe or 0 < self.catch_up <= self.lag):
-            return min(drafting)  # a trial (what the drafts are worth now), or the draft a catch-up proposed
-        return best
+        self.trying = best == 0 and bool(drafting) and (
+            self.caught_up and self.on_trial or self.paused >= self.probe_every
+        )
+        return min(drafting) if self.trying else best  # a trial: what the drafts are worth now
 
     def launch(self, ready: Collection[int] | None = None) -> tuple[int, dict[int, tuple[int, int]]]:
         """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`. ready: the
         depths whose graphs are made (`Step.ready_depths`; None: all), so that no launch waits for a compile."""
         depth = self.depth = self.choose(ready)
+        launch = sum(self.launches.values())
+        if depth > 0 and not self.trying:  # the rates chose to draft
+            self.probe_every, self.judge_at = self.probe, None
+        elif launch == self.judge_at:  # a trial's output read, and the rates chose depth 0: wait twice as long
+            self.probe_every, self.judge_at = min(2 * self.probe_every, self.max_probe), None
         self.launches[depth] += 1
         self.paused = self.paused + 1 if depth == 0 else 0
         # As the step decides (`Step.graph_depth`): a catch-up verifies nothing and proposes one draft.
         self.caught_up = self.catch_up > 0 and (self.lag > 0 if depth > 0 else self.lag >= self.catch_up)
         idle = depth == 0 and self.catch_up > 0 and not self.caught_up
         self.lag = self.lag + 1 if idle else 0
+        self.on_trial = self.trying and self.caught_up  # a trial's catch-up: the next launch verifies its draft
+        if self.trying and not self.caught_up:  # a trial's verifying launch: read one launch later
+            self.judge_at = launch + 2
         verified = {b: (0 if self.caught_up else min(depth, self.carried[b]), self.admissions[b]) for b in self.lanes}
         from_step = 0 if idle else 1 if self.caught_up else max(depth, 1)  # what the step proposes
         for b in self.lanes:
