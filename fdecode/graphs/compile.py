@@ -342,8 +342,10 @@ class Step:
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
-        Each depth's step is then timed at the widest window (the median of `TIMED_RUNS` rounds over every
-        graph, the fastest plan): the seconds go in `depth_seconds`, the costs an `Engine` with `adaptive_depth` weighs depths by.
+        Each depth's step is then timed at the widest window, in its first plan warmed (greedy where warmed: the
+        cheapest, and with a real vocabulary each timed step of another plan costs as long as one of greedy's):
+        the median of `TIMED_RUNS` rounds over the depths goes in `depth_seconds`, the costs an `Engine` with
+        `adaptive_depth` weighs depths by (where a depth was timed before, the least).
 
         After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
@@ -367,7 +369,9 @@ class Step:
                 shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
                 state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
                 shown.update(1)
-            timed = list(dict.fromkeys((plan, depth) for _, plan, depth in runs if depth != CATCH_UP))  # depths only
+            warmed = list(dict.fromkeys(plan for _, plan, _ in runs))
+            first = next((plan for plan in warmed if not plan.random), warmed[0] if warmed else None)
+            timed = list(dict.fromkeys((first, depth) for _, _, depth in runs if depth != CATCH_UP))  # depths only
             times: dict[tuple[SamplingPlan, int], list[float]] = {run: [] for run in timed}
             for _ in range(TIMED_RUNS):  # round after round of every graph: a drift of the machine's speed is shared
                 for plan, depth in timed:
