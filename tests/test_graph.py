@@ -81,6 +81,7 @@ def test_inspect_catches_a_host_sync():
     class SyncingStep:
         target, draft, config, backend = step.target, step.draft, step.config, "test"
         plans, plan_for, graph_window = step.plans, staticmethod(step.plan_for), staticmethod(step.graph_window)
+        check_depth, graph_depth = staticmethod(step.check_depth), staticmethod(step.graph_depth)
 
     original = torch.ops.fdecode.prepare_next_draft
 
