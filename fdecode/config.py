@@ -70,7 +70,7 @@ class DecodeConfig:
     # a row, whose tokens the next step that drafts feeds it (a catch-up step: it verifies the first row, runs
     # the draft over the tokens it missed and proposes one draft); a depth-0 step past that many catches it
     # up itself. 0: a draft LM runs at every step. MTP heads (which read the target's hidden states) and
-    # recurrent or n-gram drafts run at every step (`fdecode.step.idles_draft`).
+    # recurrent or n-gram drafts run at every step (`fdecode.models.idle.idles_draft`).
     draft_catch_up: int = 8
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
@@ -115,10 +115,10 @@ class DecodeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DecodeConfig.{name} must be a positive int, got {value!r}")
-        if isinstance(self.draft_catch_up, bool) or not isinstance(self.draft_catch_up, int) or self.draft_catch_up < 0:
-            raise ValueError(f"DecodeConfig.draft_catch_up must be an int >= 0, got {self.draft_catch_up!r}")
-        if isinstance(self.top_k_candidates, bool) or not isinstance(self.top_k_candidates, int) or self.top_k_candidates < 0:
-            raise ValueError(f"DecodeConfig.top_k_candidates must be an int >= 0, got {self.top_k_candidates!r}")
+        for name in ("draft_catch_up", "top_k_candidates"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"DecodeConfig.{name} must be an int >= 0, got {value!r}")
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
         if not isinstance(self.layer_regions, bool) and self.layer_regions != "auto":

@@ -102,6 +102,9 @@ def test_mtp_requested_without_a_head():
         ({"block_size": 2.5}, "block_size"),
         ({"backend": "tensorrt"}, "backend"),
         ({"num_blocks": 1}, "num_blocks"),
+        ({"draft_catch_up": -1}, "draft_catch_up must be an int >= 0"),
+        ({"draft_catch_up": True}, "draft_catch_up must be an int >= 0"),
+        ({"top_k_candidates": 2.5}, "top_k_candidates must be an int >= 0"),
     ],
 )
 def test_bad_config(change, match):

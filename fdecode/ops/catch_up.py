@@ -2,11 +2,11 @@
 docs/design.md, "Depth 0 and the idle draft").
 
 A step of depth 0 verifies no draft: the target alone commits one token per lane, as target-only decoding
-would. Running the draft there only keeps its KV in step, so a draft LM (`fdecode.models.idle.idles_draft`) sits such steps
-out, and the tokens it missed wait in the state (`DecodeState.missed`: per lane the last C committed
-tokens the draft has not seen, the newest, at base_pos, last; -1 where none). The next step that drafts is
-a catch-up step: it verifies the first row as depth 0 does, and the draft's first forward runs over the
-missed tokens (at their positions, writing their KV) and the newly committed one, which proposes one
+would. Running the draft there only keeps its KV in step, so a draft LM (`fdecode.models.idle.idles_draft`)
+sits such steps out, and the tokens it missed wait in the state (`DecodeState.missed`: per lane the last C
+committed tokens the draft has not seen, the newest, at base_pos, last; -1 where none). The next step that
+drafts is a catch-up step: it verifies the first row as depth 0 does, and the draft's first forward runs over
+the missed tokens (at their positions, writing their KV) and the newly committed one, which proposes one
 draft. A lane admitted meanwhile misses nothing; its row is all -1 and those rows only pad.
 
 The host keeps the count of depth-0 steps since the draft last ran (`DecodeState.draft_lag`), and the step
@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 
 from fdecode.ops.paging import slot_of
-
-NONE = -1  # no token missed in that column
 
 
 def sit_out(missed: torch.Tensor, committed: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
