@@ -125,6 +125,10 @@ def test_each_depth_is_one_graph_that_never_recompiles():
     shallow = fdecode.inspect(step, state, depth=1)
     assert (shallow.graph_count, shallow.graph_break_count, shallow.host_syncs) == (1, 0, [])
     assert shallow.op_counts["aten::index_put"] == 2 + 1 and "depth 1" in shallow.plan
+    state, _ = step(state, depth=0)  # the draft sits out: the next step that drafts is the catch-up graph
+    caught_up = fdecode.inspect(step, state, depth=1)
+    assert (caught_up.graph_count, caught_up.graph_break_count, caught_up.host_syncs) == (1, 0, [])
+    assert caught_up.op_counts["fdecode::prepare_next_draft"] == 1 and "catch-up" in caught_up.plan
 
 
 def test_bad_depths_are_refused_before_anything_runs():
