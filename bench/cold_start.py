@@ -4,6 +4,7 @@
     python bench/cold_start.py --workloads bundled depth        # skip the real pair
     python bench/cold_start.py --workloads qwen-coder --modes regions
     python bench/cold_start.py --workloads qwen-coder --modes regions --warmup   # step.warmup(), cold and warm
+    python bench/cold_start.py --workloads qwen-coder --modes regions --warmup --all-plans   # every plan's graph
 
 Each measurement is a fresh Python process. "cold" runs with an empty Inductor cache (a new
 TORCHINDUCTOR_CACHE_DIR); "warm" is a second process on that same cache, as a user's second start
@@ -30,8 +31,9 @@ default), cold and warm each.
 --phases adds where the compile's time goes (`bench/compile_phases.py`: Dynamo's trace, Inductor's lowering,
 code generation, the wait for C++ builds...), per sampling plan with --warmup.
 
---warmup times `step.warmup()` instead (every graph a user of the default config can hit: each sampling
-plan at each window; the config keeps its sampling plans), right after `fdecode.compile`, cold then warm.
+--warmup times `step.warmup()` instead (the greedy and the general sampling plan at each window: after it no batch
+of the default config compiles anything; the config keeps its sampling plans), right after `fdecode.compile`,
+cold then warm. With --all-plans, `step.warmup(plans=step.plans)`: every plan's graph, the specialised ones too.
 
 Workloads:
 - bundled: the bundled 4-layer model with its MTP head, K = 3, the demo's config;
@@ -124,11 +126,12 @@ def child(spec: dict) -> dict:
         cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled")
         step = fdecode.compile(target, draft, cfg, announce=False)
         start, start_cpu = time.perf_counter(), cpu_seconds()
+        plans = step.plans if spec.get("all_plans") else step.covering_plans
         if phases is None:
-            graphs = step.warmup(progress=False)
+            graphs = step.warmup(plans, progress=False)
         else:  # one plan at a time, the same work as one call
             per_plan = {}
-            for plan in step.plans:
+            for plan in plans:
                 before, plan_start = phases.seconds(), time.perf_counter()
                 graphs = step.warmup([plan], progress=False)
                 per_plan[plan.name] = {"warmup_s": round(time.perf_counter() - plan_start, 2),
@@ -189,6 +192,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=modes, choices=modes)
     parser.add_argument("--depths", nargs="+", type=int, default=[7, 14, 28])
     parser.add_argument("--warmup", action="store_true", help="time step.warmup() instead of the first step")
+    parser.add_argument("--all-plans", action="store_true", help="with --warmup: every sampling plan's graph")
     parser.add_argument("--phases", action="store_true", help="where the compile's time goes (per plan with --warmup)")
     parser.add_argument("--compare-isa", action="store_true", help="each mode with and without Inductor's ISA probes")
     parser.add_argument("--compare-batches", action="store_true",
@@ -215,7 +219,8 @@ def main() -> int:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
                         spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
-                                "warmup": args.warmup, "isa": isa, "kernels": built, "phases": args.phases}
+                                "warmup": args.warmup, "all_plans": args.all_plans, "isa": isa, "kernels": built,
+                                "phases": args.phases}
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)

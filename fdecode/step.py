@@ -30,7 +30,7 @@ from fdecode.ops.catch_up import missed_rows, sit_out
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
-from fdecode.ops.plan import GREEDY, SamplingPlan
+from fdecode.ops.plan import GREEDY, SamplingPlan, general
 from fdecode.ops.grammar import walk
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
@@ -52,8 +52,8 @@ def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.
 
 
 def general_plan(cfg: DecodeConfig) -> SamplingPlan:
-    """The plan exact for any lanes the config allows: every filter on, or greedy-only."""
-    return SamplingPlan(random=True, top_k=True, top_p=True) if cfg.sampling else GREEDY
+    """The plan exact for any lanes the config allows: every filter on, or greedy-only (`fdecode.ops.plan.general`)."""
+    return general(cfg.sampling)
 
 
 def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:

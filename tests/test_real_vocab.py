@@ -16,7 +16,7 @@ import torch
 
 import fdecode
 from fdecode.models import LlamaModel, ModelConfig
-from fdecode.ops.plan import GREEDY, SamplingPlan
+from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, exact, plan_for, rank
 from support.stats import ALPHA, chi2_pvalue
 
 BIG_V = 32_768
@@ -140,3 +140,42 @@ def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
                              seed=[42, 1])
     assert plans[0] == "full+top_k"  # (once the other lane finishes, the batch runs the candidate plan again)
     assert mixed[0] == alone
+
+
+def test_the_plan_for_lanes_is_the_cheapest_exact_one():
+    """`plan_for` (what a step compiles where nothing exact is made) is the cheapest of the plans `exact` for the
+    lanes, over every mix of two lanes' parameters; and a plan is exact for lanes it was chosen for."""
+    grid = [(t, k, p, processed) for t in (0.0, 1.0) for k in (0, 1, 20, 128, 129) for p in (1.0, 0.9)
+            for processed in (False, True)]
+    plans = all_plans(True, 128, processors=True)
+    for lanes in ([a, b] for a in grid for b in grid):
+        chosen = plan_for(lanes, candidates=128, processors=True)
+        assert chosen == min((plan for plan in plans if exact(plan, lanes)), key=rank), lanes
+    assert not exact(SamplingPlan(random=True, candidates=128), [(1.0, 0, 1.0)])  # top_k off: not a candidate lane
+    assert not exact(SamplingPlan(random=True, top_k=True), [(1.0, 0, 0.9)])  # its top_p is not filtered
+    assert not exact(SamplingPlan(random=True, top_k=True, top_p=True, unprocessed=True), [(0.0, 0, 1.0, True)])
+    assert exact(SamplingPlan(random=True, top_k=True, top_p=True), [(0.0, 0, 1.0, True), (1.0, 5, 0.5)])
+
+
+def test_warmup_makes_the_covering_plans_and_every_batch_runs_one_of_them():
+    """`warmup()` makes the greedy and the general plan only; a top_k batch then runs the general plan (no
+    compile), with the tokens the candidate plan draws. Once the candidate plan is made, that batch runs it."""
+    from support.llama_models import fdecode_target, independent_draft
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    step.warmup(progress=False)
+    assert {plan.name for _, plan, _ in step._graphs} == {"greedy", "full+top_k+top_p"}
+    graphs = dict(step._graphs)
+    plans = []
+    run = step._run
+    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
+    params = dict(max_new_tokens=12, temperature=0.9, top_k=10, seed=42)
+    general = fdecode.generate(step, [[5, 17, 33], [7, 3]], **params)
+    assert set(plans) == {"full+top_k+top_p"} and step._graphs == graphs  # nothing compiled
+    assert fdecode.generate(step, [[5, 17, 33]], max_new_tokens=12) and set(plans[-1:]) == {"greedy"}
+    step.warmup(plans=step.plans, progress=False)
+    plans.clear()
+    assert fdecode.generate(step, [[5, 17, 33], [7, 3]], **params) == general
+    assert set(plans) == {"top_k<=128"}

@@ -24,7 +24,7 @@ from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.regions import resolve_regions
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
-from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, plan_for
+from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, new_kv, prefill
 from fdecode.progress import bar, notice
@@ -123,10 +123,11 @@ class Step:
 
     Context buckets and sampling plans: a step attends over the smallest window that holds every
     position it can touch, chosen on the host from `state.max_position` (an upper bound the host
-    tracks without reading the device), and runs the cheapest sampling plan exact for its lanes
-    (`plan_for`, from the host's record of their parameters, `state.lane_sampling`). Each plan is a
-    graph of its own, compiled on first use (or all at once by `warmup()`); switching plans picks
-    another graph and never recompiles one. Where `dynamic_window` is True (`DecodeConfig.dynamic_window`
+    tracks without reading the device), and runs the cheapest sampling plan exact for its lanes whose
+    graph is made, else the cheapest exact one (`plan_for`, from the host's record of their parameters,
+    `state.lane_sampling`). Each plan is a graph of its own, compiled on first use (or by `warmup()`: the
+    greedy and the general plan, exact for any lanes); switching plans picks another graph and never
+    recompiles one. Where `dynamic_window` is True (`DecodeConfig.dynamic_window`
     and a backend in `DYNAMIC_WINDOW`), one graph per plan serves every window of 2 blocks or more: its
     window width is a symbolic size, so a stream crossing into a wider window compiles nothing (a
     window of 1 block has a graph of its own: Dynamo specializes sizes 0 and 1). Elsewhere each
@@ -174,17 +175,43 @@ class Step:
         cfg = self.config
         return all_plans(cfg.sampling, cfg.top_k_candidates, cfg.logit_processors)
 
-    def plan_for(self, state: DecodeState) -> SamplingPlan:
-        """The cheapest plan exact for the lanes of `state` that may be active, from host bookkeeping
-        (`state.lane_sampling`); unknown lanes get the plan exact for any parameters. In a step compiled
-        with logit processors, a batch none of whose lanes uses one runs its plan's twin without them."""
+    @property
+    def covering_plans(self) -> tuple[SamplingPlan, ...]:
+        """What `warmup()` makes by default: the greedy plan and the general one, exact for any lanes
+        (`fdecode.ops.plan.covering`). With their graphs made, every batch runs one of them or a cheaper plan
+        made too, and none compiles."""
         cfg = self.config
-        lanes = state.lane_sampling
-        if lanes is None:
+        return covering(cfg.sampling, cfg.logit_processors)
+
+    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
+        """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
+        active (from host bookkeeping, `state.lane_sampling`; unknown lanes: exact for any parameters) whose
+        graph for its window and depth is made, else the cheapest exact plan (whose graph the step then makes).
+        In a step compiled with logit processors, a batch none of whose lanes uses one can run its plan's twin
+        without them."""
+        cfg = self.config
+        if state.lane_sampling is None:
             return general_plan(cfg)
+        made = self._made_plans(state, cfg.K if depth is None else depth)
+        if made:
+            return made[0]
         # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
-        return plan_for([lane for lane in lanes if lane is not None], candidates=cfg.top_k_candidates,
-                        processors=cfg.logit_processors)
+        return plan_for(self._lanes(state), candidates=cfg.top_k_candidates, processors=cfg.logit_processors)
+
+    @staticmethod
+    def _lanes(state: DecodeState) -> list[tuple]:
+        return [lane for lane in state.lane_sampling if lane is not None]
+
+    def _made_plans(self, state: DecodeState, depth: int) -> list[SamplingPlan]:
+        """The plans exact for `state`'s lanes whose graph of its window and of `depth` is made, cheapest first."""
+        key = self.graph_window(self.config.bucket_for(state.max_position))
+        at = self.graph_depth(state, depth)
+        if state.lane_sampling is None:
+            lanes_exact = lambda plan: plan == general_plan(self.config)  # noqa: E731
+        else:
+            lanes = self._lanes(state)
+            lanes_exact = lambda plan: exact(plan, lanes)  # noqa: E731
+        return sorted((plan for k, plan, d in self._graphs if k == key and d == at and lanes_exact(plan)), key=rank)
 
     def graph_window(self, blocks: int) -> int | None:
         """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
@@ -269,7 +296,7 @@ class Step:
         target-only decoding would."""
         depth = self.check_depth(requested_depth(speculate, depth, self.config.K))
         self.check_state(state)
-        blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state)
+        blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state, depth)
         return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
 
     def graph_depth(self, state: DecodeState, depth: int) -> int:
@@ -291,11 +318,10 @@ class Step:
         return (0, k) if is_hybrid(self.target) or is_hybrid(self.draft) else tuple(range(k + 1))
 
     def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
-        """The depths whose graph for `state` (its window and sampling plan) this process has made: a step of one
-        of them compiles and loads nothing (an adaptive `Engine` launches no other). Under eager too, so that a
-        schedule does not depend on the backend."""
-        key, plan = self.graph_window(self.config.bucket_for(state.max_position)), self.plan_for(state)
-        return tuple(d for d in self.depths if (key, plan, self.graph_depth(state, d)) in self._graphs)
+        """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
+        lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
+        eager too, so that a schedule does not depend on the backend."""
+        return tuple(d for d in self.depths if self._made_plans(state, d))
 
     def check_depth(self, depth) -> int:
         """`depth` if this step runs it (one of `depths`), else raises."""
@@ -337,8 +363,11 @@ class Step:
         self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None,
         depths: Sequence[int] | None = None,
     ) -> dict[int, float]:
-        """Capture every window's graph for each of `plans` (None: all of `self.plans`) and `depths` now, on
-        a throwaway all-inactive state; returns `compile_seconds` (per window, summed over plans).
+        """Capture every window's graph for each of `plans` and `depths` now, on a throwaway all-inactive state;
+        returns `compile_seconds` (per window, summed over plans). plans: None is `covering_plans` (greedy and
+        the general plan, exact for any lanes: after them no batch compiles anything; a batch whose cheapest plan
+        is a specialised one, such as the candidate plan of top_k <= 128, runs the general plan instead);
+        `step.plans` makes the specialised graphs too, which every batch then runs where they are exact.
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
         progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
 
@@ -347,7 +376,7 @@ class Step:
         the median of `TIMED_RUNS` rounds over the depths goes in `depth_seconds`, the costs an `Engine` with
         `adaptive_depth` weighs depths by (where a depth was timed before, the least).
 
-        After it, no mix of greedy and random requests compiles anything. The throwaway state's KV
+        After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything. The throwaway state's KV
         pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
         captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
         first window and its other windows only run (CUDA graph trees record a replay for each).
@@ -359,7 +388,7 @@ class Step:
         if self.idles_draft and 0 in depths:  # the graph that ends a run of depth-0 steps
             depths.append(CATCH_UP)
         runs = [
-            (blocks, plan, depth) for plan in (self.plans if plans is None else plans)
+            (blocks, plan, depth) for plan in (self.covering_plans if plans is None else plans)
             for depth in depths for blocks in cfg.bucket_blocks
         ]
         show = (self.announce if progress is None else progress) and self.backend != "eager"

@@ -15,7 +15,10 @@ twin without them (`unprocessed`), which runs while no lane that may be active u
 passes over the logits are skipped, which is exact because they would change nothing.
 
 Each plan is a graph of its own (`fdecode.graphs.compile.Step`); switching plans picks a
-graph and never recompiles one.
+graph and never recompiles one. A plan is exact for more lanes than those it is cheapest for (`exact`):
+the general plan (every filter on) for any. A step runs the cheapest exact plan whose graph is made, so
+once `Step.warmup()` made the two `covering` plans (greedy and the general one) no batch compiles anything;
+the cheaper specialised plans run where their graphs were made too (`warmup(plans=step.plans)`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,28 @@ class SamplingPlan:
 GREEDY = SamplingPlan()
 
 
+def rank(plan: SamplingPlan) -> tuple:
+    """Orders plans by cost, cheapest first: greedy, the candidate plan, full, full with one threshold search,
+    with both; at the same sampling, the twin without logit processors first."""
+    return plan.random, plan.random and not plan.candidates, plan.top_k + plan.top_p, not plan.unprocessed
+
+
+def exact(plan: SamplingPlan, lanes: Sequence[tuple]) -> bool:
+    """Whether `plan`'s graph decodes lanes with these host-side (temperature, top_k, top_p[, processed])
+    exactly (`plan_for`'s lanes): greedy lanes run in any plan; random ones need a random plan whose filters
+    cover theirs; a lane using a logit processor needs a plan that keeps them."""
+    if plan.unprocessed and any(len(lane) > 3 and lane[3] for lane in lanes):
+        return False
+    random = [(k, p) for t, k, p, *_ in lanes if t > 0]
+    if not random:
+        return True
+    if not plan.random:
+        return False
+    if plan.candidates:
+        return all(1 <= k <= plan.candidates for k, _ in random)
+    return (plan.top_k or all(k <= 0 for k, _ in random)) and (plan.top_p or all(p >= 1 for _, p in random))
+
+
 def plan_for(lanes: Sequence[tuple], *, candidates: int, processors: bool = False) -> SamplingPlan:
     """The plan for lanes with these host-side (temperature, top_k, top_p[, processed]), one per lane that may
     be active (`SamplingParams.plan_inputs`; a lane without `processed` uses no logit processor);
@@ -63,6 +88,19 @@ def plan_for(lanes: Sequence[tuple], *, candidates: int, processors: bool = Fals
         return SamplingPlan(random=True, candidates=candidates, unprocessed=unprocessed)
     return SamplingPlan(random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random),
                         unprocessed=unprocessed)
+
+
+def general(sampling: bool) -> SamplingPlan:
+    """The plan exact for any lanes a step allows: every filter on (and the step's logit processors), or
+    greedy-only in a step that does not sample."""
+    return SamplingPlan(random=True, top_k=True, top_p=True) if sampling else GREEDY
+
+
+def covering(sampling: bool, processors: bool = False) -> tuple[SamplingPlan, ...]:
+    """The plans `Step.warmup()` makes by default: the greedy plan (without the logit processors where the step
+    has them: a batch none of whose lanes uses one) and the general plan, exact for any lanes."""
+    greedy = SamplingPlan(unprocessed=True) if processors else GREEDY
+    return tuple(dict.fromkeys((greedy, general(sampling))))
 
 
 def all_plans(sampling: bool, candidates: int, processors: bool = False) -> tuple[SamplingPlan, ...]:
