@@ -231,7 +231,7 @@ def main() -> int:
         for r in rows:
             print(f"{r['workload']} {r['mode']} {r['kernels']} kernels {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
                   f"{r['graphs']} graphs, {r['loaded']} loaded")
-            for plan, seconds in r.get("phases", {}).items():
+            for plan, seconds in (r.get("phases") or {}).items():  # the spec's False without --phases
                 print(f"    {plan}: {seconds}")
         return 0
     for a in rows:  # the two modes and starts of a workload commit the same first tokens
