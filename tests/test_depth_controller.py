@@ -193,6 +193,31 @@ def test_depth_zero_runs_the_target_alone_and_tries_the_drafts_again():
             DepthController(K, COSTS, **bad)
 
 
+def test_trials_wait_for_the_catch_up_the_step_runs_anyway():
+    """A draft LM sitting out depth 0 (`catch_up` = 3): the step catches it up after every 3 depth-0 launches, and
+    a trial due (every 5 depth-0 launches) waits for that catch-up instead of running one of its own: launches
+    come in runs of three idle steps, each run ended by a catch-up (forced, "0c"; or the trial's, "1c", then the
+    launch verifying its draft) or by a trial verifying the forced catch-up's draft ("0c 1")."""
+    costs = [1.0, 1.5, 1.8, 2.1, 2.4]
+    controller = DepthController(K, costs, depths=range(K + 1), probe=5, max_probe=5, catch_up=3)
+    controller.admit(0)
+    schedule = []
+    for _ in range(60):
+        lag = controller.lag
+        depth, verified = controller.launch()
+        schedule.append(f"{depth}{'c' if controller.caught_up else ''}")
+        assert not controller.caught_up or depth == 0 and lag >= 3 or depth > 0 and lag > 0, schedule
+        if controller.caught_up and depth > 0:
+            assert lag == 3, schedule  # a trial's own catch-up only where the step would force one
+        counts = [1 for _ in verified]  # nothing accepted
+        controller.observe_output(packed(counts), verified)
+    paused = " ".join(schedule[schedule.index("0"):]) + " "
+    catch_ups = paused.count("c ")
+    assert catch_ups >= 8 and paused.count("0 0 0 ") >= catch_ups - 1, paused
+    assert paused.count("1 ") >= 5, paused  # the trials still run, one every few runs
+    assert "0 1c" not in paused.replace("0 0 0 1c", ""), paused
+
+
 def test_only_depths_whose_graphs_are_made_are_launched():
     controller = DepthController(K, COSTS)
     controller.admit(0)

@@ -90,7 +90,8 @@ class DepthController:
     Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Step.idles_draft`),
     the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
-    depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`)."""
+    depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`). A trial due
+    waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own."""
 
     def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
                  weight: float = 0.05, prior: float = 0.9, strength: float = 2.0, hysteresis: float = 0.05,
@@ -184,8 +185,11 @@ class DepthController:
         if self.depth in scores and scores[best] < (1 + self.hysteresis) * scores[self.depth]:
             best = self.depth
         drafting = [d for d in depths if d > 0]
+        # Where the draft sits out depth 0, a trial waits for a catch-up the step runs anyway: the one it forces
+        # once the draft missed `catch_up` steps (this launch), or the one just run, whose draft it verifies.
+        aligned = self.catch_up == 0 or self.lag >= self.catch_up or self.caught_up
         self.trying = best == 0 and bool(drafting) and (
-            self.caught_up and self.on_trial or self.paused >= self.probe_every
+            self.caught_up and self.on_trial or self.paused >= self.probe_every and aligned
         )
         return min(drafting) if self.trying else best  # a trial: what the drafts are worth now
 
