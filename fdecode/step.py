@@ -372,8 +372,8 @@ def propose_lm(
         rows_in = [torch.cat([before, row[:, 1:]], dim=1) for before, row in zip((*sat_out, hidden_pad), rows_in)]
     logits, draft_hidden, draft_state = forward_rows(
         draft, *rows_in[:3], state.draft_kv, context, block_size=bs, hidden_in=rows_in[3], attention=cfg.attention,
-        regions=draft_regions, recurrent=start, valid=valid,
-    )  # the `current` row (the last column) proposes d'1 at P + 1
+        regions=draft_regions, recurrent=start, valid=valid, last_logits=True,
+    )  # the `current` row (the last column) proposes d'1 at P + 1: the head runs over it alone
     ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     candidates = cfg.top_k_candidates
     # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they

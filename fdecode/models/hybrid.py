@@ -137,9 +137,10 @@ class HybridModel(DecoderLM):
         valid: torch.Tensor | None = None,  # [B, Q] bool: rows that advance the recurrent state, None: all
         snapshots: bool = False,  # return the states after every row ([B, L_lin, Q, ...]) instead of the last
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
+        last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
     ):
-        """(logits [B, Q, V] float32, final-norm hidden [B, Q, H]), plus, when `recurrent` is given,
-        the (conv, rec) states after the rows."""
+        """(logits [B, Q, V] float32 ([B, 1, V] with `last_logits`), final-norm hidden [B, Q, H]), plus, when
+        `recurrent` is given, the (conv, rec) states after the rows."""
         batch = tokens.shape[0]
         given = recurrent is not None
         if not given:
@@ -159,7 +160,7 @@ class HybridModel(DecoderLM):
                 convs.append(conv)
                 recs.append(rec)
         hidden = self.norm(x)
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden[:, -1:] if last_logits else hidden).float()
         if not given:
             return logits, hidden
         if not convs:  # no linear-attention layer: the (empty) states pass through, one per row if asked

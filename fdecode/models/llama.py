@@ -63,12 +63,14 @@ class LlamaModel(DecoderLM):
         hidden_in: torch.Tensor | None = None,  # unused: keeps the signature of MTPHead
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
+        last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits [B, Q, V] float32 and the final-norm hidden state [B, Q, H] (model dtype)."""
+        """Returns logits [B, Q, V] float32 (or [B, 1, V], `last_logits`) and the final-norm hidden state
+        [B, Q, H] (model dtype)."""
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         indices = layer_indices(len(self.layers), ctx.regions, x.device)
         for i, layer in enumerate(self.layers):
             x = call_layer(layer, ctx.regions, x, positions, slots, kv, indices[i], ctx, self.rotary)
         hidden = self.norm(x)  # [B, Q, H]
-        return self.lm_head(hidden).float(), hidden
+        return self.lm_head(hidden[:, -1:] if last_logits else hidden).float(), hidden

@@ -74,9 +74,10 @@ class MTPHead(nn.Module):
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
         depth: int = 0,  # which draft forward of the step this is (0 = the one after the target)
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
+        last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits [B, Q, V] float32 and the hidden [B, Q, H] the next draft forward takes: the
-        layer output before the final norm, or after it where `chains_normed`."""
+        """Returns logits [B, Q, V] float32 ([B, 1, V] with `last_logits`) and the hidden [B, Q, H] the next
+        draft forward takes: the layer output before the final norm, or after it where `chains_normed`."""
         if self._shared is None:
             raise RuntimeError("MTPHead.bind(target) must be called before forward")
         if hidden_in is None:
@@ -84,7 +85,7 @@ class MTPHead(nn.Module):
         embed_tokens, lm_head = self._shared
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         h, out = self.run_layers(embed_tokens(tokens), hidden_in, positions, slots, kv, ctx, depth)  # [B, Q, H] each
-        return lm_head(out).float(), out if self.chains_normed else h
+        return lm_head(out[:, -1:] if last_logits else out).float(), out if self.chains_normed else h
 
     def run_layers(
         self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
