@@ -267,3 +267,32 @@ def test_checkpoint_key_mismatch_is_reported(tmp_path: Path) -> None:
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing \[norm.weight\], unexpected \[layers.0.self_attn.extra.weight\]"):
         from_hf(tmp_path)
+
+
+def test_last_logits_are_the_last_rows_logits() -> None:
+    """`last_logits=True` (a draft's first forward, whose earlier rows only write KV) gives the last row's logits
+    of the full forward, for a draft LM, an MTP head and a hybrid model, and writes the same KV."""
+    from fdecode.models.hybrid import HybridModel
+    from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
+
+    cfg = tiny_config(qk_norm=True)
+    target = LlamaModel.random(cfg, seed=0)
+    hybrid = HybridModel.random(HybridConfig(
+        vocab_size=128, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        model_type="qwen3_5_text", layer_types=(LINEAR, FULL), linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=4, linear_value_head_dim=4, partial_rotary_factor=0.5), seed=2, std=0.3)
+    tables = block_tables()
+    tokens, positions = torch.tensor([[3, 4, 9], [5, 6, 7]]), torch.tensor([[0, 1, 2], [0, 1, 2]])
+    slots = torch.tensor([[slot_of(tables, b, p) for p in range(3)] for b in range(2)])
+    for model, extra in ((target, {}), (MTPHead.random(cfg, seed=1).bind(target),
+                                        {"hidden_in": torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(5))}),
+                         (hybrid, {})):
+        kv_config = getattr(model, "kv_config", model.config)
+        kvs = [kv_config.new_kv((1 + 2 * MAX_BLOCKS) * BLOCK, dtype=torch.float32, device="cpu") for _ in range(2)]
+        with torch.no_grad():
+            full, hidden = model(tokens, positions, slots, kvs[0], tables, block_size=BLOCK, **extra)[:2]
+            last, same = model(tokens, positions, slots, kvs[1], tables, block_size=BLOCK, last_logits=True, **extra)[:2]
+        assert last.shape == (2, 1, full.shape[-1]), type(model).__name__
+        torch.testing.assert_close(last, full[:, -1:], rtol=0, atol=1e-6)  # a one-row matmul blocks differently
+        torch.testing.assert_close(same, hidden, rtol=0, atol=0)
+        torch.testing.assert_close(kvs[1], kvs[0], rtol=0, atol=0)
