@@ -377,9 +377,9 @@ class Step:
         the median of `TIMED_RUNS` rounds over the depths goes in `depth_seconds`, the costs an `Engine` with
         `adaptive_depth` weighs depths by (where a depth was timed before, the least).
 
-        After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything. The throwaway state's KV
-        pool goes back to the step, so the next `prefill` runs in the very addresses the graphs were
-        captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
+        After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything.
+        The throwaway state's KV pool goes back to the step, so the next `prefill` runs in the very addresses the
+        graphs were captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
         first window and its other windows only run (CUDA graph trees record a replay for each).
         """
         cfg = self.config
