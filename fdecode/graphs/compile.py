@@ -202,17 +202,15 @@ class Step:
     def _lanes(state: DecodeState) -> list[tuple]:
         return [lane for lane in state.lane_sampling if lane is not None]
 
-    def _exact(self, plan: SamplingPlan, state: DecodeState) -> bool:
-        """Whether `plan` is exact for `state`'s lanes that may be active (unknown lanes: only the general plan)."""
-        if state.lane_sampling is None:
-            return plan == general_plan(self.config)
-        return exact(plan, self._lanes(state))
-
     def _made_plans(self, state: DecodeState, depth: int) -> list[SamplingPlan]:
-        """The plans exact for `state`'s lanes whose graph of its window and of `depth` is made, cheapest first."""
+        """The plans exact for `state`'s lanes that may be active (unknown lanes: only the general plan) whose graph
+        of its window and of `depth` is made, cheapest first."""
         key, at = self.graph_window(self.config.bucket_for(state.max_position)), self.graph_depth(state, depth)
         made = [plan for k, plan, d in self._graphs if k == key and d == at]
-        return sorted((plan for plan in made if self._exact(plan, state)), key=rank)
+        if state.lane_sampling is None:
+            return [plan for plan in made if plan == general_plan(self.config)]
+        lanes = self._lanes(state)
+        return sorted((plan for plan in made if exact(plan, lanes)), key=rank)
 
     def graph_window(self, blocks: int) -> int | None:
         """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
