@@ -131,7 +131,7 @@ def logprob_rows(
 
 def decode_step(
     target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
-    plan: SamplingPlan | None = None, depth: int | None = None,
+    plan: SamplingPlan | None = None, depth: int | None = None, draft_regions: bool | None = None,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration: validate -> sample -> advance (prepare the next draft, propose).
     Consumes `state` (its KV is updated in place).
@@ -150,6 +150,9 @@ def decode_step(
     lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts); a draft LM
     sits it out (`fdecode.ops.catch_up`) and proposes nothing. depth CATCH_UP: depth 0 whose draft forward
     first takes the tokens the draft sat out, then proposes one draft.
+    draft_regions: whether the draft's layers may run as compile regions (`cfg.layer_regions` and no parameter
+    shared with the target: `fdecode.models.regions.shares_parameters`); None: checked here. The compiled
+    steps pass it, checked once outside the trace, where Dynamo would trace every parameter of both models.
     """
     plan = general_plan(cfg) if plan is None else plan
     depth = cfg.K if depth is None else depth
@@ -160,8 +163,8 @@ def decode_step(
     new_state = advance(
         draft, cfg, state, committed, draft_u, context_blocks=context_blocks, plan=plan,
         proposals=1 if catch_up else proposals(draft, cfg, depth), catch_up=catch_up,
-        # Checked only while tracing (eager steps never run regions): see `shares_parameters`.
-        draft_regions=compiling_regions(cfg.layer_regions) and not shares_parameters(target, draft),
+        draft_regions=compiling_regions(cfg.layer_regions) and (
+            draft_regions if draft_regions is not None else not shares_parameters(target, draft)),
     )
     return new_state, new_state.step_output
 

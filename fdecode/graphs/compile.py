@@ -22,7 +22,7 @@ from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializabl
 from fdecode.models.idle import idles_draft, missed_width
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
-from fdecode.models.regions import resolve_regions
+from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
@@ -51,16 +51,19 @@ def pure_step(
     size. A code object of its own (`fresh_code`) per window, plan and depth (see `decode_step`; None: K)."""
     depth = config.K if depth is None else depth
     config = plan_config(config, plan)
+    draft_regions = config.layer_regions and not shares_parameters(target, draft)  # once, not in every trace
     name = "".join(c if c.isalnum() else "_" for c in plan.name) + depth_suffix(config, depth)
     if blocks is None:
 
         def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, depth=depth)
+            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, depth=depth,
+                               draft_regions=draft_regions)
 
         return fresh_code(any_window, f"fdecode_step_any_window_{name}")
 
     def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth)
+        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth,
+                           draft_regions=draft_regions)
 
     return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
 

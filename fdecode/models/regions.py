@@ -80,10 +80,10 @@ def call_layer(layer: nn.Module, regions: bool, *args, **kwargs):
     named tuple among them it flattens them by tracing `pytree.tree_flatten`, ~0.1 s a call (14 of a
     real-pair graph's ~17 s of Dynamo trace, 124 calls), and flat leaves cost it next to nothing."""
     if compiling_regions(regions):
-        at = next((i for i, arg in enumerate(args) if isinstance(arg, PagedContext)), -1)
-        if at >= 0:
-            args = (*args[:at], *args[at], *args[at + 1:])
-        return _region(layer, at, *args, **kwargs)
+        for at, arg in enumerate(args):  # a loop, not a generator: Dynamo traces it at every call
+            if isinstance(arg, PagedContext):
+                return _region(layer, at, *args[:at], *arg, *args[at + 1:], **kwargs)
+        return _region(layer, -1, *args, **kwargs)
     return layer(*args, **kwargs)
 
 
