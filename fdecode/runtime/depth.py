@@ -79,8 +79,9 @@ class DepthController:
     A lane's rate is a Beta estimate: `strength` pseudo-drafts at `prior`, then every verified draft (an
     accepted one, or the rejection that ends a run) weighs 1 and every earlier one decays by 1 - `weight`, so
     a step of depth 4 teaches as much as four of depth 1. The costs start from `costs` (warm-up timings or
-    bytes read) and follow the steps: each launched depth's seconds are a running mean (`cost_weight`), and a
-    depth not launched yet is its starting cost times the ratio measured on the others. A deeper depth than
+    bytes read) and follow the steps: a depth not launched yet costs its starting cost times the ratio measured
+    on the others (the first step measured sets that ratio), and each step launched moves its depth's cost by
+    `cost_weight` towards what it took (a running mean from that estimate). A deeper depth than
     the drafts a lane carries verifies only those at its first step: its score amortises that step over
     `horizon` steps. A depth must score `hysteresis` better than the last one to replace it. Depth 0 (the
     target alone, where `depths` has it) verifies nothing and so teaches nothing: after `probe` launches of it
@@ -146,11 +147,16 @@ class DepthController:
         CPU runs the step). Ignored where `learn_costs` is False."""
         if not self.learn_costs or not seconds > 0 or self.caught_up:  # a catch-up costs what no depth does
             return
-        w, first = self.cost_weight, not self.measured
-        known = self.measured.get(depth)
-        self.measured[depth] = seconds if known is None else (1 - w) * known + w * seconds
-        ratio = seconds / self.start_costs[depth]
-        self.scale = ratio if first else (1 - w) * self.scale + w * ratio
+        w, ratio = self.cost_weight, seconds / self.start_costs[depth]
+        first = not self.measured
+        if first:  # the first step measured sets the unit: warm-up seconds, or the bytes model's GB (`step_costs`)
+            self.scale = ratio
+        # A depth's first step moves its estimate (starting cost x scale) as any later one does: one slow step
+        # (+50 % on the real pair, once in a run) set a depth's cost alone, and the controller never went back.
+        known = self.measured.get(depth, self.start_costs[depth] * self.scale)
+        self.measured[depth] = (1 - w) * known + w * seconds
+        if not first:
+            self.scale = (1 - w) * self.scale + w * ratio
 
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
