@@ -1,0 +1,85 @@
+"""The adaptive Engine on one real-pair prompt, run again and again, each run against a depth-0 loop right after it.
+
+    python bench/engine_repeat.py                       # the text prompt, 4 runs
+    python bench/engine_repeat.py --prompt write --reps 6 --json bench/results/engine_repeat.json
+
+`fdecode bench --workloads qwen-coder-...` times each system a few times; this repeats the one adaptive system
+to show how far its schedule, and its speed, move between runs of the same prompt and tokens (greedy), and
+logs every launch: its depth, the seconds the controller measured (`DepthController.observe_cost`) and
+whether it was a catch-up or a trial. Each run is followed by the same prompt decoded at depth 0 (the target
+alone, what target-only decoding costs) for a ratio taken minutes apart at most. The step: the workload's
+(`fdecode.bench.pair`, K = 4, B = 1, fp32), its greedy depths 0 .. K warmed up first. Skipped, naming the
+script that fetches the pair, where the models are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import fdecode
+from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair
+from fdecode.ops.plan import GREEDY
+
+
+def engine_run(step, prompt: list[int], new_tokens: int) -> dict:
+    engine = fdecode.Engine(step)
+    controller, log = engine.depths, []
+    observe = controller.observe_cost
+
+    def logged(depth: int, seconds: float) -> None:
+        log.append((depth, round(seconds, 4), controller.caught_up, controller.trying))
+        observe(depth, seconds)
+
+    controller.observe_cost = logged
+    engine.add_request(prompt, max_new_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    engine.run()
+    seconds = time.perf_counter() - start
+    return {"engine_tok_s": round(new_tokens / seconds, 3),
+            "launches": {d: n for d, n in controller.launches.items() if n},
+            "costs": [round(c, 4) for c in controller.costs], "log": log}
+
+
+def depth0_run(step, prompt: list[int], new_tokens: int) -> float:
+    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    while not bool(state.step_output.finished[0]):
+        state, _ = step(state, depth=0)
+    return round(new_tokens / (time.perf_counter() - start), 3)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt", choices=sorted(PROMPTS), default="text")
+    parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    pair = compiled_pair(4)
+    if pair is None:
+        return 0
+    step, tokenizer = pair
+    step.warmup(plans=[GREEDY], depths=range(step.config.K + 1), progress=False)
+    print(f"warm-up timings (s): { {d: round(s, 4) for d, s in step.depth_seconds.items()} }", flush=True)
+    prompt = chat_ids(tokenizer, PROMPTS[args.prompt])
+    runs = []
+    for rep in range(args.reps):
+        run = {"rep": rep, **engine_run(step, prompt, args.new_tokens),
+               "depth0_tok_s": depth0_run(step, prompt, args.new_tokens)}
+        run["ratio"] = round(run["engine_tok_s"] / run["depth0_tok_s"], 3)
+        runs.append(run)
+        print(json.dumps({k: v for k, v in run.items() if k != "log"}), flush=True)
+    print(f"Engine / depth 0: median {statistics.median(r['ratio'] for r in runs):.3f}, "
+          f"range {min(r['ratio'] for r in runs):.3f}-{max(r['ratio'] for r in runs):.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"prompt": args.prompt, "warmup_s": step.depth_seconds, "runs": runs}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
