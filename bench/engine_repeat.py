@@ -6,8 +6,9 @@
 `fdecode bench --workloads qwen-coder-...` times each system a few times; this repeats the one adaptive system
 to show how far its schedule, and its speed, move between runs of the same prompt and tokens (greedy), and
 logs every launch: its depth, the seconds the controller measured (`DepthController.observe_cost`) and
-whether it was a catch-up or a trial. Each run is followed by the same prompt decoded at depth 0 (the target
-alone, what target-only decoding costs) for a ratio taken minutes apart at most. The step: the workload's
+whether it was a catch-up or a trial. Each run is followed by the same prompt decoded at depth 0 (the step's
+own graph of the target alone) and by `fdecode bench`'s target-only system, each timed with its prefill as
+the Engine's run is, for ratios taken a minute apart at most. The step: the workload's
 (`fdecode.bench.pair`, K = 4, B = 1, fp32), its greedy depths 0 .. K warmed up first. Skipped, naming the
 script that fetches the pair, where the models are missing.
 """
@@ -21,6 +22,7 @@ import sys
 import time
 
 import fdecode
+from fdecode.baseline import TargetOnly
 from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair
 from fdecode.ops.plan import GREEDY
 
@@ -45,10 +47,18 @@ def engine_run(step, prompt: list[int], new_tokens: int) -> dict:
 
 
 def depth0_run(step, prompt: list[int], new_tokens: int) -> float:
-    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
+    """Tokens per second at depth 0, the prefill counted (as the Engine's run counts its own)."""
     start = time.perf_counter()
+    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
     while not bool(state.step_output.finished[0]):
         state, _ = step(state, depth=0)
+    return round(new_tokens / (time.perf_counter() - start), 3)
+
+
+def target_only_run(baseline: TargetOnly, prompt: list[int], new_tokens: int) -> float:
+    """Tokens per second of `fdecode bench`'s target-only system (the target's own graph, one token a call)."""
+    start = time.perf_counter()
+    baseline.generate([prompt], max_new_tokens=new_tokens)
     return round(new_tokens / (time.perf_counter() - start), 3)
 
 
@@ -66,15 +76,20 @@ def main(argv=None) -> int:
     step.warmup(plans=[GREEDY], depths=range(step.config.K + 1), progress=False)
     print(f"warm-up timings (s): { {d: round(s, 4) for d, s in step.depth_seconds.items()} }", flush=True)
     prompt = chat_ids(tokenizer, PROMPTS[args.prompt])
+    baseline = TargetOnly(step, backend=step.backend)
+    target_only_run(baseline, prompt, 2)  # compiles its graph
     runs = []
     for rep in range(args.reps):
         run = {"rep": rep, **engine_run(step, prompt, args.new_tokens),
-               "depth0_tok_s": depth0_run(step, prompt, args.new_tokens)}
-        run["ratio"] = round(run["engine_tok_s"] / run["depth0_tok_s"], 3)
+               "depth0_tok_s": depth0_run(step, prompt, args.new_tokens),
+               "target_only_tok_s": target_only_run(baseline, prompt, args.new_tokens)}
+        for name in ("depth0", "target_only"):
+            run[f"against_{name}"] = round(run["engine_tok_s"] / run[f"{name}_tok_s"], 3)
         runs.append(run)
         print(json.dumps({k: v for k, v in run.items() if k != "log"}), flush=True)
-    print(f"Engine / depth 0: median {statistics.median(r['ratio'] for r in runs):.3f}, "
-          f"range {min(r['ratio'] for r in runs):.3f}-{max(r['ratio'] for r in runs):.3f}")
+    for name in ("depth0", "target_only"):
+        ratios = [r[f"against_{name}"] for r in runs]
+        print(f"Engine / {name}: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"prompt": args.prompt, "warmup_s": step.depth_seconds, "runs": runs}, f)
