@@ -25,7 +25,7 @@ from fdecode.models.idle import idles_draft
 from fdecode.models.ngram import is_ngram
 from fdecode.models.mtp.head import depth_kwargs
 from fdecode.models.parallel import rank0_tokens
-from fdecode.models.regions import compiling_regions, shares_parameters
+from fdecode.models.regions import compiling_regions
 from fdecode.ops.catch_up import missed_rows, sit_out
 from fdecode.ops.filters import candidate_filter, filtered
 from fdecode.ops.ngram import lookup, write_history
@@ -131,7 +131,7 @@ def logprob_rows(
 
 def decode_step(
     target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
-    plan: SamplingPlan | None = None, depth: int | None = None, draft_regions: bool | None = None,
+    plan: SamplingPlan | None = None, depth: int | None = None, draft_regions: bool,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration: validate -> sample -> advance (prepare the next draft, propose).
     Consumes `state` (its KV is updated in place).
@@ -151,8 +151,8 @@ def decode_step(
     sits it out (`fdecode.ops.catch_up`) and proposes nothing. depth CATCH_UP: depth 0 whose draft forward
     first takes the tokens the draft sat out, then proposes one draft.
     draft_regions: whether the draft's layers may run as compile regions (`cfg.layer_regions` and no parameter
-    shared with the target: `fdecode.models.regions.shares_parameters`); None: checked here. The compiled
-    steps pass it, checked once outside the trace, where Dynamo would trace every parameter of both models.
+    shared with the target: `fdecode.models.regions.shares_parameters`), checked by the caller once per graph
+    (`pure_step`): inside the trace Dynamo would walk every parameter of both models.
     """
     plan = general_plan(cfg) if plan is None else plan
     depth = cfg.K if depth is None else depth
@@ -163,8 +163,7 @@ def decode_step(
     new_state = advance(
         draft, cfg, state, committed, draft_u, context_blocks=context_blocks, plan=plan,
         proposals=1 if catch_up else proposals(draft, cfg, depth), catch_up=catch_up,
-        draft_regions=compiling_regions(cfg.layer_regions) and (
-            draft_regions if draft_regions is not None else not shares_parameters(target, draft)),
+        draft_regions=compiling_regions(draft_regions),
     )
     return new_state, new_state.step_output
 

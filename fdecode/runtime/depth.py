@@ -148,15 +148,13 @@ class DepthController:
         if not self.learn_costs or not seconds > 0 or self.caught_up:  # a catch-up costs what no depth does
             return
         w, ratio = self.cost_weight, seconds / self.start_costs[depth]
-        first = not self.measured
-        if first:  # the first step measured sets the unit: warm-up seconds, or the bytes model's GB (`step_costs`)
+        if not self.measured:  # the first step measured sets the unit: warm-up seconds, or the bytes model's GB
             self.scale = ratio
         # A depth's first step moves its estimate (starting cost x scale) as any later one does: one slow step
         # (+50 % on the real pair, once in a run) set a depth's cost alone, and the controller never went back.
         known = self.measured.get(depth, self.start_costs[depth] * self.scale)
         self.measured[depth] = (1 - w) * known + w * seconds
-        if not first:
-            self.scale = (1 - w) * self.scale + w * ratio
+        self.scale = (1 - w) * self.scale + w * ratio  # the first step's ratio blended with itself: unchanged
 
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
