@@ -8,8 +8,8 @@ each graph compiled before anything is timed. A round runs `--steps` steps of ea
 primed state (the graph chosen directly, whatever the state's lag: each reads and writes the same state) and
 TargetOnly's loop for as many tokens; the median step of each graph over `--rounds` rounds is reported, with
 the catch-up's extra seconds over depth 0 spread over the C + 1 tokens of the C depth-0 steps and the catch-up
-that ends them (what a stream the controller keeps at depth 0 pays per token for the draft's KV). Skipped, naming the script that fetches the pair, when the
-models are missing.
+that ends them (what a stream the controller keeps at depth 0 pays per token for the draft's KV). Skipped,
+naming the script that fetches the pair, when the models are missing.
 """
 
 from __future__ import annotations

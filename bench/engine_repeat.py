@@ -1,4 +1,4 @@
-"""The adaptive Engine on one real-pair prompt, run again and again, each run against a depth-0 loop right after it.
+"""The adaptive Engine on one real-pair prompt, run again and again, each run against target-only right after it.
 
     python bench/engine_repeat.py                       # the text prompt, 4 runs
     python bench/engine_repeat.py --prompt write --reps 6 --json bench/results/engine_repeat.json
@@ -23,7 +23,7 @@ import time
 
 import fdecode
 from fdecode.baseline import TargetOnly
-from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair
+from fdecode.bench.pair import PROMPTS, chat_ids, compiled_pair, fixed_depth
 from fdecode.ops.plan import GREEDY
 
 
@@ -46,19 +46,10 @@ def engine_run(step, prompt: list[int], new_tokens: int) -> dict:
             "costs": [round(c, 4) for c in controller.costs], "log": log}
 
 
-def depth0_run(step, prompt: list[int], new_tokens: int) -> float:
-    """Tokens per second at depth 0, the prefill counted (as the Engine's run counts its own)."""
+def tokens_per_second(run, new_tokens: int) -> float:
+    """`new_tokens` over the seconds `run()` takes (its prefill counted, as the Engine's run counts its own)."""
     start = time.perf_counter()
-    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
-    while not bool(state.step_output.finished[0]):
-        state, _ = step(state, depth=0)
-    return round(new_tokens / (time.perf_counter() - start), 3)
-
-
-def target_only_run(baseline: TargetOnly, prompt: list[int], new_tokens: int) -> float:
-    """Tokens per second of `fdecode bench`'s target-only system (the target's own graph, one token a call)."""
-    start = time.perf_counter()
-    baseline.generate([prompt], max_new_tokens=new_tokens)
+    run()
     return round(new_tokens / (time.perf_counter() - start), 3)
 
 
@@ -76,13 +67,14 @@ def main(argv=None) -> int:
     step.warmup(plans=[GREEDY], depths=range(step.config.K + 1), progress=False)
     print(f"warm-up timings (s): { {d: round(s, 4) for d, s in step.depth_seconds.items()} }", flush=True)
     prompt = chat_ids(tokenizer, PROMPTS[args.prompt])
-    baseline = TargetOnly(step, backend=step.backend)
-    target_only_run(baseline, prompt, 2)  # compiles its graph
+    baseline, new = TargetOnly(step, backend=step.backend), args.new_tokens
+    baseline.generate([prompt], max_new_tokens=2)  # compiles its graph
     runs = []
     for rep in range(args.reps):
-        run = {"rep": rep, **engine_run(step, prompt, args.new_tokens),
-               "depth0_tok_s": depth0_run(step, prompt, args.new_tokens),
-               "target_only_tok_s": target_only_run(baseline, prompt, args.new_tokens)}
+        run = {"rep": rep, **engine_run(step, prompt, new),
+               # `fdecode bench`'s "fdecode depth d" loop at depth 0, and its target-only system
+               "depth0_tok_s": tokens_per_second(lambda: fixed_depth(step, prompt, 0, new), new),
+               "target_only_tok_s": tokens_per_second(lambda: baseline.generate([prompt], max_new_tokens=new), new)}
         for name in ("depth0", "target_only"):
             run[f"against_{name}"] = round(run["engine_tok_s"] / run[f"{name}_tok_s"], 3)
         runs.append(run)
