@@ -85,6 +85,11 @@ class DecodeConfig:
     # (target layers + K x draft layers), where compile time pays for the region calls' host cost.
     # `fdecode.compile` resolves it: `step.config.layer_regions` is a bool.
     layer_regions: bool | str = "auto"
+    # An Inductor step on the CPU keeps a copy of each large linear weight (`onednn_linear.MIN_BYTES` and up)
+    # in oneDNN's own layout (`fdecode.ops.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
+    # (verifies, a batch's drafts) run 1.5-1.8x faster, at the cost of a second copy of those weights
+    # (+8.2 GB for the real pair in float32). False: oneDNN reads the weights as they lie, no copy.
+    pack_weights: bool = True
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
     torchair_mode: str = "reduce-overhead"  # backend "torchair": ACL graph (npugraph_ex) or "max-autotune" (GE graph)
@@ -127,7 +132,7 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.layer_regions must be 'auto', True or False, got {self.layer_regions!r}")
         if not isinstance(self.draft_gate, bool):
             raise ValueError(f"DecodeConfig.draft_gate must be True or False, got {self.draft_gate!r}")
-        for name in ("penalties", "min_tokens"):
+        for name in ("penalties", "min_tokens", "pack_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DecodeConfig.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("max_logit_bias", "max_logprobs", "max_grammar_states", "max_grammar_transitions"):

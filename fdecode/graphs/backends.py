@@ -27,6 +27,7 @@ from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.cpu_matmul import weight_stationary
 from fdecode.graphs.vec_isa import isa_options
+from fdecode.ops.onednn_linear import available as onednn_available
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -238,6 +239,12 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
         options["post_grad_custom_pre_pass"] = weight_stationary
         options.update(isa_options())  # the CPU's vector ISA without Inductor's probe builds
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
+
+
+def packs_weights(cfg: DecodeConfig, backend: str) -> bool:
+    """Whether `fdecode.compile` keeps oneDNN's layout of the large linear weights (`DecodeConfig.pack_weights`):
+    where the step's graphs run them by oneDNN, a CPU Inductor step (`weight_stationary`)."""
+    return cfg.pack_weights and backend == "inductor" and cfg.device_type == "cpu" and onednn_available()
 
 
 # (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).

@@ -15,7 +15,8 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
-    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, resolve_backend,
+    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, packs_weights,
+    resolve_backend,
 )
 from fdecode.graphs.kernel_batches import batched_cpu_kernels
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
@@ -24,6 +25,7 @@ from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group, parallelize_pair
 from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
+from fdecode.ops.onednn_linear import pack_linears
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, new_kv, prefill
@@ -549,6 +551,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
+    if packs_weights(config, backend):
+        added = pack_linears(target_model, draft_model)
+        if announce and added:
+            notice(f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
+                   "(DecodeConfig.pack_weights=False: none)")
     step = Step(
         target_model, draft_model, config, draft_kind=kind, backend=backend,
         fallback_reason=reason, attention_reason=attention_reason, announce=announce,

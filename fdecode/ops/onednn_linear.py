@@ -1,4 +1,4 @@
-"""`fdecode::onednn_linear`: a CPU linear (x @ w^T + b) computed by oneDNN from the weight as it lies.
+"""`fdecode::onednn_linear`: a CPU linear (x @ w^T + b) computed by oneDNN.
 
 On a CPU the step's large linears run few rows (a verify's K + 1, a draft's one or two). For those the BLAS
 behind `F.linear` (MKL) streams a weight at a third to a half of what the same weight's read costs, and
@@ -8,6 +8,10 @@ lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights,
 its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
 (`fdecode.graphs.cpu_matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
 `OneDNNLinears`, a mode that sends `F.linear` here wherever `takes` says so.
+
+oneDNN reads the weight as it lies, or, for two rows or more, the copy in its own layout that
+`onednn_packed` keeps where `pack_linears` made one (a CPU Inductor step's linears, at `fdecode.compile`):
+1.5-1.8x faster again at 2-8 rows (BENCHMARKS.md, "Packed oneDNN weights").
 
 Registered through `torch.library.Library`, not `torch.library.custom_op`: a step makes hundreds of these
 calls, and the lower-level registration costs ~30 us a call against ~55 us (most of it oneDNN's own).
@@ -19,12 +23,22 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from fdecode.ops import onednn_packed
 
 _lib = torch.library.Library("fdecode", "FRAGMENT")
 _lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 
-DTYPES = (torch.float32, torch.bfloat16)  # oneDNN's CPU matmul runs these on every x86 CPU torch supports
+
+
+def dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes oneDNN's CPU matmul runs here: float32, and bfloat16 where the CPU has the instructions
+    (AVX-512 BF16 / AMX, or AVX-NE-CONVERT); without them oneDNN refuses a bfloat16 product, which then
+    stays with the BLAS call."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
 MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (BENCHMARKS.md)
 
 
@@ -33,17 +47,31 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available()
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether x @ weight^T + bias goes to oneDNN: a CPU weight of at least MIN_BYTES, 2-D, contiguous, of a
-    dtype oneDNN runs and x's; a bias of one value per output; nothing that autograd must see. Tensors or
-    fake tensors (the graph pass asks about a traced graph's values)."""
+def takes_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether oneDNN takes this weight and bias: a CPU weight of at least MIN_BYTES, 2-D, contiguous, of a
+    dtype oneDNN runs here; a bias of one value per output."""
     return (
         available() and weight.dim() == 2 and weight.is_contiguous() and weight.device.type == "cpu"
-        and weight.dtype in DTYPES and x.dtype == weight.dtype and x.device == weight.device
-        and weight.numel() * weight.element_size() >= MIN_BYTES
+        and weight.dtype in dtypes() and weight.numel() * weight.element_size() >= MIN_BYTES
         and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == weight.dtype))
+    )
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight^T + bias goes to oneDNN: `takes_weight`, x of the weight's dtype and device, and
+    nothing that autograd must see. Tensors or fake tensors (the graph pass asks about a traced graph's
+    values)."""
+    return (
+        takes_weight(weight, bias) and x.dtype == weight.dtype and x.device == weight.device
         and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
     )
+
+
+def pack_linears(*models: nn.Module) -> int:
+    """Keeps oneDNN's packed layout (`onednn_packed`) of the weight of every `nn.Linear` in `models` that
+    oneDNN takes; returns the bytes added."""
+    return sum(onednn_packed.pack(m.weight) for model in models for m in model.modules()
+               if isinstance(m, nn.Linear) and takes_weight(m.weight, m.bias))
 
 
 class OneDNNLinears(TorchFunctionMode):
@@ -69,6 +97,9 @@ def _linear_args(input, weight, bias=None):  # noqa: A002 - F.linear's own param
 
 
 def _cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    kept = onednn_packed.packed(weight) if x.numel() >= onednn_packed.MIN_ROWS * x.shape[-1] else None
+    if kept is not None:
+        return onednn_packed.linear(x, kept, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), weight, bias, "none", [], "")
 
 

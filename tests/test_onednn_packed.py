@@ -1,0 +1,78 @@
+"""Packed copies of CPU linear weights for oneDNN (`fdecode.ops.onednn_packed`): the same products as the
+weight as it lies, at every row count, never stale, dropped with their weight."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fdecode.ops import onednn_packed
+from fdecode.ops.onednn_linear import available, dtypes, onednn_linear
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
+
+
+def weight(n=96, k=64, seed=0, dtype=torch.float32):
+    return (torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) / 8).to(dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_a_packed_weight_computes_the_plain_product_at_every_row_count(dtype, tol):
+    if dtype not in dtypes():
+        pytest.skip(f"oneDNN does not run {dtype} on this CPU (no AVX-512 BF16, AMX or AVX-NE-CONVERT)")
+    w, b = weight(dtype=dtype), weight(96, 1, seed=1, dtype=dtype)[:, 0].contiguous()
+    added = onednn_packed.pack(w)
+    if dtype == torch.bfloat16 and not added:  # oneDNN packs bfloat16 only with AVX-512 or AVX-NE-CONVERT
+        assert onednn_packed.packed(w) is None
+    else:
+        assert added == w.numel() * w.element_size()
+        assert onednn_packed.packed(w) is not None
+        assert onednn_packed.pack(w) == 0  # kept already
+    gen = torch.Generator().manual_seed(2)
+    for rows in (1, 2, 3, onednn_packed.MIN_ROWS, 5, 8, 33):
+        x = torch.randn(rows, 64, generator=gen).to(dtype)
+        for bias in (None, b):
+            torch.testing.assert_close(onednn_linear(x, w, bias), F.linear(x, w, bias), rtol=tol, atol=tol)
+    x = torch.randn(2, 3, 64, generator=gen).to(dtype)  # a prefill's [B, T, H]
+    torch.testing.assert_close(onednn_linear(x, w, b), F.linear(x, w, b), rtol=tol, atol=tol)
+    torch.testing.assert_close(onednn_linear(x[:1, :1], w, b), F.linear(x[:1, :1], w, b), rtol=tol, atol=tol)
+
+
+def test_a_weight_changed_in_place_is_packed_again():
+    layer, x = torch.nn.Linear(64, 96), torch.randn(2, 64)
+    onednn_packed.pack(layer.weight)
+    before = onednn_linear(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        layer.weight.mul_(-2)
+    torch.testing.assert_close(onednn_linear(x, layer.weight, None), -2 * (before - layer.bias))
+    layer.load_state_dict({"weight": weight(seed=4), "bias": layer.bias.detach()})  # copies in place
+    assert onednn_packed.packed(layer.weight) is not None
+    torch.testing.assert_close(onednn_linear(x, layer.weight, layer.bias), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_copy_is_dropped_with_its_weight_and_never_reaches_a_new_one():
+    gc.collect()  # other tests' weights: gone before counting
+    w = weight(seed=5)
+    onednn_packed.pack(w)
+    kept = onednn_packed.kept_bytes()
+    key = (w.data_ptr(), w.shape, w.dtype)
+    del w
+    gc.collect()
+    assert onednn_packed.kept_bytes() == kept - 96 * 64 * 4
+    fresh = weight(seed=6)  # may lie at the freed weight's address: it has no copy
+    if (fresh.data_ptr(), fresh.shape, fresh.dtype) == key:
+        assert onednn_packed.packed(fresh) is None
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(onednn_linear(x, fresh, None), F.linear(x, fresh), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_not_packed_run_as_they_lie():
+    w, x = weight(seed=7), torch.randn(5, 64)
+    assert onednn_packed.packed(w) is None
+    torch.testing.assert_close(onednn_linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        frozen = weight(seed=8)
+    assert onednn_packed.pack(frozen) == 0 and onednn_packed.packed(frozen) is None
