@@ -3,6 +3,7 @@
     python bench/step_phases.py                 # Qwen2.5-Coder 1.5B + 0.5B, fp32, B = 1, K = 4
     python bench/step_phases.py --k 8 --json bench/results/step_phases.json
     python bench/step_phases.py --compare-onednn   # the compiled forwards with and without oneDNN, interleaved
+    python bench/step_phases.py --compare-packed   # ... with oneDNN's packed weights and without, interleaved
 
 At B = 1 a decoder forward is bound by reading its weights: every row of a verify, and every draft
 forward, reads all of them once. The script measures the read bandwidth (the median of summing a
@@ -13,8 +14,8 @@ time over a prefilled state (medians of `--repeats`):
 - the target's verify forward over K + 1 rows;
 - one draft forward of 1 row (a step runs K of them: 2 rows, then 1);
 - the whole step, eager and compiled (inductor, the default config);
-and the two forwards again compiled as the step compiles them (large linears by oneDNN, small few-row ones
-weight-stationary: `fdecode.graphs.cpu_matmul`). "other" is a step less the target's
+and the two forwards again compiled as the step compiles them (large linears by oneDNN from the packed
+weights `fdecode.compile` keeps, small few-row ones weight-stationary: `fdecode.graphs.cpu_matmul`). "other" is a step less the target's
 verify and K draft forwards: sampling, acceptance, the prepare op, the draft's first forward having
 2 rows, and the wrapper. Tokens per second at the floor: (accepted tokens per step) / (target + K drafts at the floor).
 The models come from `fdecode.assets.qwen_coder` (skipped, naming the script that fetches them, when
@@ -36,7 +37,8 @@ import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.bench.pair import PROMPTS, chat_ids
 from fdecode.bench.timing import interleaved_runs
-from fdecode.graphs.backends import capture
+from fdecode.graphs.backends import capture, packs_weights
+from fdecode.ops.onednn_linear import pack_linears
 from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
 PROMPT = PROMPTS["write"]  # the workload's code-writing prompt
@@ -80,6 +82,24 @@ def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repe
     return {name: timed[0] for name, timed in interleaved_runs(systems, repeats, warm_up=False).items()}
 
 
+def without_packing(compiled_verify, compiled_draft, repeats: int) -> dict[str, float]:
+    """The compiled forwards with oneDNN's packed weights (`fdecode.ops.onednn_packed`) and with oneDNN reading
+    the weights as they lie (the same graphs: the op finds no packed copy), timed in turn: medians."""
+    from unittest import mock
+
+    from fdecode.ops import onednn_packed
+
+    def unpacked(fn):
+        def run():
+            with mock.patch.object(onednn_packed, "packed", lambda weight: None):
+                return fn()
+        return run
+
+    systems = {"target_verify_packed": compiled_verify, "target_verify_unpacked": unpacked(compiled_verify),
+               "draft_forward_packed": compiled_draft, "draft_forward_unpacked": unpacked(compiled_draft)}
+    return {name: timed[0] for name, timed in interleaved_runs(systems, repeats, warm_up=False).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--k", type=int, default=4)
@@ -88,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-onednn", action="store_true",
                         help="also time the compiled verify and draft forward with every linear left to the BLAS "
                              "call (no oneDNN), interleaved with the default ones")
+    parser.add_argument("--compare-packed", action="store_true",
+                        help="also time the compiled verify and draft forward with oneDNN reading the weights as "
+                             "they lie (no packed copies), interleaved with the default ones")
     args = parser.parse_args(argv)
     reason = qwen_coder.missing_reason()
     if reason is not None:
@@ -130,11 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         eager_step()
         measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
         # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
+        if packs_weights(inductor, "inductor"):  # as fdecode.compile does for this config
+            pack_linears(target, draft)
         compiled_verify, compiled_draft = capture("inductor", verify, inductor), capture("inductor", draft_row, inductor)
         measured["target_verify"] = median_seconds(compiled_verify, args.repeats)
         measured["draft_forward"] = median_seconds(compiled_draft, args.repeats)
         if args.compare_onednn:
             measured.update(without_onednn(verify, draft_row, compiled_verify, compiled_draft, inductor, args.repeats))
+        if args.compare_packed:
+            measured.update(without_packing(compiled_verify, compiled_draft, args.repeats))
     measured["eager_other"] = (measured["eager_step"] - measured["eager_target_verify"]
                                - k * measured["eager_draft_forward"])
 

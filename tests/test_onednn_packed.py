@@ -76,3 +76,41 @@ def test_weights_not_packed_run_as_they_lie():
     with torch.inference_mode():
         frozen = weight(seed=8)
     assert onednn_packed.pack(frozen) == 0 and onednn_packed.packed(frozen) is None
+
+
+def test_a_compiled_forward_reads_the_packed_weight_and_follows_its_edits(monkeypatch):
+    """Inductor calls the op with the weight its graph takes as an input: the packed copy is found, and an
+    in-place edit between calls reaches the compiled forward (the same graph, no recompile)."""
+    from fdecode.graphs.cpu_matmul import weight_stationary
+
+    lin = torch.nn.Linear(512, 600)  # 1.2 MB: oneDNN's
+    onednn_packed.pack(lin.weight)
+    compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
+                             options={"post_grad_custom_pre_pass": weight_stationary})
+    calls, real = [], onednn_packed.linear
+    monkeypatch.setattr(onednn_packed, "linear", lambda x, w, b: calls.append(x.shape) or real(x, w, b))
+    with torch.no_grad():
+        for rows in (1, 4):
+            x = torch.randn(rows, 512)
+            torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
+        lin.weight.mul_(0.5)
+        torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
+    assert calls == [(4, 512)] * 2  # one row reads the weight as it lies
+
+
+def test_compile_packs_a_cpu_inductor_steps_large_linears_only():
+    import fdecode
+    from fdecode.models import LlamaModel, ModelConfig
+
+    cfg = ModelConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=16)
+    model = LlamaModel.random(cfg, seed=0)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears[-1] is model.lm_head  # 4096 x 64 float32: 1 MiB, the only weight oneDNN takes
+    for backend, pack_weights, packs in (("eager", True, False), ("inductor", False, False), ("inductor", True, True)):
+        step = fdecode.compile(model, model, fdecode.DecodeConfig(
+            num_draft_tokens=2, max_batch=1, max_seq_len=32, backend=backend, pack_weights=pack_weights),
+            announce=False)
+        assert step.target.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()  # shared
+        assert (onednn_packed.packed(model.lm_head.weight) is not None) == packs, (backend, pack_weights)
+        assert not any(onednn_packed.packed(m.weight) is not None for m in linears[:-1])
