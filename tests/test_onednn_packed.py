@@ -114,3 +114,18 @@ def test_compile_packs_a_cpu_inductor_steps_large_linears_only():
         assert step.target.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()  # shared
         assert (onednn_packed.packed(model.lm_head.weight) is not None) == packs, (backend, pack_weights)
         assert not any(onednn_packed.packed(m.weight) is not None for m in linears[:-1])
+
+
+def test_views_of_one_weight_share_a_copy_kept_while_any_lives():
+    """Two steps over one model hold views of its parameters: freeing one view keeps the other's copy."""
+    gc.collect()
+    before = onednn_packed.kept_bytes()
+    base = weight(seed=9)
+    first, second = base.view_as(base), base.view_as(base)
+    assert onednn_packed.pack(first) == base.numel() * 4 and onednn_packed.pack(second) == 0
+    del first
+    gc.collect()
+    assert onednn_packed.packed(second) is not None
+    del second, base
+    gc.collect()
+    assert onednn_packed.kept_bytes() == before

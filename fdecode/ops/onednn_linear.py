@@ -11,7 +11,7 @@ its graph's inputs, so the call is wrapped in an op of our own that Inductor lea
 
 oneDNN reads the weight as it lies, or, for two rows or more, the copy in its own layout that
 `onednn_packed` keeps where `pack_linears` made one (a CPU Inductor step's linears, at `fdecode.compile`):
-1.5-1.8x faster again at 2-8 rows (BENCHMARKS.md, "Packed oneDNN weights").
+1.5-2.2x faster again at 2-8 rows (BENCHMARKS.md, "Packed oneDNN weights").
 
 Registered through `torch.library.Library`, not `torch.library.custom_op`: a step makes hundreds of these
 calls, and the lower-level registration costs ~30 us a call against ~55 us (most of it oneDNN's own).
@@ -30,7 +30,6 @@ from fdecode.ops import onednn_packed
 
 _lib = torch.library.Library("fdecode", "FRAGMENT")
 _lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-
 
 
 def dtypes() -> tuple[torch.dtype, ...]:

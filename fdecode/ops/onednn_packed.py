@@ -6,7 +6,7 @@ that reordered copy once (it is what Inductor bakes into a graph whose weights a
 step's weights are its graphs' inputs, not constants, so `pack` keeps the copy here instead, keyed by the
 weight, and `onednn_linear` uses it wherever one is kept. Measured on the real pair's shapes, one weight
 after another so that no cache holds them (BENCHMARKS.md, "Packed oneDNN weights"): a packed weight streams
-1.5-1.8x as fast at 2-8 rows, ~1.3x at 16 and ~1.1x at 64, but at one row ~10 % slower than the weight
+1.5-2.2x as fast at 2-8 rows, ~1.35x at 16 and ~1.1x at 64, but at one row 2-15 % slower than the weight
 as it lies, so a one-row product (`MIN_ROWS`) keeps the plain call. `onednn_linear.pack_linears` packs a step's models'
 large linear weights when `fdecode.compile` makes an Inductor step on the CPU (`DecodeConfig.pack_weights`).
 
@@ -21,7 +21,7 @@ see either; call `repack` after one. Weights that are inference tensors (made un
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ MIN_ROWS = 2  # a product of fewer rows reads the weight as it lies: at one row 
 class _Packed:
     version: int  # the weight's `_version` when packed
     weight: torch.Tensor  # oneDNN's layout of it
+    holders: set[int] = field(default_factory=set)  # ids of the live tensors packed under this key
 
 
 _KEPT: dict[tuple, _Packed] = {}
@@ -47,21 +48,33 @@ def _reorder(weight: torch.Tensor) -> _Packed:
         return _Packed(weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
 
 
+def _release(key: tuple, holder: int) -> None:
+    kept = _KEPT.get(key)
+    if kept is not None:
+        kept.holders.discard(holder)
+        if not kept.holders:
+            del _KEPT[key]
+
+
 def pack(weight: torch.Tensor) -> int:
     """Keeps oneDNN's layout of `weight` (a 2-D CPU tensor); returns the bytes it added (0: kept already, an
     inference tensor, or a dtype this CPU's oneDNN cannot pack, such as bfloat16 without AVX-512: those run
-    as they lie)."""
+    as they lie). Tensors that view one weight (two steps sharing a model's parameters) share one copy, kept
+    while any of them lives."""
     if weight.is_inference():
         return 0
     key = _key(weight)
-    if key in _KEPT:
-        return 0
-    try:
-        _KEPT[key] = _reorder(weight)
-    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
-        return 0
-    weakref.finalize(weight, _KEPT.pop, key, None)
-    return weight.numel() * weight.element_size()
+    kept, added = _KEPT.get(key), 0
+    if kept is None:
+        try:
+            kept = _KEPT[key] = _reorder(weight)
+        except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+            return 0
+        added = weight.numel() * weight.element_size()
+    if id(weight) not in kept.holders:
+        kept.holders.add(id(weight))
+        weakref.finalize(weight, _release, key, id(weight))
+    return added
 
 
 def packed(weight: torch.Tensor) -> torch.Tensor | None:
@@ -70,7 +83,7 @@ def packed(weight: torch.Tensor) -> torch.Tensor | None:
     if kept is None:
         return None
     if kept.version != weight._version:
-        kept = _KEPT[_key(weight)] = _reorder(weight)
+        kept.version, kept.weight = weight._version, _reorder(weight).weight
     return kept.weight
 
 
@@ -82,8 +95,9 @@ def kept_bytes() -> int:
 def repack(model: nn.Module) -> None:
     """Makes the packed copies of `model`'s weights again: after writing a weight through `weight.data`."""
     for param in model.parameters():
-        if _key(param) in _KEPT:
-            _KEPT[_key(param)] = _reorder(param)
+        kept = _KEPT.get(_key(param))
+        if kept is not None:
+            kept.version, kept.weight = param._version, _reorder(param).weight
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
