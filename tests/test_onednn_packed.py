@@ -51,6 +51,9 @@ def test_a_weight_changed_in_place_is_packed_again():
     layer.load_state_dict({"weight": weight(seed=4), "bias": layer.bias.detach()})  # copies in place
     assert onednn_packed.packed(layer.weight) is not None
     torch.testing.assert_close(onednn_linear(x, layer.weight, layer.bias), layer(x), rtol=1e-5, atol=1e-5)
+    layer.weight.data.copy_(weight(seed=5))  # through .data: no version moves; repack says so
+    onednn_packed.repack(layer)
+    torch.testing.assert_close(onednn_linear(x, layer.weight, layer.bias), layer(x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_copy_is_dropped_with_its_weight_and_never_reaches_a_new_one():
