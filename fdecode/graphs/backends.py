@@ -235,16 +235,21 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
     if backend == "torchair":
         return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
     options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}
-    if backend == "inductor" and cfg.device_type == "cpu":  # few-row matmuls streamed as the weight's rows
+    if cpu_inductor(cfg, backend):  # large linears by oneDNN, few-row small ones streamed as the weight's rows
         options["post_grad_custom_pre_pass"] = weight_stationary
         options.update(isa_options())  # the CPU's vector ISA without Inductor's probe builds
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
 
 
+def cpu_inductor(cfg: DecodeConfig, backend: str) -> bool:
+    """Whether `capture` compiles with the CPU linears pass (`weight_stationary`): Inductor on the CPU."""
+    return backend == "inductor" and cfg.device_type == "cpu"
+
+
 def packs_weights(cfg: DecodeConfig, backend: str) -> bool:
     """Whether `fdecode.compile` keeps oneDNN's layout of the large linear weights (`DecodeConfig.pack_weights`):
-    where the step's graphs run them by oneDNN, a CPU Inductor step (`weight_stationary`)."""
-    return cfg.pack_weights and backend == "inductor" and cfg.device_type == "cpu" and onednn_available()
+    where the step's graphs run them by oneDNN (`cpu_inductor`)."""
+    return cfg.pack_weights and cpu_inductor(cfg, backend) and onednn_available()
 
 
 # (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).

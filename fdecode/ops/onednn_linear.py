@@ -20,6 +20,7 @@ calls, and the lower-level registration costs ~30 us a call against ~55 us (most
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,7 @@ _lib = torch.library.Library("fdecode", "FRAGMENT")
 _lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 
 
+@functools.cache  # asked at every eager F.linear (`OneDNNLinears`); the CPU does not change
 def dtypes() -> tuple[torch.dtype, ...]:
     """The dtypes oneDNN's CPU matmul runs here: float32, and bfloat16 where the CPU has the instructions
     (AVX-512 BF16 / AMX, or AVX-NE-CONVERT); without them oneDNN refuses a bfloat16 product, which then

@@ -37,15 +37,16 @@ class _Packed:
 
 
 _KEPT: dict[tuple, _Packed] = {}
+_STALE = -1  # a version no tensor has: `packed` makes the copy again
 
 
 def _key(weight: torch.Tensor) -> tuple:
     return weight.data_ptr(), weight.shape, weight.dtype
 
 
-def _reorder(weight: torch.Tensor) -> _Packed:
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return _Packed(weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
 def _release(key: tuple, holder: int) -> None:
@@ -67,7 +68,7 @@ def pack(weight: torch.Tensor) -> int:
     kept, added = _KEPT.get(key), 0
     if kept is None:
         try:
-            kept = _KEPT[key] = _reorder(weight)
+            kept = _KEPT[key] = _Packed(weight._version, _reorder(weight))
         except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
             return 0
         added = weight.numel() * weight.element_size()
@@ -83,7 +84,7 @@ def packed(weight: torch.Tensor) -> torch.Tensor | None:
     if kept is None:
         return None
     if kept.version != weight._version:
-        kept.version, kept.weight = weight._version, _reorder(weight).weight
+        kept.version, kept.weight = weight._version, _reorder(weight)
     return kept.weight
 
 
@@ -93,11 +94,12 @@ def kept_bytes() -> int:
 
 
 def repack(model: nn.Module) -> None:
-    """Makes the packed copies of `model`'s weights again: after writing a weight through `weight.data`."""
+    """Has the packed copies of `model`'s weights made again at their next use (`packed`): after writing a
+    weight through `weight.data`."""
     for param in model.parameters():
         kept = _KEPT.get(_key(param))
         if kept is not None:
-            kept.version, kept.weight = param._version, _reorder(param).weight
+            kept.version = _STALE
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
