@@ -26,6 +26,7 @@ import torch
 from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.cpu_matmul import weight_stationary
+from fdecode.graphs.replay_outputs import owning_outputs
 from fdecode.graphs.vec_isa import isa_options
 from fdecode.ops.onednn_linear import available as onednn_available
 from fdecode.state.recurrent import is_hybrid
@@ -230,8 +231,8 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
         return fn
     if backend == "dynamo":  # torch's "eager" compile backend: Dynamo's graph, no AOTAutograd, no codegen
         return torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)
-    if backend == "cudagraphs":  # Inductor with CUDA graph replay
-        return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    if backend == "cudagraphs":  # Inductor with CUDA graph replay; the outputs copied out of the graph pool
+        return owning_outputs(torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False))
     if backend == "torchair":
         return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
     options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}

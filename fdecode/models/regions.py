@@ -28,7 +28,16 @@ AUTO_MIN_COPIES = 12
 MAX_KINDS = 64
 
 
-@torch.compiler.nested_compile_region(max_reuse_entries=MAX_KINDS)
+def _compile_region(fn):
+    """`torch.compiler.nested_compile_region` with room for `MAX_KINDS` kinds. Torch before 2.13 (the image of
+    the GPU machine the device checks run on has 2.11) takes no cap: there the region keeps its own default."""
+    try:
+        return torch.compiler.nested_compile_region(max_reuse_entries=MAX_KINDS)(fn)
+    except TypeError:
+        return torch.compiler.nested_compile_region(fn)
+
+
+@_compile_region
 def _region(layer: nn.Module, ctx_at: int, *args, **kwargs):
     if ctx_at >= 0:  # the layer's `PagedContext` came in as its fields (`call_layer`)
         size = len(PagedContext._fields)
