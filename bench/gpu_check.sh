@@ -15,7 +15,9 @@
 #
 # That machine is offline: nothing is installed. Its image's python3 has torch (2.11 when last seen,
 # older than this package's torch>=2.13 metadata, so the package runs from the checkout through
-# PYTHONPATH rather than being pip-installed), triton, transformers, pytest and hypothesis.
+# PYTHONPATH rather than being pip-installed), triton, transformers, pytest and hypothesis. The first GPU
+# session (2026-12-04, BENCHMARKS.md "First run on a GPU") took 198 s for `tests` and ~120 s for a batch-1
+# `bench`, each with a cold Inductor cache; the Triton interpreter test fails there (triton 3.6 with numpy 2.5).
 # Logs and JSON go to $OUT (the run tool's folder that comes back), else /tmp/fdecode-gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
