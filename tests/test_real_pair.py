@@ -52,25 +52,26 @@ def test_truncated_real_pair_is_lossless_at_its_real_vocabulary(pair):
 
 
 def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
-    """`fdecode bench --workloads qwen-coder` end to end (eager, K = 2, 6 tokens): every system commits
-    target-only's tokens (the workload refuses otherwise) and the rows say what each ran."""
+    """`fdecode bench --workloads qwen-coder-write` end to end (eager, K = 2, 6 tokens): every system commits
+    target-only's tokens (the workload refuses otherwise) and the rows say what each ran; then
+    `--workloads qwen-coder-batch`, batch 4 alone. One prompt: the others run the same code, and each costs
+    CI a minute at this vocabulary."""
     from fdecode.bench.pair import run_pair_workload
 
     target, draft, tokenizer = pair
     for model in (target, draft):
         model.generation_config.eos_token_id = None
-    rows = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager")
-    one = {r.system for r in rows if r.batch == 1}
+    rows = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager",
+                             prompts=("write",), batch4=False)
+    one = {r.system for r in rows}
     assert one == {"hf-generate", "hf-assisted", "target-only", "before", "fdecode depth 1", "fdecode depth 2",
                    "fdecode", "fdecode Engine depth 2"}
-    assert len(rows) == 3 * len(one) + 3 and all(r.tokens_per_s > 0 for r in rows)
+    assert len(rows) == len(one) and all(r.batch == 1 and r.tokens_per_s > 0 for r in rows)
     adaptive = [r for r in rows if r.system == "fdecode"]  # the default config: the Engine chooses depths
     assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {0, 1, 2}
                for r in adaptive)
-    batch = {r.system: r for r in rows if r.batch == 4}
-    assert set(batch) == {"fdecode", "fdecode Engine depth 2", "hf-generate"}
+    alone = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager", prompts=())
+    batch = {r.system: r for r in alone}
+    assert {(r.batch, r.system) for r in alone} == {(4, "fdecode"), (4, "fdecode Engine depth 2"), (4, "hf-generate")}
     assert batch["fdecode Engine depth 2"].extra["depths_launched"].keys() == {2}
     assert set(batch["fdecode"].extra["depths_launched"]) <= {0, 1, 2}
-    # `--workloads qwen-coder-batch`: batch 4 alone.
-    alone = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager", prompts=())
-    assert {(r.batch, r.system) for r in alone} == {(4, "fdecode"), (4, "fdecode Engine depth 2"), (4, "hf-generate")}
