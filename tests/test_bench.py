@@ -134,3 +134,27 @@ def test_transformers_copies_of_a_target_with_an_mtp_head_load_without_a_report(
     hf_target, _ = hf_pair(target, draft)
     assert "UNEXPECTED" not in caplog.text and "mtp" not in caplog.text
     assert not any(name.startswith("mtp") for name in hf_target.state_dict())
+
+
+def test_the_pair_goals_take_ratios_round_by_round():
+    """`fdecode.bench.pair.goal_markdown`: a machine twice as slow in the second round moves both systems'
+    medians, but not their ratio within a round (`paired_ratio`)."""
+    from fdecode.bench.pair import goal_markdown
+    from fdecode.bench.timing import paired_ratio
+
+    assert paired_ratio([1.0, 2.0, 1.1], [1.0, 2.2, 1.0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="same rounds"):
+        paired_ratio([1.0], [1.0, 2.0])
+
+    def row(system, rounds):  # 64 tokens a run; tokens/s from the median round, as `run_pair_workload`'s rows
+        med = sorted(rounds)[len(rounds) // 2]
+        return Result("qwen-coder[text]", system, 1, 4, 64 / med, 64 / max(rounds), 64 / min(rounds), 1.0, 2.0,
+                      extra={"round_seconds": rounds})
+
+    rows = [row("fdecode", [10.0, 21.0, 12.0]), row("fdecode depth 3", [9.0, 22.0, 13.0]),
+            row("fdecode depth 1", [12.0, 24.0, 13.0]), row("target-only", [14.0, 30.0, 16.0])]
+    table = goal_markdown(rows)
+    # vs target-only: medians 16 / 12 s, rounds 14/10, 30/21, 16/12: median 1.4; vs depth 3 (the best median):
+    # medians 13 / 12 s, rounds 9/10, 22/21, 13/12: median 1.048
+    assert "| qwen-coder[text] |  | 1.333x (1.400x) | 1.083x (1.048x) | fdecode depth 3 |" in table
+    assert goal_markdown([r for r in rows if r.system != "fdecode"]) == ""

@@ -67,6 +67,7 @@ def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
     assert one == {"hf-generate", "hf-assisted", "target-only", "before", "fdecode depth 1", "fdecode depth 2",
                    "fdecode", "fdecode Engine depth 2"}
     assert len(rows) == len(one) and all(r.batch == 1 and r.tokens_per_s > 0 for r in rows)
+    assert all(len(r.extra["round_seconds"]) == 1 for r in rows)  # for `goal_markdown`'s round-by-round ratios
     adaptive = [r for r in rows if r.system == "fdecode"]  # the default config: the Engine chooses depths
     assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {0, 1, 2}
                for r in adaptive)

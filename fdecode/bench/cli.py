@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if results:
         print(markdown(results))
+        from fdecode.bench.pair import goal_markdown
+
+        if goal := goal_markdown(results):
+            print(goal)
     for workload in dict.fromkeys(r["workload"] for r in sampling_rows):  # one table each, over its first system
         rows = [r for r in sampling_rows if r["workload"] == workload]
         print(sampling_markdown(rows, baseline=rows[0]["system"]))

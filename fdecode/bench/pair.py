@@ -25,7 +25,7 @@ import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.bench.results import Result
-from fdecode.bench.timing import interleaved_runs
+from fdecode.bench.timing import interleaved_runs, paired_ratio
 from fdecode.ops.plan import GREEDY
 
 PROMPTS = {
@@ -160,14 +160,16 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
             systems["hf-generate"] = lambda: (hf_generate(hf_target, [prompt], new_tokens)[0], None, None)
             systems["hf-assisted"] = lambda: (hf_generate(hf_target, [prompt], new_tokens, hf_draft)[0], None, None)
         print(f"... qwen-coder[{name}] B=1 K={k}", file=sys.stderr, flush=True)
+        rounds: dict[str, list[float]] = {}
         with torch.no_grad():
-            timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ")
+            timed = interleaved_runs(systems, reps, warm_up=False, announce="...   ", rounds=rounds)
         reference = timed["target-only"][3][0]
         wrong = [s for s, (*_, (tokens, _, _)) in timed.items() if tokens != reference]
         if wrong:
             raise RuntimeError(f"qwen-coder[{name}]: {wrong} disagree with target-only's greedy tokens; no numbers")
         for system, (*seconds, (tokens, steps, info)) in timed.items():
-            extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None}
+            extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None,
+                     "round_seconds": [round(t, 4) for t in rounds[system]]}
             extra.update(info or {})
             rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
     if batch4:
@@ -215,3 +217,35 @@ def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
     steps = steps or new_tokens
     return Result(workload, system, batch, k, total / med, total / slowest, total / fastest,
                   med / steps * 1e3, total / (steps * batch), extra=extra)
+
+
+def goal_markdown(rows: list) -> str:
+    """Issue 27's ratios for each batch-1 prompt of `rows` (`run_pair_workload`'s): the default (`fdecode`)
+    against assisted generation, target-only and the best fixed depth, each as the ratio of the medians and,
+    where the rows carry their rounds, as the median of the rounds' ratios (`paired_ratio`). Empty without
+    such rows."""
+    by_prompt: dict[str, dict] = {}
+    for r in rows:
+        if r.batch == 1 and r.workload.startswith("qwen-coder["):
+            by_prompt.setdefault(r.workload, {})[r.system] = r
+    lines = []
+    for workload, systems in by_prompt.items():
+        if "fdecode" not in systems:
+            continue
+        fixed = {s: r for s, r in systems.items() if s.startswith("fdecode depth ")}
+        best = max(fixed, key=lambda s: fixed[s].tokens_per_s) if fixed else None
+        cells = []
+        for other in ("hf-assisted", "target-only", best):
+            if other not in systems:
+                cells.append("")
+                continue
+            ratio = systems["fdecode"].tokens_per_s / systems[other].tokens_per_s
+            mine, theirs = (systems[s].extra.get("round_seconds") for s in ("fdecode", other))
+            paired = f" ({paired_ratio(mine, theirs):.3f}x)" if mine and theirs else ""
+            cells.append(f"{ratio:.3f}x{paired}")
+        lines.append(f"| {workload} | {' | '.join(cells)} | {best or ''} |")
+    if not lines:
+        return ""
+    head = ("| prompt | default vs hf-assisted | vs target-only | vs best fixed depth | best fixed depth |\n"
+            "|---|---|---|---|---|\n")
+    return "Ratios of medians (and the median of the rounds' ratios):\n\n" + head + "\n".join(lines)

@@ -32,11 +32,12 @@ def median_run(fn, reps: int) -> tuple[float, float, float, object]:
 
 
 def interleaved_runs(
-    fns: dict, reps: int, *, warm_up: bool = True, announce: str | None = None
+    fns: dict, reps: int, *, warm_up: bool = True, announce: str | None = None, rounds: dict | None = None
 ) -> dict[str, tuple[float, float, float, object]]:
     """name -> (median, min, max seconds, last result) of each fn, after one warm-up call each (compiles;
     warm_up=False: none, for systems compiled beforehand whose runs take minutes). announce: a prefix for
-    a line on stderr before each timed run (None: silent).
+    a line on stderr before each timed run (None: silent). rounds: filled with name -> seconds of each
+    round, in order, so that two systems' ratio can be taken round by round (`paired_ratio`).
 
     The repetitions go round-robin (every fn once, then every fn again ..), so a slow drift of a shared
     machine's speed (its other core, memory bandwidth) lands on every system alike instead of on whichever
@@ -52,4 +53,14 @@ def interleaved_runs(
             results[name] = fn()
             synchronize()
             times[name].append(time.perf_counter() - start)
+    if rounds is not None:
+        rounds.update(times)
     return {name: (statistics.median(t), min(t), max(t), results[name]) for name, t in times.items()}
+
+
+def paired_ratio(seconds: list[float], baseline: list[float]) -> float:
+    """The median over rounds of baseline / seconds (a speed ratio, > 1: faster than the baseline), each
+    round's two runs minutes apart at most: a drift of the machine between rounds cancels."""
+    if len(seconds) != len(baseline) or not seconds:
+        raise ValueError(f"paired_ratio needs the same rounds of both, got {len(seconds)} and {len(baseline)}")
+    return statistics.median(b / s for s, b in zip(seconds, baseline))
