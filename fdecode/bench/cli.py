@@ -24,7 +24,7 @@ from dataclasses import asdict
 import torch
 
 from fdecode.bench.models import hf_pair, llama
-from fdecode.bench.pair import PAIR_WORKLOADS, load_pair, run_pair_workload
+from fdecode.bench.pair import PAIR_WORKLOADS, goal_markdown, load_pair, run_pair_workload
 from fdecode.bench.results import markdown
 from fdecode.bench.features import FEATURE_SYSTEMS
 from fdecode.bench.grammar import markdown as grammar_markdown
@@ -158,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if results:
         print(markdown(results))
-        from fdecode.bench.pair import goal_markdown
-
         if goal := goal_markdown(results):
             print(goal)
     for workload in dict.fromkeys(r["workload"] for r in sampling_rows):  # one table each, over its first system

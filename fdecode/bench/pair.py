@@ -220,7 +220,7 @@ def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
 
 
 def goal_markdown(rows: list) -> str:
-    """Issue 27's ratios for each batch-1 prompt of `rows` (`run_pair_workload`'s): the default (`fdecode`)
+    """The workload's goal ratios for each batch-1 prompt of `rows` (`run_pair_workload`'s): the default (`fdecode`)
     against assisted generation, target-only and the best fixed depth, each as the ratio of the medians and,
     where the rows carry their rounds, as the median of the rounds' ratios (`paired_ratio`). Empty without
     such rows."""
