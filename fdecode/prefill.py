@@ -254,7 +254,10 @@ def prime(
     lane.update(request_leaves(params, cfg))
     if cfg.grammars:  # the requests' automata into the pool (in place), each lane at its initial state
         pool = GrammarPool(cfg, vocab) if grammars is None else grammars
-        lane["grammar_state"] = torch.tensor(pool.admit(state, lanes, [p.grammar for p in params]), dtype=torch.int64)
+        admitted = pool.admit(state, lanes, [p.grammar for p in params])
+        lane["grammar_state"] = torch.tensor(admitted.initial, dtype=torch.int64)
+        if admitted.grammar_state is not state.grammar_state:  # the pool was compacted: running lanes moved
+            state = state.replace(grammar_state=admitted.grammar_state)
     # Every host value goes up in one packed non-blocking copy: a pageable copy would wait for the device.
     tokens, lengths, table, stops, index, remaining, *values = (Uploads(device) if uploads is None else uploads)(
         tokens, torch.tensor([len(p) for p in prompts]), block_tables, stops, torch.tensor(lanes),
