@@ -32,6 +32,7 @@ PerPrompt = float | int | Sequence[float] | Sequence[int] | None
 SHORTCUTS = ("temperature", "top_k", "top_p", "min_p", "seed")  # a number for the call, or one per prompt
 CALL_WIDE = ("max_new_tokens", "eos_token_id", "ignore_eos")  # one value for the whole call
 FILTERS = (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))  # (name, value that means off)
+GRAMMAR_API = ("tables", "num_states", "num_transitions", "vocab_size", "eos_ids", "check_capacity")  # a Grammar's
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ def stop_ids(value: object) -> tuple[int, ...] | None:
     ids = token_ids(value)
     if ids is None:
         raise ValueError(f"eos_token_id must be an id or a list of ids, got {value!r}")
-    return tuple(ids)
+    return tuple(dict.fromkeys(ids))  # an id named twice is one stop id
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class SamplingParams:
         `DecodeConfig.logprobs_mode`.
     grammar: a `fdecode.Grammar` (`Grammar.from_regex` / `from_json_schema`): the output is masked to its
         language at every verified position and draft, and may stop only where the language accepts.
+        The grammar's EOS ids (`Grammar.eos_ids`) always end its lane, whatever eos_token_id and
+        ignore_eos say (as vLLM's structured output does): a lane never decodes past its language.
         `DecodeConfig.max_grammar_states` / `max_grammar_transitions` must hold it.
     """
 
@@ -150,6 +153,10 @@ class SamplingParams:
         for name, value in (("repetition_penalty", rep), ("frequency_penalty", freq), ("presence_penalty", pres),
                             ("min_tokens", least), ("logit_bias", _bias(self.logit_bias)), ("logprobs", top)):
             put(name, value)
+        if self.grammar is not None and not all(hasattr(self.grammar, a) for a in GRAMMAR_API):
+            raise TypeError(
+                f"grammar must be a fdecode.Grammar (fdecode.Grammar.from_regex(pattern, tokenizer) or "
+                f"from_json_schema(schema, tokenizer)), got {type(self.grammar).__name__} {self.grammar!r:.60}")
 
     @property
     def penalized(self) -> bool:
@@ -282,13 +289,16 @@ def check_features(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> None:
 
 
 def _stops(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> tuple[int, ...]:
-    if p.ignore_eos:
-        return ()
-    ids = p.eos_token_id
+    """The ids the request's lane stops on: its eos_token_id (none with ignore_eos; the model's where unset),
+    and always its grammar's EOS ids (a lane that went on past one would leave the language)."""
+    ids = () if p.ignore_eos else p.eos_token_id
     if ids is None:  # the model's ("auto" where no compile resolved it: none known)
         ids = cfg.eos_token_id if isinstance(cfg.eos_token_id, tuple) else ()
+    grammar = () if p.grammar is None else tuple(p.grammar.eos_ids)
+    ids = tuple(dict.fromkeys((*ids, *grammar)))
     if len(ids) > cfg.max_stop_ids:
-        raise ValueError(f"{len(ids)} eos ids but DecodeConfig.max_stop_ids is {cfg.max_stop_ids}")
+        with_grammar = f" (with the grammar's EOS ids {list(grammar)})" if grammar else ""
+        raise ValueError(f"{len(ids)} eos ids{with_grammar} but DecodeConfig.max_stop_ids is {cfg.max_stop_ids}")
     for t in ids:
         if not 0 <= t < vocab:
             raise ValueError(f"eos token id {t!r} is not an id in [0, {vocab})")

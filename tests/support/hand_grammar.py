@@ -26,6 +26,7 @@ class HandGrammar:
         self.moves, self.final, self.vocab_size, self.eos = moves, final, vocab_size, eos
         self.num_states = 1 + max([*moves, *final, *(n for m in moves.values() for n in m.values())])
         self.num_transitions = sum(len(m) for m in moves.values())
+        self.eos_ids = tuple(eos)  # as `fdecode.Grammar.eos_ids`
 
     def allowed(self, state: int) -> set[int]:
         """The tokens that may follow `state` (its moves, and the EOS ids where it is final)."""
