@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fdecode.config import DecodeConfig
+from fdecode.grammar.length import longest_output
 from fdecode.ops.filters import GREEDY_BELOW
 from fdecode.scalars import scalar, token_ids, values
 from fdecode.seeds import SEED_BITS, SeedSource, derived
@@ -283,6 +284,11 @@ def check_features(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> None:
             raise ValueError(f"the grammar was built for {p.grammar.vocab_size} token ids but the model has {vocab}: "
                              f"pass vocab_size={vocab} to Grammar.from_regex / from_json_schema")
         p.grammar.check_capacity(cfg.max_grammar_states, cfg.max_grammar_transitions)
+        longest = longest_output(p.grammar) if p.min_tokens else None
+        if longest is not None and longest < p.min_tokens:
+            raise ValueError(
+                f"min_tokens={p.min_tokens} can never be met: the grammar's longest output is {longest} tokens "
+                "before its EOS, which min_tokens masks, so a row would allow no token")
     if p.logprobs is not None and (cfg.max_logprobs is None or p.logprobs > cfg.max_logprobs):
         have = "computes no logprobs" if cfg.max_logprobs is None else f"has max_logprobs={cfg.max_logprobs}"
         raise ValueError(f"logprobs={p.logprobs} needs DecodeConfig(max_logprobs >= {p.logprobs}); the step {have}")

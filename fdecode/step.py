@@ -36,7 +36,7 @@ from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
 from fdecode.ops.random import uniform
-from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
+from fdecode.ops.sampling import apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
 
@@ -84,6 +84,7 @@ class Committed(NamedTuple):
     min_left: torch.Tensor  # [B] int64: the lanes' min_tokens still to commit after them
     grammar_state: torch.Tensor  # [B] int64: the lanes' automaton states after them (-1: no grammar)
     logprobs: tuple | None  # (token [B, W], top ids [B, W, N], top [B, W, N]) or None (`logprob_rows`)
+    masked: torch.Tensor | None = None  # [B] bool: stopped because a row allowed no token (None: never)
 
 
 def features(cfg: DecodeConfig) -> dict[str, bool]:
@@ -211,13 +212,17 @@ def commit(
         accepted, length, state.active, state.remaining, state.stop_ids
     )
     accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, verified.slots != 0)
+    masked = None
+    if cfg.grammars and cfg.min_tokens:  # only a grammar's mask beside min_tokens' can leave a row no token
+        accepted, length, remaining, masked = cut_at_masked_rows(accepted, length, remaining, logits)
     if verified.snapshots is not None:  # verify with rollback: the state after each lane's accepted prefix
         commit_verify((state.target_conv, state.target_rec), verified.snapshots, length)
     drafts = torch.where(state.active, (state.tokens[:, 1:rows] >= 0).sum(dim=1), 0)
     min_left, grammar_state = tallied(cfg, lanes, accepted, length, logits.shape[-1])
     logprobs = logprob_rows(cfg, plan, state, verified.logits, logits, accepted[:, :rows])
-    return Committed(accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left,
-                     grammar_state, logprobs)
+    stopped = finished | overflow if masked is None else finished | overflow | masked
+    return Committed(accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state,
+                     logprobs, masked)
 
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
@@ -443,6 +448,8 @@ def next_state(
     recurrent and history leaves were written in place, the lanes' parameters carry over."""
     overflow, finished = committed.overflow, committed.finished
     status = finished.long() if overflow is None else torch.where(overflow, 2, finished.long())
+    if committed.masked is not None:
+        status = torch.where(committed.masked, 3, status)
     output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
     return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
         state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,

@@ -84,3 +84,58 @@ def test_the_grammars_eos_counts_toward_max_stop_ids_once(setup):
     again = [other, 1, tokenizer.eos_token_id, other]  # duplicates, and the grammar's own EOS: 3 ids
     check_in_language(tokenizer, grammar, fdecode.generate(
         step, PROMPTS, SamplingParams(grammar=grammar, max_new_tokens=NEW, eos_token_id=again)))
+
+
+# --------------------------------------------------------------------------- constraints that mask every token
+
+from support.hand_grammar import HandGrammar  # noqa: E402
+from support.llama_models import VOCAB, fdecode_target  # noqa: E402
+
+EOS = VOCAB - 1
+YES, NO, BANG = 11, 12, 13
+YES_OR_NO = HandGrammar({0: {YES: 1, NO: 1}}, final={1}, vocab_size=VOCAB, eos=(EOS,))  # (yes|no), one token each
+# Any run of "!" then one "yes": unbounded, so min_tokens cannot be refused up front, yet "yes" ends it.
+BANGS_THEN_YES = HandGrammar({0: {BANG: 0, YES: 1}}, final={1}, vocab_size=VOCAB, eos=(EOS,))
+
+
+@pytest.fixture(scope="module")
+def constrained_step():
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=3, max_seq_len=64, block_size=4, backend="eager",
+                               max_grammar_states=8, max_grammar_transitions=64, min_tokens=True, max_logit_bias=2,
+                               sampling=True)
+    return fdecode.compile(fdecode_target(2), "ngram", cfg)
+
+
+def test_min_tokens_a_grammar_can_never_reach_is_refused_up_front(constrained_step):
+    from fdecode.grammar.length import longest_output
+
+    assert (longest_output(YES_OR_NO), longest_output(BANGS_THEN_YES)) == (1, None)
+    params = SamplingParams(grammar=YES_OR_NO, min_tokens=6, max_new_tokens=10, eos_token_id=EOS)
+    with pytest.raises(ValueError, match="min_tokens=6 can never be met: the grammar's longest output is 1"):
+        fdecode.generate(constrained_step, [[5, 6, 7]], params)
+    with pytest.raises(ValueError, match="min_tokens=6 can never be met"):
+        fdecode.Engine(constrained_step).add_request([5, 6, 7], params)
+    assert fdecode.generate(constrained_step, [[5, 6, 7]], params.replace(min_tokens=1))[0][-1] == EOS
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_lane_whose_row_allows_no_token_ends_with_an_error_and_no_masked_token(constrained_step, temperature):
+    """"yes" (pushed by a logit bias) ends the grammar's language while min_tokens still masks EOS: the
+    next row allows nothing. The lane keeps what came before and ends with an error; the other lanes
+    go on unharmed."""
+    stuck = SamplingParams(grammar=BANGS_THEN_YES, min_tokens=8, max_new_tokens=12, eos_token_id=EOS,
+                           logit_bias={YES: 60.0, BANG: 30.0}, temperature=temperature, seed=1)
+    late = stuck.replace(logit_bias={BANG: 60.0, YES: 30.0})  # "!" first: reaches min_tokens, then may stop
+    free = SamplingParams(max_new_tokens=12, eos_token_id=EOS, temperature=temperature, seed=2)
+    got = fdecode.generate(constrained_step, [[5, 6, 7], [5, 6, 7], [9, 8]], [stuck, late, free], details=True)
+    assert (got[0].tokens, got[0].reason) == ([YES], "error")
+    assert "no token was allowed" in got[0].error
+    assert got[1].reason != "error" and BANGS_THEN_YES.state_after(got[1].tokens[:-1]) is not None
+    assert got[2].reason != "error" and (len(got[2].tokens) == 12 or got[2].tokens[-1] == EOS)
+
+
+def test_the_masked_row_cut_stays_inside_the_one_graph(constrained_step):
+    params = SamplingParams(grammar=BANGS_THEN_YES, min_tokens=4, max_new_tokens=8, eos_token_id=EOS)
+    state = constrained_step.prefill([[5, 6, 7]], params=params)
+    report = fdecode.inspect(constrained_step, state)
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])

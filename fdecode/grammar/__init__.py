@@ -7,6 +7,7 @@
     automaton.py    a regex as a token-level DFA (outlines-core's Index, with an end marker)
     tables.py       the DFA as GrammarTables: allowed-token bitmask, sorted transition keys
     lookup.py       the reference reads of the tables (mask a state, advance by a token)
+    length.py       the longest output an automaton allows (min_tokens that can never be met)
     cache.py        compiled grammars by (kind, text, tokenizer identity, EOS ids, vocab size)
     grammar.py      Grammar.from_regex / from_json_schema, tables(), check_capacity()
 

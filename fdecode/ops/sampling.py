@@ -171,9 +171,34 @@ def cut_at_missing_kv(
     lane commits at most the leading rows with KV; if that cuts its accepted run it
     is stopped with an error (`overflow`). Returns accepted, length, remaining, overflow [B] bool.
     """
-    rows_with_kv = first_true(~has_kv)  # [B] leading window rows whose KV landed in the lane's blocks
-    overflow = length > rows_with_kv
-    kept = torch.minimum(length, rows_with_kv)
+    return cut_before(accepted, length, remaining, ~has_kv)
+
+
+def cut_at_masked_rows(
+    accepted: torch.Tensor,  # [B, W] int64
+    length: torch.Tensor,  # [B] int64
+    remaining: torch.Tensor,  # [B] int64 budget left after `length`
+    logits: torch.Tensor,  # [B, R, V] the processed logits the first R rows' tokens were chosen from (R <= W)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stop lanes whose processors left a row no token (every logit -inf: a grammar state that allows only
+    its EOS while min_tokens masks it): the token chosen there (an argmax of nothing) is never committed;
+    the lane keeps the rows before it and is stopped with an error (`masked`). Returns accepted, length,
+    remaining, masked [B] bool."""
+    dead = torch.isneginf(logits.amax(dim=-1))  # [B, R]
+    pad = accepted.shape[1] - dead.shape[1]
+    if pad:
+        dead = torch.cat([dead, dead.new_zeros(dead.shape[0], pad)], dim=1)
+    return cut_before(accepted, length, remaining, dead)
+
+
+def cut_before(
+    accepted: torch.Tensor, length: torch.Tensor, remaining: torch.Tensor, bad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each lane's accepted run cut before its first `bad` row ([B, W] bool); the budget of what was cut
+    goes back. Returns accepted, length, remaining, and [B] bool: the cut took tokens (an error)."""
+    usable = first_true(bad)  # [B] leading rows that are not bad
+    cut = length > usable
+    kept = torch.minimum(length, usable)
     keep = torch.arange(accepted.shape[1], device=accepted.device)[None, :] < kept[:, None]
     accepted = torch.where(keep, accepted, torch.full_like(accepted, -1))
-    return accepted, kept, remaining + (length - kept), overflow
+    return accepted, kept, remaining + (length - kept), cut

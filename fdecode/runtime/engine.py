@@ -33,6 +33,7 @@ from fdecode.runtime.gate import DraftGate
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
 from fdecode.staging import Fence, Uploads, host_buffer
+from fdecode.state.decode_state import ERRORS
 from fdecode.state.grammar_pool import GrammarPool
 
 
@@ -66,7 +67,7 @@ class _Request:
 def _reason(row: list[int], request: _Request) -> str:
     """Why the lane of `row` (a finished lane's packed output) ended."""
     count = row[-2]
-    if row[-1] == 2:
+    if row[-1] >= 2:
         return "error"
     return "stop" if count and row[count - 1] in request.params.eos_token_id else "length"
 
@@ -306,7 +307,7 @@ class Engine:
             count, finished = row[-2], bool(row[-1])
             if count == 0 and not finished:
                 continue
-            error = "ran out of KV blocks (pool exhausted while the request grew)" if row[-1] == 2 else None
+            error = ERRORS.get(row[-1])  # status >= 2: stopped with an error
             if not primed:  # row[W]: the drafts its verified rows carried (`StepOutput.num_drafts`)
                 request.metrics = request.metrics.counted(count, row[self.config.W])
                 self._metrics.count(count, row[self.config.W])

@@ -27,6 +27,11 @@ from torch.utils import _pytree as pytree
 from fdecode.state.ownership import KVTicket, storage_of
 
 
+# Why a lane was stopped with an error, by its status in the packed output (the host's message).
+ERRORS = {
+    2: "ran out of KV blocks (pool exhausted while the request grew)",
+    3: "no token was allowed: the request's grammar allows only its EOS here and min_tokens masks it",
+}
 REPR_LANES = 8  # a StepOutput repr lists the tokens of batches up to this many lanes
 
 
@@ -37,7 +42,7 @@ class StepOutput:
     packed: [B, W + 3 + W x C] int64, per lane: the accepted tokens (-1 padded) | the drafts the verified
     rows carried | logprobs, C = `DecodeConfig.logprob_columns` per window row (float32 bit patterns: the
     committed token's, then N top ids and N top logprobs) | the count L | status (0 running, 1 finished,
-    2 error). window: W (None: a packing without logprobs, W = width - 3)."""
+    2 stopped: out of KV blocks, 3 stopped: a row allowed no token; `ERRORS`). window: W (None: a packing without logprobs, W = width - 3)."""
 
     packed: torch.Tensor
     window: int | None = None
@@ -70,8 +75,9 @@ class StepOutput:
 
     @property
     def error(self) -> torch.Tensor:
-        """[B] bool: the lane was stopped because it ran past its KV blocks (see `cut_at_missing_kv`)."""
-        return self.packed[:, -1] == 2
+        """[B] bool: the lane was stopped with an error (status >= 2, `ERRORS` says which): it ran past its
+        KV blocks (`cut_at_missing_kv`) or a row allowed no token (`cut_at_masked_rows`)."""
+        return self.packed[:, -1] >= 2
 
     @property
     def logprobs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -91,7 +97,7 @@ class StepOutput:
         tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor, drafts: torch.Tensor | None = None,
         logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> StepOutput:
-        """status: [B] int64 or bool, 0 running, 1 finished, 2 stopped with an error; drafts: [B] (None: 0);
+        """status: [B] int64 or bool, 0 running, 1 finished, >= 2 stopped with an error (`ERRORS`); drafts: [B] (None: 0);
         logprobs: (token [B, W], top_ids [B, W, N], top [B, W, N]) float32 / int64 / float32, or None."""
         b, w = tokens.shape
         drafts = torch.zeros_like(num_tokens) if drafts is None else drafts
@@ -111,7 +117,7 @@ class StepOutput:
         if device.type != "cpu" or b > REPR_LANES:
             return f"{head} (out.tokens.tolist() reads the tokens)>"
         lanes = [
-            f"\n  lane {lane}: {row[: row[-2]]}{' finished' if row[-1] else ''}{' (error)' if row[-1] == 2 else ''}"
+            f"\n  lane {lane}: {row[: row[-2]]}{' finished' if row[-1] else ''}{' (error)' if row[-1] >= 2 else ''}"
             for lane, row in enumerate(self.packed.tolist())
         ]
         return head + "".join(lanes) + ">"
