@@ -135,8 +135,8 @@ def compare(prompt: list[int], alone: dict, batched: dict, budget: int) -> dict:
     """Alone against batched for one request: first diverging token, first schedule difference, logits."""
     diverge = first_difference(alone["tokens"], batched["tokens"])
     sched_a, sched_b = schedule(alone, len(prompt), budget), schedule(batched, len(prompt), budget)
-    s = first_difference([x[:2] for x in sched_a], [x[:2] for x in sched_b])
-    depth_at = None if s is None else (sched_a + [(budget,)])[s][0]
+    at = first_difference([x[:2] for x in sched_a], [x[:2] for x in sched_b])
+    schedule_differs_at = None if at is None else (sched_a + [(budget,)])[at][0]
     windows_differ = {c: w for c, _, w in sched_a} != {c: w for c, _, w in sched_b}
     # The rows that chose new tokens 0 .. diverge (all of them where none diverges), and the prompt's rows.
     seq = prompt + alone["tokens"]
@@ -165,8 +165,9 @@ def compare(prompt: list[int], alone: dict, batched: dict, budget: int) -> dict:
         rb = batched["record"].rows.get((batched["lane"], pos, seq[pos]))
         at_divergence = None if ra is None or rb is None else bool(torch.equal(ra, rb))
     return dict(
-        diverge=diverge, schedule_differs_at=depth_at, windows_differ=windows_differ,
-        depths_alone="".join(str(r - 1) for _, r, _ in sched_a), depths_batched="".join(str(r - 1) for _, r, _ in sched_b),
+        diverge=diverge, schedule_differs_at=schedule_differs_at, windows_differ=windows_differ,
+        depths_alone="".join(str(r - 1) for _, r, _ in sched_a),
+        depths_batched="".join(str(r - 1) for _, r, _ in sched_b),
         logit_rows=len(chosen) - missing, logit_rows_identical=same, first_logit_difference=first_bad,
         max_logit_difference=worst, divergence_row_identical=at_divergence,
         prompt_rows=len(prompt) - 1, prompt_rows_identical=prompt_same,
@@ -213,6 +214,10 @@ def run_config(name: str, args, target, draft, reqs) -> dict:
     return dict(config=name, seconds=round(time.perf_counter() - start, 1), requests=rows)
 
 
+def dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def show(result: dict, repeat: bool) -> None:
     rows = result["requests"]
     diverged = [r["diverge"] for r in rows if r["diverge"] is not None]
@@ -222,7 +227,6 @@ def show(result: dict, repeat: bool) -> None:
             f"{'logits same':>11} {'div row':>7} {'max |dl|':>9} {'prompt same':>11}")
     print(head + ("  again" if repeat else "") + "  depths alone / batched")
     for r in rows:
-        dash = lambda v: "-" if v is None else str(v)  # noqa: E731
         line = (f"{r['request']:>3} {r['seed']:>5} {r['prompt_len']:>6} {dash(r['diverge']):>7} "
                 f"{dash(r['schedule_differs_at']):>6} {'yes' if r['windows_differ'] else 'no':>5} "
                 f"{r['logit_rows_identical']:>5}/{r['logit_rows']:<5} {dash(r['divergence_row_identical']):>7} "
@@ -242,7 +246,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4, help="max_batch (also the batched runs' group size)")
     p.add_argument("--max-seq-len", type=int, default=512, help="512: default windows of 256 and 512 tokens")
     p.add_argument("--min-prompt", type=int, default=16)
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"), help="auto: the checkpoint's (bf16)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="auto: the checkpoint's own (bf16)")
     p.add_argument("--backend", default="eager", help="eager records logits; others record nothing (tokens only)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0, help="prompt lengths and the requests' seeds")

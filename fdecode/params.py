@@ -71,6 +71,16 @@ class SamplingParams:
     top_k: keep the k most probable tokens, 0 = off. top_p: the smallest top set of mass >= top_p, 1 = off.
     min_p: keep tokens with p >= min_p * max p, 0 = off. (The filters apply to random requests only.)
     seed: the request's 63-bit PRNG key; None: drawn from the step's seeds (see the module docstring).
+        The guarantee: the same request with the same seed decodes the same tokens on the same step under
+        the same speculation schedule. Its random numbers are its own (seed, step counter), never another
+        lane's; but which draws land on which position depends on how many drafts each step verified, and
+        an adaptive Engine (`DecodeConfig.adaptive_depth`, the default) chooses that depth for the whole
+        batch, so alone and in a batch a seeded random lane may diverge (bench/seed_batch.py: 6 of 16
+        requests at temperature 0.8). With `adaptive_depth=False` and one attention window
+        (`context_buckets=(max_seq_len,)`) it decodes the same tokens alone and beside any requests.
+        Under `Engine(overcommit=True)` a lane held short of KV blocks drafts into the scratch slot, which
+        changes its drafts and so, likewise, its seeded draws (never its distribution). Greedy requests
+        are unaffected.
     eos_token_id: ids that end the request (the stop id is emitted); None: the model's EOS ids.
     ignore_eos: stop on no id (the budget and max_seq_len still end the request).
     max_new_tokens: the request's budget; None: up to max_seq_len.

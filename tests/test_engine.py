@@ -193,6 +193,25 @@ def test_overcommitted_pool_stops_the_lanes_that_run_dry_and_spares_the_others()
     assert engine.allocator.num_free == engine.allocator.capacity
 
 
+@pytest.mark.parametrize("newcomer", [(4, 6), (6, 6)])
+def test_a_newcomer_never_takes_the_blocks_a_running_request_needs_next(newcomer):
+    """8 usable blocks: the running request grows to 6 (4 + 20 tokens); the newcomer's first 3 fit beside
+    it only while it is small. Arriving at every step in turn, the newcomer never makes the running
+    request run dry (before the fix, arriving at step 8 it took the block the running one needed next and
+    that request, tokens already streamed, was cut); the newcomer waits, and both equal their solo runs."""
+    step = make_step(max_batch=2, num_blocks=9)
+    prompt, budget = tuple(range(10, 10 + newcomer[0])), newcomer[1]
+    for arrival in range(12):
+        engine = fdecode.Engine(step, overcommit=True)
+        running = engine.add_request([1, 2, 3, 4], max_new_tokens=20)
+        events = [e for _ in range(arrival) for e in engine.step()]
+        late = engine.add_request(list(prompt), max_new_tokens=budget)
+        events += list(engine.stream())
+        assert not any(e.error for e in events), arrival
+        tokens = lambda rid: [t for e in events if e.request_id == rid for t in e.new_tokens]  # noqa: E731
+        assert tokens(running) == alone((1, 2, 3, 4), 20, None) and tokens(late) == alone(prompt, budget, None)
+
+
 def test_step_stops_a_lane_whose_blocks_are_missing():
     step = make_step(max_batch=2)
     state = step.prefill([[1, 2, 3], [4, 5, 6]], max_new_tokens=30)

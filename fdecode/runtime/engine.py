@@ -3,8 +3,9 @@
 Each `engine.step()` (1) launches the device step on the current state (all admitted lanes), (2) reads
 the *previous* step's output from a persistent host buffer after one event wait, turns it into events
 and retires finished lanes (their blocks return to the pool), (3) queues a non-blocking copy of this
-step's output into the host buffer, (4) admits waiting requests into free lanes by priming (no
-recompilation: shapes are fixed by `max_batch`; their first token is read with the next output).
+step's output into the host buffer, (4) hands the running lanes the blocks their next steps may reach,
+oldest request first, then (5) admits waiting requests into free lanes by priming (no recompilation:
+shapes are fixed by `max_batch`; their first token is read with the next output).
 Stop conditions are applied on the device; the host learns of a finished lane one step later. Where
 every running lane may finish in the step in flight (at most W tokens of its budget left), (2) comes
 before (1) instead (`Engine._ending`), so no step is launched for lanes that have already finished.
@@ -240,8 +241,9 @@ class Engine:
             self._out_lanes = list(self._lanes)
             self._out_speculated = speculate
             self._out_verified = verified
-        self._admit()
-        self._extend()
+        short = self._extend()  # running lanes grow first: a newcomer never takes the blocks they need next
+        if not short:
+            self._admit()
         if launched is not None or self._primed_lanes:
             self._ready.record()
         for event in events:
@@ -354,16 +356,17 @@ class Engine:
         last_position = request.known - 1 + 2 * cfg.W + cfg.K
         return min(request.blocks_needed, last_position // cfg.block_size + 1)
 
-    def _extend(self) -> None:
-        """Hand running lanes the blocks the next step may reach; one small table write if any."""
-        lanes, columns, blocks = [], [], []
-        for request in self._lanes:
-            if request is None:
-                continue
+    def _extend(self) -> bool:
+        """Hand running lanes the blocks the next step may reach, oldest request first; one small table write
+        if any. Returns whether a lane is left short (overcommit: the pool ran dry), so no newcomer is
+        admitted while it is."""
+        lanes, columns, blocks, short = [], [], [], False
+        for request in sorted((r for r in self._lanes if r is not None), key=lambda r: r.id):
             more = self._blocks_wanted(request) - len(request.blocks)
             got = self.allocator.allocate(more) if more > 0 else None
             if got is None:
-                continue  # pool dry: the device stops the lane if it really gets there
+                short |= more > 0  # pool dry: the device stops the lane if it really gets there
+                continue
             lanes += [request.lane] * len(got)
             columns += range(len(request.blocks), len(request.blocks) + len(got))
             blocks += got
@@ -372,6 +375,7 @@ class Engine:
             lanes, columns, blocks = self._uploads(torch.tensor([lanes, columns, blocks], dtype=torch.int64))[0]
             table = self.state.block_tables.index_put((lanes, columns), blocks)
             self.state = self.state.replace(block_tables=table)
+        return short
 
     def _admit(self) -> None:
         """Prime waiting requests into free lanes; their first tokens are read with the next output."""
