@@ -182,3 +182,20 @@ def test_repr_reads_no_tensor_value():
     assert "lanes=4" in text and "device=meta" in text and "max_position=None" in text
     assert "meta" in repr(meta.step_output)
     assert f"max_position={state.max_position}" in repr(state)
+
+
+@pytest.mark.parametrize("how", ["prefill", "concurrent", "empty_state"])
+def test_a_state_over_another_steps_pool_is_refused(how):
+    """Two steps compiled alike: a state over step A's pool is refused by step B before anything runs (the
+    review's repro: B stepped it while an Engine of A took the same storage, and tokens went wrong); a
+    clone of it, KV of its own, may be stepped by B, and equals A's own chain."""
+    a, b = make_step(), make_step()
+    start = {"prefill": lambda: a.prefill(PROMPTS, max_new_tokens=20),
+             "concurrent": lambda: a.prefill(PROMPTS, max_new_tokens=20, concurrent=True),
+             "empty_state": a.empty_state}[how]
+    state = start()
+    with pytest.raises(ValueError, match="another step's KV pool"):
+        b(state)
+    if how != "empty_state":
+        copy_ = state.clone()
+        assert run(b, copy_) == run(a, state)

@@ -8,7 +8,8 @@ the storage of its KV leaves (`pool_of`); a state carries a `KVTicket`, a tensor
 context) and `copy` pass on. `KVPools.check` refuses on the host, before a graph runs, a state that
 may read overwritten KV: one carrying a ticket a step spent (donation) or a later plain `prefill`
 spent taking over its chain's pool, and one over a pool without a ticket of that pool
-(`dataclasses.replace`, `DecodeState(...)` of a pool's KV, a `replace` mixing two pools' KV).
+(`dataclasses.replace`, `DecodeState(...)` of a pool's KV, a `replace` mixing two pools' KV), and
+one over another step's pool (stepping it would write KV that step's chains read).
 `Step.empty_state()` and `prefill(..., concurrent=True)` start side-by-side chains no prefill
 takes over. A state whose KV is no pool's (a `clone`, a `deepcopy`) is its own chain.
 """
@@ -34,6 +35,12 @@ REPRIMED = (
     "this DecodeState's KV pool was taken over by a later step.prefill (one prefill chain at a time: "
     "a prefill reuses the previous prefill's pool, so its KV is overwritten); to run chains side by "
     "side use step.prefill(..., concurrent=True) or an fdecode.Engine"
+)
+
+OTHER_STEP = (
+    "this DecodeState is over another step's KV pool (it came from another compiled step's prefill, "
+    "empty_state or calls): step it with the step that made it, or take state.clone() to move a copy "
+    "of it off that pool"
 )
 
 
@@ -155,8 +162,10 @@ class KVPools:
         """Raise unless `state` may be stepped: its chain is current and nothing wrote its pool since."""
         pool, ticket = self.pool_of(state), state.kv_ticket
         if pool is None:
-            if ticket is not None and ticket.pool is not None:  # a copy of a pool state's KV
-                state.with_ticket(ticket.detached())
+            if ticket is not None and ticket.pool is not None:
+                if (storage_of(state.target_kv), storage_of(state.draft_kv)) == ticket.pool.storages:
+                    raise ValueError(OTHER_STEP)
+                state.with_ticket(ticket.detached())  # a copy of a pool state's KV: a chain of its own
                 ticket = state.kv_ticket
         elif ticket is None or ticket.pool is not pool:
             raise ValueError(
