@@ -107,6 +107,9 @@ def check_budgets(
         if room < 1:
             raise ValueError(f"{label} has {n} tokens; max_seq_len {cfg.max_seq_len} leaves no room to generate")
         if max_new_tokens is None:
+            if p.min_tokens > room:
+                raise ValueError(f"{label}: min_tokens {p.min_tokens} is more than the {room} tokens max_seq_len "
+                                 f"{cfg.max_seq_len} leaves after its {n} (EOS would stay masked to the end)")
             budgets.append(room)
         elif n + max_new_tokens > cfg.max_seq_len:
             raise ValueError(f"{label}: {n} tokens + max_new_tokens {max_new_tokens} exceed max_seq_len {cfg.max_seq_len}")

@@ -61,8 +61,11 @@ def token_ids(value: object) -> list[int] | None:
 
 def rows(prompts: object) -> list | None:
     """A batch of prompts as a list of prompts: a 2-D tensor / array is its rows (as lists), a list or
-    tuple is itself; None for anything else (a 1-D array is one prompt, not a batch)."""
+    tuple is itself, as is a 1-D numpy array of dtype object (ragged prompts); None for anything else (a 1-D
+    array of numbers is one prompt, not a batch)."""
     if is_array(prompts):
+        if prompts.ndim == 1 and getattr(prompts, "dtype", None) == object:  # numpy's ragged batch of sequences
+            return list(prompts)
         return prompts.tolist() if prompts.ndim == 2 else None
     if isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
         return list(prompts)

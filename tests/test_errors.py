@@ -243,3 +243,44 @@ def test_compile_names_the_argument_that_is_wrong():
         fdecode.compile(target, "nonsense", cfg)
     with pytest.raises(FileNotFoundError, match=r"^target 'nowhere' is not a checkpoint folder"):
         fdecode.compile("nowhere", "mtp", cfg)
+
+
+# --------------------------------------------------------------------------- review round 4, item 8
+
+
+@pytest.mark.parametrize("grammar", ["[0-9]+", {"type": "object"}])
+def test_a_grammar_that_is_not_a_grammar_says_how_to_build_one(grammar):
+    with pytest.raises(TypeError, match=r"grammar must be a fdecode.Grammar \(fdecode.Grammar.from_regex"):
+        fdecode.SamplingParams(grammar=grammar)
+
+
+def test_min_tokens_past_the_room_max_seq_len_leaves_is_refused():
+    target = fdecode_target(2)
+    step = fdecode.compile(target, "ngram", fdecode.DecodeConfig(**CFG, min_tokens=True))
+    with pytest.raises(ValueError, match="prompt 0: min_tokens 40 is more than the 30 tokens max_seq_len 32 leaves"):
+        fdecode.generate(step, [[1, 2]], fdecode.SamplingParams(min_tokens=40))
+    with pytest.raises(ValueError, match="min_tokens 31 is more than the 30 tokens"):
+        fdecode.Engine(step).add_request([1, 2], fdecode.SamplingParams(min_tokens=31))
+    assert len(fdecode.generate(step, [[1, 2]], fdecode.SamplingParams(min_tokens=30, eos_token_id=5))[0]) == 30
+
+
+def test_a_ragged_numpy_batch_is_a_batch_and_a_flat_array_one_prompt(step):
+    np = pytest.importorskip("numpy")
+    ragged = np.array([[1, 2], [3]], dtype=object)
+    assert fdecode.generate(step, ragged, max_new_tokens=3) == fdecode.generate(step, [[1, 2], [3]], max_new_tokens=3)
+    with pytest.raises(TypeError, match="it is one prompt"):
+        fdecode.generate(step, np.array([1, 2, 3]), max_new_tokens=3)
+
+
+def test_a_stop_id_named_twice_counts_once(step):
+    state = step.prefill([[1, 2]], max_new_tokens=3, eos_token_id=[7, 7, 7, 7, 7, 9])  # 2 ids, max_stop_ids 4
+    assert sorted(state.stop_ids[0].tolist()) == [-1, -1, 7, 9]
+
+
+def test_a_depth_a_recurrent_step_does_not_run_names_step_depths():
+    from support.hybrid_models import hybrid_target
+
+    step = fdecode.compile(hybrid_target(), "ngram", fdecode.DecodeConfig(**CFG))
+    assert step.depths == (0, 2)
+    with pytest.raises(ValueError, match=r"runs depth 0 or K = 2, got 1 \(step.depths lists"):
+        step.warmup(depths=range(3))

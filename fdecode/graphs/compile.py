@@ -333,7 +333,8 @@ class Step:
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
-            raise ValueError(f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth}")
+            raise ValueError(f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
+                             f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)")
         return depth
 
     def _run(
@@ -476,7 +477,6 @@ class Step:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
         if not isinstance(state, DecodeState):
             raise TypeError(f"expected a DecodeState, got {type(state).__name__}")
-        self._kv.check(state)  # consumed, re-primed, or over a pool without a ticket of it: raises
         cfg = self.config
         if tuple(state.tokens.shape) != (cfg.max_batch, cfg.W):
             raise ValueError(
@@ -497,6 +497,9 @@ class Step:
                     f"state.{name} is {tuple(getattr(state, name).shape)}, this step's {self.draft_kind} draft holds "
                     f"{shape}: was the state made by a step with another draft or DecodeConfig?"
                 )
+        # After the layout (a state of another config says so first): consumed, re-primed, over another
+        # step's pool, or over a pool without a ticket of it: raises.
+        self._kv.check(state)
 
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config
