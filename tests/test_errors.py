@@ -8,7 +8,8 @@ import transformers
 
 import fdecode
 from fdecode.models import LlamaModel, MTPHead
-from fdecode.models.parallel import TPGroup, parallelize_pair
+from fdecode.models.parallel import TPGroup
+from fdecode.models.sharding import parallelize_pair
 from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager")

@@ -129,12 +129,13 @@ def test_unsupported_configs_are_refused_before_any_weight_is_read(tmp_path) -> 
         from_hf(tmp_path)
 
 
-def test_tensor_parallelism_refuses_moe_families_with_a_reason() -> None:
-    from fdecode.models.parallel import parallelize_pair
+def test_tensor_parallelism_names_a_dimension_that_does_not_divide() -> None:
+    from fdecode.models.parallel import TPGroup
+    from fdecode.models.sharding import parallelize_pair
 
     target = from_hf(hf_glm())
-    with pytest.raises(ValueError, match="tensor parallelism is not implemented for mixture-of-experts"):
-        parallelize_pair(target, target, "model", tp=None)
+    with pytest.raises(ValueError, match="vocab_size = 97 does not divide by 2"):  # MoE shards (test_tp_families)
+        parallelize_pair(target, target, "model", TPGroup(group=None, rank=0, size=2))
 
 
 @pytest.mark.slow

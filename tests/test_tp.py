@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fdecode
-from fdecode.models.parallel import check_shardable
+from fdecode.models.sharding import check_divides
 from support.tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
 
 WORKER_TIMEOUT_S = 400  # a collective one rank never joins would otherwise hang the suite
@@ -154,10 +154,10 @@ def test_config_checks_tp_options():
         (dict(intermediate_size=127), "intermediate_size"),
     ],
 )
-def test_check_shardable(change, name):
+def test_check_divides(change, name):
     cfg = CFG.replace(**change)
     if name is None:
-        check_shardable(cfg, 2)
+        check_divides(cfg, 2)
         return
     with pytest.raises(ValueError, match=f"{name} = {getattr(cfg, name)} does not divide by 2"):
-        check_shardable(cfg, 2)
+        check_divides(cfg, 2)

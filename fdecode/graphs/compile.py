@@ -22,9 +22,10 @@ from fdecode.graphs.kernel_batches import batched_cpu_kernels
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.idle import idles_draft, missed_width
 from fdecode.models.ngram import history_width
-from fdecode.models.parallel import check_group, parallelize_pair
+from fdecode.models.parallel import check_group
+from fdecode.models.sharding import check_divides, parallelize_pair
 from fdecode.models.regions import resolve_regions, shares_parameters
-from fdecode.models.resolve import resolve_config, resolve_draft, resolve_target
+from fdecode.models.resolve import config_of, resolve_config, resolve_draft, resolve_target
 from fdecode.ops.onednn_linear import pack_linears
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
@@ -543,6 +544,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if unusable is not None:
         raise ValueError(f"device {config.device!r} cannot be used here: {unusable}")
     tp = check_group(tp_group, config.tp_size, config.device)
+    if tp is not None:  # a split that cannot be made is refused before any weight is read
+        check_divides(config_of(target), tp.size, what="target")
     target_model = resolve_target(target, config)
     draft_model, kind = resolve_draft(draft, target_model, config)
     if tp is not None:

@@ -19,10 +19,13 @@ class DecoderLM(nn.Module):
     embed_tokens: nn.Embedding
     lm_head: nn.Linear
 
+    rank_config: ModelConfig | None = None  # a tensor-parallel rank's shapes (`fdecode.models.sharding`)
+
     @property
     def kv_config(self) -> ModelConfig:
-        """Config that shapes this model's KV cache (an MTP head's is 1 layer)."""
-        return self.config
+        """Config that shapes this model's KV cache and recurrent state: the model's own, or a tensor-parallel
+        rank's (its share of the heads) where the model is one rank's shard."""
+        return self.config if self.rank_config is None else self.rank_config
 
     def tie_weights_(self) -> None:
         """Make lm_head.weight the very tensor of embed_tokens.weight when the config ties them."""

@@ -115,8 +115,9 @@ class HybridModel(DecoderLM):
     def new_recurrent(
         self, batch: int, copies: int, *, dtype: torch.dtype, device: torch.device | str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero (conv, rec) leaves, `copies` per lane: `[B, L_lin, copies, ...]` (conv in `dtype`, rec float32)."""
-        cfg = self.config
+        """Zero (conv, rec) leaves, `copies` per lane: `[B, L_lin, copies, ...]` (conv in `dtype`, rec float32);
+        a tensor-parallel rank's hold its share of the heads (`kv_config`)."""
+        cfg = self.kv_config
         return (
             torch.zeros(cfg.conv_shape(batch, copies), dtype=dtype, device=device),
             torch.zeros(cfg.rec_shape(batch, copies), dtype=torch.float32, device=device),

@@ -21,7 +21,8 @@ from fdecode.models.loading.eos import eos_token_ids
 from fdecode.models.layers.float32 import dtype_in
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.llama import LlamaModel
-from fdecode.models.loading.hf import from_hf
+from fdecode.models.config import ModelConfig
+from fdecode.models.loading.hf import from_hf, read_config
 from fdecode.models.mtp.head import MTPHead
 from fdecode.models.ngram import NgramDraft
 from fdecode.models.vocab import check_same_tokenizer, fit_vocab
@@ -125,14 +126,29 @@ KINDS = {
 }
 
 
+def config_of(obj: object) -> ModelConfig:
+    """The fdecode config of a target argument (an fdecode model, a transformers model, a checkpoint folder),
+    read without loading any weight (raises as `resolve_target` would where it is none of them)."""
+    if isinstance(obj, (LlamaModel, HybridModel)):
+        return obj.config
+    if isinstance(obj, (str, os.PathLike)) or _is_hf_model(obj):
+        _check_folder(obj, "target")
+        return read_config(obj)[1]
+    raise TypeError(f"target must be {KINDS['target']}, got {type(obj).__name__}")
+
+
+def _check_folder(obj: object, role: str) -> None:
+    if isinstance(obj, (str, os.PathLike)) and not (Path(obj) / "config.json").is_file():
+        where = "no such folder" if not Path(obj).is_dir() else "it has no config.json"
+        raise FileNotFoundError(f"{role} {str(obj)!r} is not a checkpoint folder ({where}); the {role} must be {KINDS[role]}")
+
+
 def resolve_target(obj: object, cfg: DecodeConfig, role: str = "target") -> LlamaModel:
     """`obj` as an fdecode model the step owns (see `owned`); `cfg` is resolved (`resolve_config`).
     role: "target" or "draft" (a draft LM goes through here too), the argument messages name."""
     if isinstance(obj, MTPHead) and role == "target":
         raise TypeError("an MTPHead cannot be the target; pass it (or 'mtp') as the draft")
-    if isinstance(obj, (str, os.PathLike)) and not (Path(obj) / "config.json").is_file():
-        where = "no such folder" if not Path(obj).is_dir() else "it has no config.json"
-        raise FileNotFoundError(f"{role} {str(obj)!r} is not a checkpoint folder ({where}); the {role} must be {KINDS[role]}")
+    _check_folder(obj, role)
     if isinstance(obj, (LlamaModel, HybridModel)):
         model = obj
     elif isinstance(obj, (str, os.PathLike)) or _is_hf_model(obj):

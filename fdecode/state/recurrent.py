@@ -107,7 +107,7 @@ def after_prompts(leaves: dict[str, torch.Tensor], target_states: State | None, 
 def leaf_shapes(model: torch.nn.Module, batch: int, copies: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The (conv, rec) leaf shapes `empty_leaves` gives `model`, without allocating them."""
     if is_hybrid(model):
-        return model.config.conv_shape(batch, copies), model.config.rec_shape(batch, copies)
+        return model.kv_config.conv_shape(batch, copies), model.kv_config.rec_shape(batch, copies)
     return (batch, 0, copies, 0, 0), (batch, 0, copies, 0, 0, 0)
 
 

@@ -42,9 +42,10 @@ def hf_config(**overrides) -> transformers.Glm4MoeConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def hf_glm(variant: str = "bias-qknorm-grouped", seed: int = 0) -> transformers.Glm4MoeForCausalLM:
+def hf_glm(variant: str = "bias-qknorm-grouped", seed: int = 0, **overrides) -> transformers.Glm4MoeForCausalLM:
     torch.manual_seed(seed)
-    model = transformers.Glm4MoeForCausalLM(hf_config(**VARIANTS[variant])).eval().requires_grad_(False)
+    config = hf_config(**{**VARIANTS[variant], **overrides})
+    model = transformers.Glm4MoeForCausalLM(config).eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if "inv_freq" not in name:

@@ -81,9 +81,10 @@ def variant_logits(cfg: ModelConfig, tp_group=None) -> torch.Tensor:
     """Logits [1, T, V] of a whole-sequence forward of the variant `cfg` (sharded when a group is given)."""
     model = target_model(cfg)
     if tp_group is not None:
-        from fdecode.models.parallel import TPGroup, parallelize
+        from fdecode.models.parallel import TPGroup
+        from fdecode.models.sharding import shard_model
 
-        model = parallelize(model, TPGroup.of(tp_group))
+        model = shard_model(model, TPGroup.of(tp_group))
     with torch.no_grad():
         return dense_forward(model, torch.tensor([PROMPTS[2]]))[0]
 

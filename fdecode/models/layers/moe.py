@@ -11,6 +11,10 @@ checkpoint's per-expert keys are stacked by the loader (`fdecode.models.loading.
 Cost follows the experts the tokens use, not E: one batched matmul per projection over the gathered
 weights of the chosen (token, slot) pairs, in chunks under `GATHER_BUDGET` elements; no capacity, no
 token dropped, no host sync, no data-dependent shape. Sums over the K slots are float32.
+
+Under tensor parallelism (`fdecode.models.sharding`) each rank holds a 1/N slice of every expert's
+intermediate width and of the shared experts', and `tp` is set: the block's output is then this rank's
+partial sum, and one all-reduce (`summed`) ends the block.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers.decoder_layer import MLP
+from fdecode.models.layers.reduce import summed
 from fdecode.models.moe_config import MoEConfig
 from fdecode.models.layers.routing import SigmoidRouter, SoftmaxRouter
 
@@ -60,6 +65,8 @@ class DeepseekMoE(nn.Module):
     """DeepSeek-V3 / GLM-4.5: `SigmoidRouter` experts + the always-on `shared_experts` MLP
     (n_shared_experts * I wide): y = experts(x) + shared_experts(x)."""
 
+    tp = None  # the `TPGroup` whose ranks hold slices of every expert (`fdecode.models.sharding`), None: whole
+
     def __init__(self, cfg: ModelConfig, moe: MoEConfig) -> None:
         super().__init__()
         self.gate = SigmoidRouter(cfg.hidden_size, moe)
@@ -69,12 +76,14 @@ class DeepseekMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
         routed = self.experts(flat, *self.gate(flat))
-        return (routed + self.shared_experts(flat)).view(x.shape)
+        return summed(routed + self.shared_experts(flat), self.tp).view(x.shape)
 
 
 class QwenMoE(nn.Module):
     """Qwen3-Next / Qwen3.5-MoE: `SoftmaxRouter` experts + one shared expert gated per token:
     y = experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)."""
+
+    tp = None  # as `DeepseekMoE.tp`
 
     def __init__(self, cfg: ModelConfig, moe: MoEConfig) -> None:
         super().__init__()
@@ -87,7 +96,7 @@ class QwenMoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
         routed = self.experts(flat, *self.gate(flat))
         shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return (routed + shared).view(x.shape)
+        return summed(routed + shared, self.tp).view(x.shape)
 
 
 def moe_block(cfg: ModelConfig, moe: MoEConfig) -> nn.Module:

@@ -124,26 +124,30 @@ def _build(
     return model.to(device=model.embed_tokens.weight.device)
 
 
+def read_config(obj: object) -> tuple[object, ModelConfig]:
+    """(family, fdecode config) of a transformers model or a checkpoint folder, from its config alone: no
+    weight is read (`fdecode.compile` checks a tensor-parallel split against it first)."""
+    if isinstance(obj, (str, os.PathLike)):
+        folder = Path(obj)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no config.json")
+        hf = json.loads((folder / "config.json").read_text())
+    elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
+        hf = obj.config.to_dict()
+    else:
+        raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
+    family = family_of(hf.get("model_type"))
+    return family, family.config_from_hf(hf)
+
+
 def from_hf(obj: object, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> LlamaModel:
     """LlamaModel (with `.mtp` when the checkpoint has an MTP head) from a transformers model or a folder.
 
     dtype / device default to those of the source weights. A transformers model's weights that already
     have them are shared with it (same storage, no second copy); the others are converted copies.
     """
-    if isinstance(obj, (str, os.PathLike)):
-        folder = Path(obj)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} has no config.json")
-        # The config is checked before any weight is read.
-        hf = json.loads((folder / "config.json").read_text())
-        family = family_of(hf.get("model_type"))
-        cfg, weights = family.config_from_hf(hf), CheckpointTensors(folder)
-    elif isinstance(obj, nn.Module) and hasattr(getattr(obj, "config", None), "to_dict"):
-        hf = obj.config.to_dict()
-        family = family_of(hf.get("model_type"))
-        cfg, weights = family.config_from_hf(hf), obj.state_dict()
-    else:
-        raise TypeError(f"from_hf expects a transformers PreTrainedModel or a folder path, got {type(obj).__name__}")
+    family, cfg = read_config(obj)  # checked before any weight is read
+    weights = CheckpointTensors(Path(obj)) if isinstance(obj, (str, os.PathLike)) else obj.state_dict()
     model = _build(cfg, weights, dtype=dtype, device=device, family=family)
     model.eos_token_ids = eos_token_ids(obj)  # the stop ids of requests that name none, once compiled
     source = Path(obj) if isinstance(obj, (str, os.PathLike)) else Path(getattr(obj, "name_or_path", "") or "")
