@@ -84,15 +84,28 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def vocab_rows(vocab_size: int, size: int) -> int:
+    """Rows of the vocabulary each of `size` ranks holds: ceil(V / N), the last rank's padded past V."""
+    return -(-vocab_size // size)
+
+
+def vocab_shard(weight: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Rank r's `vocab_rows` rows of a [V, H] embedding or LM head weight (zero rows past V), a tensor of its own."""
+    rows = vocab_rows(weight.shape[0], tp.size)
+    part = weight[tp.rank * rows : (tp.rank + 1) * rows]
+    pad = rows - part.shape[0]
+    return torch.cat([part, part.new_zeros(pad, weight.shape[1])]) if pad else part.clone()
+
+
 class VocabParallelEmbedding(nn.Module):
     """Rank r embeds the tokens in its vocabulary rows; the others contribute zeros to the all-reduce."""
 
     def __init__(self, vocab_size: int, hidden_size: int, *, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.rows = vocab_size // tp.size
+        self.rows = vocab_rows(vocab_size, tp.size)
         self.start = tp.rank * self.rows
-        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))  # [V/N, H]
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))  # [ceil(V/N), H]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         local = tokens - self.start  # [B, Q]
@@ -102,15 +115,18 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class VocabParallelLMHead(nn.Module):
-    """Logits of this rank's vocabulary rows, all-gathered so every rank holds the full [..., V]."""
+    """Logits of this rank's vocabulary rows, all-gathered so every rank holds the full [..., V] (a vocabulary
+    that does not divide by N is padded to N * ceil(V / N) rows, the padding cut off after the gather)."""
 
     def __init__(self, hidden_size: int, vocab_size: int, *, tp: TPGroup) -> None:
         super().__init__()
-        self.tp = tp
-        self.weight = nn.Parameter(torch.empty(vocab_size // tp.size, hidden_size))  # [V/N, H]
+        self.tp, self.vocab_size = tp, vocab_size
+        self.weight = nn.Parameter(torch.empty(vocab_rows(vocab_size, tp.size), hidden_size))  # [ceil(V/N), H]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local = F.linear(x, self.weight)  # [..., V/N]
+        local = F.linear(x, self.weight)  # [..., ceil(V/N)]
         # all_gather concatenates along dim 0, so the vocabulary goes first and comes back last.
-        gathered = done(funcol.all_gather_single(local.movedim(-1, 0).contiguous(), 0, self.tp.group))  # [V, ...]
+        gathered = done(funcol.all_gather_single(local.movedim(-1, 0).contiguous(), 0, self.tp.group))  # [N*rows, ...]
+        if gathered.shape[0] != self.vocab_size:
+            gathered = gathered[: self.vocab_size]
         return gathered.movedim(0, -1)

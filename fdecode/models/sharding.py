@@ -14,7 +14,7 @@ tensors are not), then every layer kind keeps its share, by the kind's own layou
 | `MLAttention` (DeepSeek-V3)   | q_proj / q_b_proj, kv_b_proj by head; the latent (kv_a_proj, the cache) replicated | o_proj |
 | `MLP` (SwiGLU)                | gate, up                                               | down                      |
 | MoE blocks (every MoE family) | each routed expert's gate / up, the shared experts'    | each expert's down; one all-reduce per block |
-| embedding / LM head           | by vocabulary rows (`VocabParallelEmbedding` / `LMHead`) |                         |
+| embedding / LM head           | by vocabulary rows, padded to N * ceil(V / N) (`VocabParallelEmbedding` / `LMHead`) | |
 
 Routers, norms, RoPE, the MTP heads' eh_proj / fc stay whole on every rank (the routers in float32: every
 rank picks the same experts). MoE is split *inside* each expert (each rank holds 1/N of every expert's
@@ -40,12 +40,14 @@ from fdecode.models.layers.gated_attention import GatedAttention
 from fdecode.models.layers.mla import MLAttention
 from fdecode.models.layers.moe import DeepseekMoE, Experts, QwenMoE
 from fdecode.models.mtp.head import MTPHead
-from fdecode.models.parallel import RowParallelLinear, TPGroup, VocabParallelEmbedding, VocabParallelLMHead
+from fdecode.models.parallel import (
+    RowParallelLinear, TPGroup, VocabParallelEmbedding, VocabParallelLMHead, vocab_shard,
+)
 
 
 def split_dimensions(cfg: ModelConfig) -> dict[str, int]:
     """Every dimension of `cfg` that tensor parallelism splits, by its config name."""
-    dims = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "vocab_size": cfg.vocab_size}
+    dims = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads}  # the vocabulary pads (`vocab_rows`)
     if cfg.intermediate_size > 0:
         dims["intermediate_size"] = cfg.intermediate_size
     for name in ("linear_num_key_heads", "linear_num_value_heads"):
@@ -227,9 +229,9 @@ def shard_model(model: nn.Module, tp: TPGroup) -> nn.Module:
     with torch.device("meta"):  # the rank's rows are assigned below
         sharded.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         sharded.lm_head = VocabParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp=tp)
-    sharded.embed_tokens.weight = _param(_chunk(model.embed_tokens.weight, 0, tp))
+    sharded.embed_tokens.weight = _param(vocab_shard(model.embed_tokens.weight, tp))
     sharded.lm_head.weight = (sharded.embed_tokens.weight if cfg.tie_word_embeddings
-                              else _param(_chunk(model.lm_head.weight, 0, tp)))
+                              else _param(vocab_shard(model.lm_head.weight, tp)))
     sharded.rank_config, sharded.tp = rank_config(cfg, tp.size), tp
     if mtp is not None:
         sharded.mtp = shard_head(mtp, tp).bind(sharded)

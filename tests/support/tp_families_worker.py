@@ -125,7 +125,8 @@ def split_errors(group, folder: str) -> dict[str, str]:
     from support import deepseek_models, hybrid_models
 
     configs = {
-        "vocab_size": hybrid_models.hf_config(hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=97),
+        "num_kv_heads": hybrid_models.hf_config(hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=VOCAB,
+                                                num_key_value_heads=1),
         "linear_num_key_heads": hybrid_models.hf_config(hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=VOCAB,
                                                         linear_num_key_heads=1, linear_num_value_heads=2),
         "moe_intermediate_size": deepseek_models.hf_config(vocab_size=VOCAB, moe_intermediate_size=15),
