@@ -1,12 +1,14 @@
-"""Tensor-parallel speculative decoding, one process per rank.
+"""Tensor-parallel speculative decoding, one process per rank: by default the seed's configuration in
+miniature, a Qwen3.5 hybrid (Gated DeltaNet + gated attention) with its MTP head, K = 3, at TP = N.
 
-    torchrun --nproc-per-node 2 examples/tp_generate.py                 # seeded random model, CPU, gloo
-    torchrun --nproc-per-node 2 examples/tp_generate.py PATH --device cuda   # a checkpoint, NCCL
+    torchrun --nproc-per-node 2 examples/tp_generate.py                       # random Qwen3.5 + MTP, CPU, gloo
+    torchrun --nproc-per-node 2 examples/tp_generate.py --family llama        # random Llama + a draft LM
+    torchrun --nproc-per-node 2 examples/tp_generate.py PATH --device cuda    # a checkpoint (any family), NCCL
 
-Every rank loads the whole checkpoint and keeps its shards; each runs the same
-step on the same prompts and commits the same tokens (no broadcast needed, see
-`fdecode.models.parallel`); rank 0 prints them. `--broadcast` adds the in-graph
-broadcast of rank 0's tokens (the catch-all for non-deterministic kernels).
+Every rank loads the whole model and keeps its shards (`fdecode.models.sharding`); each runs the same
+step on the same prompts and commits the same tokens (no broadcast needed); rank 0 prints them, and
+whether every rank agreed. `--broadcast` adds the in-graph broadcast of rank 0's tokens (the catch-all
+for non-deterministic kernels).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import torch
 import torch.distributed as dist
 
 import fdecode
-from fdecode.models import LlamaModel, ModelConfig, from_hf
+from fdecode.bench.models import llama, qwen3_5
+from fdecode.models import from_hf
 from fdecode.models.parallel import DEVICE_BACKENDS
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model", nargs="?", help="checkpoint folder (default: a seeded random Llama)")
+    parser.add_argument("model", nargs="?", help="checkpoint folder (default: a seeded random model of --family)")
+    parser.add_argument("--family", default="qwen3_5", choices=["qwen3_5", "llama"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--broadcast", action="store_true", help="DecodeConfig(broadcast_accepted=True)")
     args = parser.parse_args()
@@ -36,21 +40,24 @@ def main() -> None:
     dist.init_process_group(DEVICE_BACKENDS[device.type])
     if args.model:
         target = from_hf(args.model)
-    else:  # the same seed on every rank: the same weights everywhere
-        cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
-                          num_heads=4, num_kv_heads=2, head_dim=32)
-        target = LlamaModel.random(cfg, seed=0, std=0.1)
-    draft = "mtp" if target.mtp is not None else LlamaModel.random(target.config.replace(num_layers=1), seed=1, std=0.1)
+    elif args.family == "qwen3_5":  # the same seed on every rank: the same weights everywhere
+        target = qwen3_5(vocab=4096, hidden=256, layers=4, seed=0)  # 3 DeltaNet layers, 1 gated attention
+    else:
+        target = llama(vocab=512, hidden=128, layers=2, seed=0)
+    draft = "mtp" if target.mtp is not None else llama(vocab=target.config.vocab_size, hidden=128, layers=1, seed=1)
     cfg = fdecode.DecodeConfig(
         num_draft_tokens=3, max_batch=2, max_seq_len=256, backend="eager", device=str(device),
         tp_size=dist.get_world_size(), broadcast_accepted=args.broadcast,
     )
     step = fdecode.compile(target, draft, cfg, tp_group=dist.group.WORLD)
     out = fdecode.generate(step, [[5, 6, 7, 8], [100, 200, 300]], max_new_tokens=32, temperature=[0.0, 0.8], seed=1)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, out)
     if dist.get_rank() == 0:
         print(step)
         for seq in out:
             print(seq)
+        print("every rank committed the same tokens" if all(o == out for o in everyone) else "RANKS DISAGREE")
     dist.destroy_process_group()
 
 

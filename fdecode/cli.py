@@ -4,6 +4,7 @@
     fdecode demo                                   # the bundled model: stream Python code, then 3-way speeds
     fdecode demo --draft model                     # ... with its independent draft LM instead of the MTP head
     fdecode demo --model DIR [--draft DIR|mtp] --prompt "def f(x):"   # a local Hugging Face checkpoint
+    torchrun --nproc-per-node 2 -m fdecode.cli demo --tp 2         # tensor-parallel: one process per rank
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
     fdecode profile                                # timeline picture of the before loop and the step
 
@@ -11,7 +12,9 @@ The demo streams the compiled step's greedy continuation as it is produced (line
 by line: it ends at the last complete line), then runs target-only decoding and the
 host-round-trip "before" loop on the same prompt, checks that all three produced
 the same tokens, and prints tokens/s of each, the mean accepted length and the
-compile time (summed over the attention windows).
+compile time (summed over the attention windows). With `--tp N` (under torchrun, one process per rank,
+gloo on the CPU) every rank runs the sharded step; rank 0 streams, and the demo checks that every rank
+committed the same tokens instead of timing the baselines.
 """
 
 from __future__ import annotations
@@ -53,7 +56,24 @@ def _models(args: argparse.Namespace):
     return folder, target, from_hf(args.draft, dtype=torch.float32), str(args.draft)
 
 
+def _tp_group(size: int):
+    """The torchrun process group of a `--tp` demo (None for one process); refuses to run outside torchrun."""
+    if size == 1:
+        return None
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) != size:
+        raise SystemExit(f"error: --tp {size} runs one process per rank under torchrun: "
+                         f"torchrun --nproc-per-node {size} -m fdecode.cli demo --tp {size}")
+    dist.init_process_group("gloo")
+    return dist.group.WORLD
+
+
 def demo(args: argparse.Namespace) -> int:
+    group = _tp_group(args.tp)
+    rank0 = group is None or group.rank() == 0
     folder, target, draft, draft_name = _models(args)
     tokenizer = load_tokenizer(folder)
     prompt = tokenizer(args.prompt)["input_ids"]
@@ -61,8 +81,11 @@ def demo(args: argparse.Namespace) -> int:
     cfg = fdecode.DecodeConfig(
         num_draft_tokens=args.k, max_batch=1, max_seq_len=len(prompt) + args.max_new_tokens + 2 * args.k + 2,
         backend=args.backend,  # the default config: its greedy lanes run the greedy plan's graph
+        tp_size=args.tp,
     )
-    step = fdecode.compile(target, draft, cfg)
+    step = fdecode.compile(target, draft, cfg, tp_group=group)
+    if group is not None:
+        return _tp_demo(args, step, tokenizer, prompt, eos, group, rank0, f"{folder} (draft: {draft_name})")
     print(f"model: {folder} (draft: {draft_name})\nstep:  {step}", file=sys.stderr)
     windows = len(cfg.bucket_blocks)
     print(f"compiling ({windows} attention window{'s' * (windows > 1)}) ...", file=sys.stderr, flush=True)
@@ -124,6 +147,30 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) -> int:
+    """Every rank decodes; rank 0 prints the text, the step time, and whether every rank agreed."""
+    import torch.distributed as dist
+
+    if rank0:
+        print(f"model: {name}, TP = {args.tp}\nstep:  {step}", file=sys.stderr)
+    step.warmup(plans=(GREEDY,))
+    start = time.perf_counter()
+    done = fdecode.generate(step, [prompt], max_new_tokens=args.max_new_tokens, eos_token_id=eos, details=True,
+                            progress=False)[0]
+    seconds = time.perf_counter() - start
+    everyone: list[list[int] | None] = [None] * args.tp
+    dist.all_gather_object(everyone, done.tokens, group=group)
+    agree = all(tokens == done.tokens for tokens in everyone)
+    if rank0:
+        print(args.prompt + tokenizer.decode(done.tokens))
+        m = done.metrics
+        print(f"\n-- {len(done.tokens)} tokens, greedy, K = {args.k}, TP = {args.tp} ({step.backend}): "
+              f"{len(done.tokens) / seconds:.1f} tok/s, {m.mean_accepted_length:.2f} tokens per verified step; "
+              f"every rank committed {'the same' if agree else 'DIFFERENT'} tokens")
+    dist.destroy_process_group()
+    return 0 if agree else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fdecode", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: %(default)s)")
     p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "dynamo", "eager"],
                    help="what compiles the step (default: %(default)s: inductor on a CPU)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, under torchrun (default: %(default)s)")
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     sub.add_parser("profile", help="timeline picture of the before loop and the step", add_help=False)

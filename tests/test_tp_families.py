@@ -51,6 +51,25 @@ def test_random_lanes_agree_across_ranks(ranks):
 
 
 @pytest.mark.slow
+def test_ranks_agree_on_every_event_with_grammars_ngram_drafts_adaptive_depth_and_max_seq_len(ranks):
+    """One Engine of GLM-4.5 + MTP per rank (greedy, random, grammar and near-max_seq_len lanes, staggered;
+    the adaptive depth choosing among 0 .. K): both ranks emit the same events and launch the same depths;
+    the plain greedy lanes and a Qwen3.5 n-gram step equal transformers."""
+    first, second = ranks[0]["agreement"], ranks[1]["agreement"]
+    assert first["events"] == second["events"] and first["launches"] == second["launches"]
+    assert sum(n > 0 for n in first["launches"].values()) > 1  # more than one depth was launched
+    tokens: dict[int, list[int]] = {}
+    for rid, new, _, _ in first["events"]:
+        tokens.setdefault(rid, []).extend(new)
+    greedy = want("glm4_moe")
+    assert tokens[0] == greedy[0] and tokens[4] == greedy[1]
+    assert len(tokens[1]) == 64 - 52  # the long prompt ran into max_seq_len, on both ranks alike
+    reasons = {rid: reason for rid, _, done, reason in first["events"] if done}
+    assert reasons[1] == "length"
+    assert first["ngram"] == second["ngram"] == want("qwen3_5")
+
+
+@pytest.mark.slow
 def test_each_rank_holds_its_share_of_the_heads_and_about_half_the_weights(ranks):
     from support.tp_families_worker import hf_model
 

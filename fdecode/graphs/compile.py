@@ -508,7 +508,8 @@ class Step:
         return (
             f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
             f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
-            f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device})"
+            f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device}"
+            f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''})"
         )
 
 

@@ -112,9 +112,42 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
                 progress=False)
     if size == 2:
         result["errors"] = split_errors(group, os.path.join(out, f"configs{rank}"))
+        result["agreement"] = agreement(group)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+LONG = list(range(1, 53))  # 52 tokens: with its budget it runs into max_seq_len 64
+
+
+def agreement(group) -> dict[str, object]:
+    """The cases where ranks could take different paths, in one Engine of GLM-4.5 + its MTP head at TP = 2
+    (MoE; every depth 0 .. K runs: a recurrent target's Engine keeps K): greedy, random, grammar and
+    near-max_seq_len lanes arriving staggered, with the adaptive depth free to choose
+    (`warmup(depths=step.depths)`); and n-gram drafts beside a Qwen3.5 target. Every event, as each rank
+    saw it."""
+    from support.hand_grammar import HandGrammar
+
+    target, draft = pair("glm4_moe")
+    step = fdecode.compile(target, draft, config(2, max_grammar_states=8, max_grammar_transitions=64, sampling=True),
+                           tp_group=group)
+    step.warmup(depths=step.depths)
+    grammar = HandGrammar({0: {t: 1 for t in range(0, 40, 2)}, 1: {t: 0 for t in range(1, 40, 2)}}, final={0, 1},
+                          vocab_size=VOCAB, eos=(VOCAB - 1,))
+    engine = fdecode.Engine(step)
+    requests = [(PROMPTS[0], dict(max_new_tokens=NEW)), (LONG, {}), (PROMPTS[1], dict(temperature=1.0, seed=5)),
+                (PROMPTS[2], dict(grammar=grammar, max_new_tokens=NEW)), (PROMPTS[1], dict(max_new_tokens=NEW))]
+    events, tick = [], 0
+    while requests or engine.has_work():
+        if requests and tick % 2 == 0:
+            prompt, params = requests.pop(0)
+            engine.add_request(prompt, fdecode.SamplingParams(eos_token_id=[], **params))
+        events += [(e.request_id, e.new_tokens, e.finished, e.reason) for e in engine.step()]
+        tick += 1
+    ngram = fdecode.compile(pair("qwen3_5")[0], "ngram", config(2), tp_group=group)
+    return {"events": events, "launches": dict(engine.depths.launches),
+            "ngram": fdecode.generate(ngram, PROMPTS, max_new_tokens=NEW, eos_token_id=[], progress=False)}
 
 
 def split_errors(group, folder: str) -> dict[str, str]:
