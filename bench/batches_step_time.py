@@ -4,7 +4,7 @@
     python bench/batches_step_time.py --workload qwen-coder --layers regions --rounds 4 --steps 8
 
 Compiles the same greedy step twice in one process (the stored graphs off, so each is a compile of its own):
-once with Inductor's one library per kernel (`fdecode.graphs.kernel_batches` switched off), once with the
+once with Inductor's one library per kernel (`fdecode.backends.cpu.kernel_batches` switched off), once with the
 kernel batches (the default), then runs them in alternating order for `--rounds` rounds of `--steps` steps
 from a fresh prefill each, and prints the median step time of each, their ratio and whether their tokens
 are equal. The kernels' code is the same either way; this checks that loading them from one library

@@ -21,11 +21,11 @@ before the stored graphs) and "unrolled" (`layer_regions=False`: every layer cop
 graphs' folder lives beside the Inductor cache, so "cold" has both empty and "warm" both filled.
 
 --compare-isa runs each workload and mode twice: with Inductor's vector-ISA probes (what fdecode did before
-`fdecode.graphs.vec_isa`: six C++ probe builds on an empty cache, six probe processes on every start) and
+`fdecode.backends.cpu.vec_isa`: six C++ probe builds on an empty cache, six probe processes on every start) and
 without them (the default), cold and warm each.
 
 --compare-batches runs each workload and mode twice: with the graph's C++ kernels built one library each
-(Inductor's own way, what fdecode did before `fdecode.graphs.kernel_batches`) and a few to a library (the
+(Inductor's own way, what fdecode did before `fdecode.backends.cpu.kernel_batches`) and a few to a library (the
 default), cold and warm each.
 
 --phases adds where the compile's time goes (`bench/compile_phases.py`: Dynamo's trace, Inductor's lowering,
@@ -87,11 +87,11 @@ def models(workload: str, layers: int):
 
 
 def use_kernel_batches(on: bool) -> None:
-    """Whether this process's step graphs build their C++ kernels a few to a library (`fdecode.graphs.kernel_batches`,
+    """Whether this process's step graphs build their C++ kernels a few to a library (`fdecode.backends.cpu.kernel_batches`,
     the default) or each as a library of its own (Inductor's way, what fdecode did before)."""
     import contextlib
 
-    from fdecode.graphs.kernel_batches import batched_cpu_kernels
+    from fdecode.backends.cpu.kernel_batches import batched_cpu_kernels
 
     # the module, not the `compile` function `fdecode.graphs` exports under the same name
     sys.modules["fdecode.graphs.compile"].batched_cpu_kernels = batched_cpu_kernels if on else contextlib.nullcontext

@@ -1,6 +1,6 @@
 """A CPU linear at the row counts a step runs: MKL's `F.linear`, the weight-stationary `(w @ x^T)^T`,
 oneDNN (`fdecode::onednn_linear`) on the weight as it lies, and oneDNN on its packed copy
-(`fdecode.ops.onednn_packed`), eagerly.
+(`fdecode.backends.cpu.onednn_packed`), eagerly.
 
     python bench/linears.py                       # the real pair's weight shapes and a few small ones
     python bench/linears.py --json bench/results/linears.json
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from fdecode.bench.timing import interleaved_runs, median_run
-from fdecode.ops import onednn_packed
-from fdecode.ops.onednn_linear import MIN_BYTES, onednn_linear
+from fdecode.backends.cpu import onednn_packed
+from fdecode.backends.cpu.onednn_linear import MIN_BYTES, onednn_linear
 
 SHAPES = [(256, 256), (576, 576), (1536, 576), (1536, 1536), (8960, 1536), (1536, 8960), (896, 896), (4864, 896),
           (151936 // 4, 1536)]

@@ -15,7 +15,7 @@ time over a prefilled state (medians of `--repeats`):
 - one draft forward of 1 row (a step runs K of them: 2 rows, then 1);
 - the whole step, eager and compiled (inductor, the default config);
 and the two forwards again compiled as the step compiles them (large linears by oneDNN from the packed
-weights `fdecode.compile` keeps, small few-row ones weight-stationary: `fdecode.graphs.cpu_matmul`). "other" is a step less the target's
+weights `fdecode.compile` keeps, small few-row ones weight-stationary: `fdecode.backends.cpu.matmul`). "other" is a step less the target's
 verify and K draft forwards: sampling, acceptance, the prepare op, the draft's first forward having
 2 rows, and the wrapper. Tokens per second at the floor: (accepted tokens per step) / (target + K drafts at the floor).
 The models come from `fdecode.assets.qwen_coder` (skipped, naming the script that fetches them, when
@@ -37,8 +37,9 @@ import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.bench.pair import PROMPTS, chat_ids
 from fdecode.bench.timing import interleaved_runs
-from fdecode.graphs.backends import capture, packs_weights
-from fdecode.ops.onednn_linear import pack_linears
+from fdecode.backends import cpu
+from fdecode.graphs.backends import capture
+from fdecode.backends.cpu.onednn_linear import pack_linears
 from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
 PROMPT = PROMPTS["write"]  # the workload's code-writing prompt
@@ -62,11 +63,11 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
 
 
 def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repeats: int) -> dict[str, float]:
-    """The compiled forwards with oneDNN (`fdecode.ops.onednn_linear`) and without it (every linear left to the
+    """The compiled forwards with oneDNN (`fdecode.backends.cpu.onednn_linear`) and without it (every linear left to the
     BLAS call, few rows weight-stationary), timed in turn `repeats` times: medians."""
     from unittest import mock
 
-    from fdecode.ops import onednn_linear
+    from fdecode.backends.cpu import onednn_linear
 
     def verify_blas():  # code objects of their own: Dynamo would otherwise reuse the graphs compiled above
         return verify()
@@ -83,11 +84,11 @@ def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repe
 
 
 def without_packing(compiled_verify, compiled_draft, repeats: int) -> dict[str, float]:
-    """The compiled forwards with oneDNN's packed weights (`fdecode.ops.onednn_packed`) and with oneDNN reading
+    """The compiled forwards with oneDNN's packed weights (`fdecode.backends.cpu.onednn_packed`) and with oneDNN reading
     the weights as they lie (the same graphs: the op finds no packed copy), timed in turn: medians."""
     from unittest import mock
 
-    from fdecode.ops import onednn_packed
+    from fdecode.backends.cpu import onednn_packed
 
     def unpacked(fn):
         def run():
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         eager_step()
         measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
         # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
-        if packs_weights(inductor, "inductor"):  # as fdecode.compile does for this config
+        if cpu.packs_weights(inductor, "inductor"):  # as fdecode.compile does for this config
             pack_linears(target, draft)
         compiled_verify, compiled_draft = capture("inductor", verify, inductor), capture("inductor", draft_row, inductor)
         measured["target_verify"] = median_seconds(compiled_verify, args.repeats)

@@ -25,6 +25,17 @@ LOGPROBS_MODES = ("raw", "processed")
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    """The static half of a step. Its fields, by concern (each is documented where it is declared):
+
+    graph shape      num_draft_tokens (K), max_batch (B), max_seq_len, block_size, num_blocks, dtype,
+                     device, context_buckets, dynamic_window, max_stop_ids
+    compilation      backend, attention, layer_regions, pack_weights, torchair_mode
+    Engine policy    adaptive_depth, draft_gate, draft_catch_up
+    sampling and     sampling, top_k_candidates, eos_token_id, penalties, min_tokens, max_logit_bias,
+    request features max_logprobs, logprobs_mode, max_grammar_states, max_grammar_transitions
+    parallelism      tp_size, broadcast_accepted
+    """
+
     num_draft_tokens: int  # K: drafts proposed and verified per step
     max_batch: int  # B: lanes; the step's shapes are fixed by it
     max_seq_len: int  # capacity of one lane: prompt + generated tokens
@@ -86,7 +97,7 @@ class DecodeConfig:
     # `fdecode.compile` resolves it: `step.config.layer_regions` is a bool.
     layer_regions: bool | str = "auto"
     # An Inductor step on the CPU keeps a copy of each large linear weight (`onednn_linear.MIN_BYTES` and up)
-    # in oneDNN's own layout (`fdecode.ops.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
+    # in oneDNN's own layout (`fdecode.backends.cpu.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
     # (verifies, a batch's drafts) run 1.5-2.2x faster, at the cost of a second copy of those weights
     # (+7.6 GiB for the real pair in float32). False: oneDNN reads the weights as they lie, no copy.
     pack_weights: bool = True

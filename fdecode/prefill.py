@@ -22,7 +22,7 @@ import torch
 from fdecode.config import DecodeConfig
 from fdecode.models.idle import missed_width
 from fdecode.models.ngram import history_width, is_ngram
-from fdecode.ops.onednn_linear import eager_linears
+from fdecode.backends import cpu
 from fdecode.ops.paging import slot_of
 from fdecode.ops.sampling import apply_stops
 from fdecode.params import PerPrompt, SamplingParams, request_params
@@ -276,7 +276,7 @@ def prime(
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
     fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
-    with eager_linears(cfg.device_type):  # large CPU linears by oneDNN, as the step's graphs run them
+    with cpu.eager_linears(cfg.device_type):  # large CPU linears by oneDNN, as the step's graphs run them
         logits, hidden, target_states = forward_rows(
             target, tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention,
             recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone

@@ -29,7 +29,7 @@ print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": c
 
 
 def compile_in_a_fresh_process(cache, action: str, path) -> dict:
-    # The CPU's vector ISA from its flags, as fdecode's own graphs take it (`fdecode.graphs.vec_isa`): an empty
+    # The CPU's vector ISA from its flags, as fdecode's own graphs take it (`fdecode.backends.cpu.vec_isa`): an empty
     # cache would otherwise build Inductor's six ISA probes in each process, most of this test's time.
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_VEC_ISA_OK": "1"}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(cache), action, str(path)], env=env,

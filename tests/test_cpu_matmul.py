@@ -1,15 +1,15 @@
 """The CPU Inductor pass that runs large linears by oneDNN and few-row matmuls of small weights as weight @ rows^T
-(`fdecode.graphs.cpu_matmul`)."""
+(`fdecode.backends.cpu.matmul`)."""
 
 from __future__ import annotations
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fdecode.graphs.cpu_matmul import MAX_ROWS, weight_stationary
-from fdecode.ops.onednn_linear import MIN_BYTES as ONEDNN_BYTES
-from fdecode.ops.onednn_linear import dtypes as onednn_dtypes
-from fdecode.ops.onednn_linear import onednn_linear
+from fdecode.backends.cpu.matmul import MAX_ROWS, weight_stationary
+from fdecode.backends.cpu.onednn_linear import MIN_BYTES as ONEDNN_BYTES
+from fdecode.backends.cpu.onednn_linear import dtypes as onednn_dtypes
+from fdecode.backends.cpu.onednn_linear import onednn_linear
 
 aten = torch.ops.aten
 
@@ -128,7 +128,7 @@ def test_eager_linears_take_large_cpu_weights_only():
     leaves small weights and anything autograd must see to F.linear; the values are F.linear's."""
     from unittest import mock
 
-    from fdecode.ops import onednn_linear as module
+    from fdecode.backends.cpu import onednn_linear as module
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""A CPU graph's C++ kernels built a few to a library (`fdecode.graphs.kernel_batches`): the graph computes
+"""A CPU graph's C++ kernels built a few to a library (`fdecode.backends.cpu.kernel_batches`): the graph computes
 what it computes with Inductor's one library per kernel, builds one library per compile worker, and falls
 back to one per kernel, with a notice, where a batch does not build."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fdecode.graphs import kernel_batches
-from fdecode.graphs.kernel_batches import batch_source, batched_cpu_kernels, groups
+from fdecode.backends.cpu import kernel_batches
+from fdecode.backends.cpu.kernel_batches import batch_source, batched_cpu_kernels, groups
 from support.kernel_files import ENTRY, kernel_files
 
 

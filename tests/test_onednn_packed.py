@@ -1,4 +1,4 @@
-"""Packed copies of CPU linear weights for oneDNN (`fdecode.ops.onednn_packed`): the same products as the
+"""Packed copies of CPU linear weights for oneDNN (`fdecode.backends.cpu.onednn_packed`): the same products as the
 weight as it lies, at every row count, never stale, dropped with their weight."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fdecode.ops import onednn_packed
-from fdecode.ops.onednn_linear import available, dtypes, onednn_linear
+from fdecode.backends.cpu import onednn_packed
+from fdecode.backends.cpu.onednn_linear import available, dtypes, onednn_linear
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
@@ -84,7 +84,7 @@ def test_weights_not_packed_run_as_they_lie():
 def test_a_compiled_forward_reads_the_packed_weight_and_follows_its_edits(monkeypatch):
     """Inductor calls the op with the weight its graph takes as an input: the packed copy is found, and an
     in-place edit between calls reaches the compiled forward (the same graph, no recompile)."""
-    from fdecode.graphs.cpu_matmul import weight_stationary
+    from fdecode.backends.cpu.matmul import weight_stationary
 
     lin = torch.nn.Linear(512, 600)  # 1.2 MB: oneDNN's
     onednn_packed.pack(lin.weight)

@@ -22,7 +22,7 @@ from support.kernel_files import kernel_files
 # A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
 # of two lanes across windows; prints its tokens, the eager step's tokens, the graphs Dynamo traced and
 # how each step graph came to be (loaded or compiled), and whether Inductor built or loaded its base
-# vector-ISA probe (`fdecode.graphs.vec_isa` trusts the CPU's flags instead).
+# vector-ISA probe (`fdecode.backends.cpu.vec_isa` trusts the CPU's flags instead).
 CHILD = """
 import dataclasses, json, sys, torch
 import fdecode

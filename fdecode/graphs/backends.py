@@ -25,10 +25,8 @@ import torch
 
 from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
-from fdecode.graphs.cpu_matmul import weight_stationary
 from fdecode.graphs.replay_outputs import owning_outputs
-from fdecode.graphs.vec_isa import isa_options
-from fdecode.ops.onednn_linear import available as onednn_available
+from fdecode.backends import cpu
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -236,21 +234,13 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
     if backend == "torchair":
         return torch.compile(fn, backend=npu.backend(cfg), fullgraph=True, dynamic=False)
     options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}
-    if cpu_inductor(cfg, backend):  # large linears by oneDNN, few-row small ones streamed as the weight's rows
-        options["post_grad_custom_pre_pass"] = weight_stationary
-        options.update(isa_options())  # the CPU's vector ISA without Inductor's probe builds
+    options.update(cpu.inductor_options(cfg, backend))  # a tuned CPU step's passes (`fdecode.backends.cpu`)
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
 
 
 def cpu_inductor(cfg: DecodeConfig, backend: str) -> bool:
-    """Whether `capture` compiles with the CPU linears pass (`weight_stationary`): Inductor on the CPU."""
-    return backend == "inductor" and cfg.device_type == "cpu"
-
-
-def packs_weights(cfg: DecodeConfig, backend: str) -> bool:
-    """Whether `fdecode.compile` keeps oneDNN's layout of the large linear weights (`DecodeConfig.pack_weights`):
-    where the step's graphs run them by oneDNN (`cpu_inductor`)."""
-    return cfg.pack_weights and cpu_inductor(cfg, backend) and onednn_available()
+    """Whether `capture` compiles with the CPU tuning (`fdecode.backends.cpu`): Inductor on the CPU."""
+    return cpu.enabled(cfg, backend)
 
 
 # (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).

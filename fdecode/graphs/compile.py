@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
+from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
-    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason, packs_weights,
+    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason,
     resolve_backend,
 )
-from fdecode.graphs.kernel_batches import batched_cpu_kernels
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.idle import idles_draft, missed_width
 from fdecode.models.ngram import history_width
@@ -26,7 +26,6 @@ from fdecode.models.parallel import check_group
 from fdecode.models.sharding import check_divides, parallelize_pair
 from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import config_of, resolve_config, resolve_draft, resolve_target
-from fdecode.ops.onednn_linear import pack_linears
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, new_kv, prefill
@@ -352,7 +351,7 @@ class Step:
             self._announce_compile(blocks, plan, depth)
         start = time.perf_counter()
         # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
-        with torch.no_grad(), batched_cpu_kernels() if first else contextlib.nullcontext():
+        with torch.no_grad(), cpu.compiling() if first else contextlib.nullcontext():
             new_state, out = graph(state)
         if first:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
@@ -558,8 +557,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
-    if packs_weights(config, backend):
-        added = pack_linears(target_model, draft_model)
+    if cpu.packs_weights(config, backend):
+        added = cpu.pack_linears(target_model, draft_model)
         if announce and added:
             notice(f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
                    "(DecodeConfig.pack_weights=False: none)")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from fdecode.graphs.vec_isa import trusted_isa
+from fdecode.backends import cpu
 from fdecode.progress import notice
 
 OFF = ("off", "0", "false", "no", "none", "")
@@ -166,7 +166,7 @@ class StoredGraph:
 
     def __call__(self, *args):
         if self._run is None:
-            with trusted_isa():  # the first call loads or builds the graph's CPU kernels (`fdecode.graphs.vec_isa`)
+            with cpu.loading():  # the first call loads or builds the graph's CPU kernels (`fdecode.backends.cpu`)
                 self._run = self._first(args)
                 return self._call(args)
         return self._call(args)

@@ -1,4 +1,4 @@
-"""The kernel C++ files Inductor wrote in a cache folder: fdecode's batches (`fdecode.graphs.kernel_batches`)
+"""The kernel C++ files Inductor wrote in a cache folder: fdecode's batches (`fdecode.backends.cpu.kernel_batches`)
 and Inductor's own one-kernel files."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel Inductor uses 
 a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (BENCHMARKS.md, "oneDNN linears"). Inductor
 lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights, and a step's weights are
 its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
-(`fdecode.graphs.cpu_matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
+(`fdecode.backends.cpu.matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
 `OneDNNLinears`, a mode that sends `F.linear` here wherever `takes` says so.
 
 oneDNN reads the weight as it lies, or, for two rows or more, the copy in its own layout that
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from fdecode.ops import onednn_packed
+from fdecode.backends.cpu import onednn_packed
 
 _lib = torch.library.Library("fdecode", "FRAGMENT")
 _lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")

@@ -44,7 +44,7 @@ _INCLUDE = re.compile(r"^#include .*$", re.M)
 _SCALARS = {"int64_t": "PyLong_AsSsize_t", "float": "PyFloat_AsDouble"}
 
 _BINDINGS = r"""
-// Python bindings of the kernels above, one function each in the module `kernel` (fdecode.graphs.kernel_batches)
+// Python bindings of the kernels above, one function each in the module `kernel` (fdecode.backends.cpu.kernel_batches)
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <cerrno>

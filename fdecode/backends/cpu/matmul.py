@@ -2,7 +2,7 @@
 lies, and the few-row ones of small weights as weight @ rows^T (docs/design.md, "Prompt lookup: n-gram
 drafts").
 
-A weight of at least `onednn_linear.MIN_BYTES` goes to `fdecode::onednn_linear` (`fdecode/ops/onednn_linear.py`),
+A weight of at least `onednn_linear.MIN_BYTES` goes to `fdecode::onednn_linear` (`fdecode/backends/cpu/onednn_linear.py`),
 whatever the rows: 1.6-2.8x the speed of MKL's `F.linear` at 1-64 rows (at 2 rows the form below is sometimes
 faster still, but one row in a step's five forwards is not worth a second rule). Below that size oneDNN's fixed cost per
 call (~25 us) outweighs what it saves, and the rest of this docstring applies.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from fdecode.ops import onednn_linear
+from fdecode.backends.cpu import onednn_linear
 
 aten = torch.ops.aten
 MAX_ROWS = 64  # a verify of 16 lanes at K = 3; no slower than mm(x, w^T) up to here (BENCHMARKS.md)
