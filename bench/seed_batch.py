@@ -111,7 +111,7 @@ def run_engine(step, requests) -> list[dict]:
         tokens = {rid: [] for rid in ids}
         for event in engine.stream():
             tokens[event.request_id] += event.new_tokens
-            request = engine._requests.get(event.request_id)  # noqa: SLF001 - which lane it runs in
+            request = engine.requests.get(event.request_id)  # which lane it runs in
             if request is not None and request.lane is not None:
                 lanes[event.request_id] = request.lane
     return [dict(tokens=tokens[rid], lane=lanes[rid], record=record) for rid in ids]

@@ -68,11 +68,11 @@ def generate(
     )
     engine = Engine(step)
     ids = [
-        engine._add_request(prompt, f"prompt {i}", p)  # noqa: SLF001 - add_request with the prompt's label
+        engine.add_resolved(prompt, p, label=f"prompt {i}")
         for i, (prompt, p) in enumerate(zip(checked, requests))
     ]
     outputs = {rid: Completion() for rid in ids}
-    total = sum(engine._requests[rid].budget for rid in ids)  # noqa: SLF001 - the budgets it checked
+    total = sum(engine.requests[rid].budget for rid in ids)  # the budgets it checked
     show = progress if progress is not None else total >= PROGRESS_MIN_TOKENS
     with progress_bar(total=total, disable=not show, unit="tok", desc="fdecode") as bar:
         for event in engine.stream():

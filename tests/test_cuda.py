@@ -139,7 +139,7 @@ def test_admissions_and_cancellations_without_a_device_to_host_sync(recordings):
             arrived += 1
 
     def cancel(running: bool) -> None:
-        ids = [rid for rid, r in engine._requests.items() if (r.lane is not None) == running]
+        ids = [rid for rid, r in engine.requests.items() if (r.lane is not None) == running]
         engine.cancel(ids[-1])
 
     for i in range(12):  # warm-up

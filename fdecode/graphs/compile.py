@@ -28,7 +28,7 @@ from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import config_of, resolve_config, resolve_draft, resolve_target
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
-from fdecode.prefill import Prompts, empty_state, new_kv, prefill
+from fdecode.prefill import Prompts, empty_state, new_kv, prefill, prime
 from fdecode.progress import bar, notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
@@ -464,6 +464,11 @@ class Step:
             )
 
         return self._kv.start(build, take_over=not concurrent)
+
+    def prime(self, state: DecodeState, lanes: list[int], prompts: list[list[int]], **requests) -> DecodeState:
+        """Write new requests into `lanes` of `state` (an `Engine`'s admission; `fdecode.prefill.prime` takes
+        the keywords: block_tables, budgets, params, uploads, grammars). Consumes `state`'s KV (in place)."""
+        return prime(self.target, self.draft, self.config, state, lanes, prompts, **requests)
 
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive, in a free KV pool: what an `Engine` starts from. Its chain

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
 from fdecode.params import SamplingParams, request_params
-from fdecode.prefill import block_table, check_budgets, check_prompt, prime
+from fdecode.prefill import block_table, check_budgets, check_prompt
 from fdecode.runtime.allocator import BlockAllocator
 from fdecode.runtime.depth import DepthController, depth_costs, step_costs
 from fdecode.runtime.gate import DraftGate
@@ -53,7 +54,9 @@ class Event:
 
 
 @dataclass
-class _Request:
+class Request:
+    """A request the Engine holds (`Engine.requests`): read it, never write it."""
+
     id: int
     prompt: list[int]
     budget: int
@@ -65,7 +68,7 @@ class _Request:
     metrics: RequestMetrics = RequestMetrics()  # counted from the step rows read for it
 
 
-def _reason(row: list[int], request: _Request) -> str:
+def _reason(row: list[int], request: Request) -> str:
     """Why the lane of `row` (a finished lane's packed output) ended."""
     count = row[-2]
     if row[-1] >= 2:
@@ -94,9 +97,9 @@ class Engine:
         self.callbacks = list(callbacks)
         self.steps = 0  # device steps launched
         self.host_waits = 0  # device -> host reads (one per step, plus priming reads no step output carried)
-        self._lanes: list[_Request | None] = [None] * cfg.max_batch
-        self._waiting: deque[_Request] = deque()
-        self._requests: dict[int, _Request] = {}
+        self._lanes: list[Request | None] = [None] * cfg.max_batch
+        self._waiting: deque[Request] = deque()
+        self._requests: dict[int, Request] = {}
         self._next_id = 0
         device = torch.device(cfg.device)
         # Persistent host buffers, allocated once (pinned on an accelerator, `fdecode.staging`): the step's
@@ -106,7 +109,7 @@ class Engine:
         self._prime_host = host_buffer((cfg.max_batch, cfg.output_width), torch.int64, device)
         self._ready = Fence(device)
         self._uploads = Uploads(device)
-        self._out_lanes: list[_Request | None] | None = None  # lane owners when the pending step launched
+        self._out_lanes: list[Request | None] | None = None  # lane owners when the pending step launched
         self._primed_lanes: list[int] = []
         self._cancelled: list[Event] = []  # final events of cancelled requests, emitted by the next step()
         # n-gram drafts (`Step.gated`): first-row steps while the drafts are not being accepted.
@@ -156,10 +159,13 @@ class Engine:
             max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, ignore_eos=ignore_eos,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
         )
-        return self._add_request(ids, "prompt", resolved)
+        return self.add_resolved(ids, resolved)
 
-    def _add_request(self, ids: list[int], label: str, params: SamplingParams) -> int:
-        """Queue a checked prompt with resolved params (`fdecode.generate` labels its prompts "prompt 3")."""
+    def add_resolved(self, ids: list[int], params: SamplingParams, *, label: str = "prompt") -> int:
+        """Queue a prompt already checked (`fdecode.prefill.check_prompt`) with params already resolved
+        (`fdecode.params.request_params`): what `fdecode.generate` does for many prompts at once, so that a
+        whole-call seed gives each request its own. `label` names the prompt in errors ("prompt 3").
+        Returns its id."""
         cfg = self.config
         (budget,) = check_budgets([len(ids)], [params], cfg, [label])
         need = -(-(len(ids) + budget) // cfg.block_size)
@@ -168,7 +174,7 @@ class Engine:
                 f"{label} needs {need} KV blocks ({len(ids)} tokens + max_new_tokens {budget}) but the pool has "
                 f"{self.allocator.capacity}: it could never be admitted"
             )
-        request = _Request(self._next_id, ids, budget, params, need, known=len(ids))
+        request = Request(self._next_id, ids, budget, params, need, known=len(ids))
         self._next_id += 1
         self._requests[request.id] = request
         self._waiting.append(request)
@@ -190,6 +196,11 @@ class Engine:
             self._retire(request)
         del self._requests[request_id]
         self._cancelled.append(Event(request_id, [], True, reason="cancelled", metrics=request.metrics))
+
+    @property
+    def requests(self) -> Mapping[int, Request]:
+        """The requests not finished yet (waiting or running), by id: a read-only view."""
+        return MappingProxyType(self._requests)
 
     @property
     def num_active(self) -> int:
@@ -343,14 +354,14 @@ class Engine:
             None if r is None else r.params.plan_inputs for r in self._lanes
         )
 
-    def _retire(self, request: _Request) -> None:
+    def _retire(self, request: Request) -> None:
         if self.grammars is not None:
             self.grammars.release(request.lane)
         self._lanes[request.lane] = None
         self.allocator.free(request.blocks)
         request.blocks, request.lane = [], None
 
-    def _blocks_wanted(self, request: _Request) -> int:
+    def _blocks_wanted(self, request: Request) -> int:
         """Blocks covering every position the next launched step can write (see the module docstring)."""
         cfg = self.config
         last_position = request.known - 1 + 2 * cfg.W + cfg.K
@@ -380,7 +391,7 @@ class Engine:
     def _admit(self) -> None:
         """Prime waiting requests into free lanes; their first tokens are read with the next output."""
         free_lanes = [lane for lane, r in enumerate(self._lanes) if r is None]
-        admitted: list[_Request] = []
+        admitted: list[Request] = []
         while self._waiting and len(admitted) < len(free_lanes):
             head = self._waiting[0]
             running = [r for r in self._lanes if r is not None] + admitted
@@ -407,9 +418,8 @@ class Engine:
         for request in admitted:
             self._lanes[request.lane] = request
         lanes = [r.lane for r in admitted]
-        self.state = prime(
-            self.step_fn.target, self.step_fn.draft, cfg, self.state, lanes, [r.prompt for r in admitted],
-            block_tables=table, budgets=[r.budget for r in admitted], params=[r.params for r in admitted],
+        self.state = self.step_fn.prime(
+            self.state, lanes, [r.prompt for r in admitted], block_tables=table, budgets=[r.budget for r in admitted], params=[r.params for r in admitted],
             uploads=self._uploads, grammars=self.grammars,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
