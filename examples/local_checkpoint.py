@@ -1,6 +1,6 @@
 """Speculative decoding from local Hugging Face checkpoint folders (nothing is downloaded).
 
-    python examples/local_checkpoint.py TARGET_DIR [--draft DRAFT_DIR | --draft mtp] [--prompt TEXT]
+    python examples/local_checkpoint.py TARGET_DIR [--draft DRAFT_DIR | --draft mtp | --draft ngram] [--prompt TEXT]
     python examples/local_checkpoint.py fdecode/assets/tiny-stdlib --draft fdecode/assets/tiny-stdlib-draft
 
 Compiles the step up front (it says so, with a progress bar: tens of seconds on a CPU for the one
@@ -8,7 +8,9 @@ graph that serves every attention window, cached for later runs), generates, and
 step commits: 1 .. K + 1).
 
 TARGET_DIR: config.json + *.safetensors (+ tokenizer files) of a Llama / Qwen2 / Qwen3 model; with
-`--draft mtp` (the default) its MTP head (`mtp.*` or DeepSeek-style `model.layers.N.*` keys) drafts.
+`--draft mtp` (the default where the checkpoint has one) its MTP head (`mtp.*` or DeepSeek-style
+`model.layers.N.*` keys) drafts; `--draft ngram` drafts by prompt lookup (no second model), the default
+where the checkpoint has no MTP head.
 DRAFT_DIR: a smaller model of the same tokenizer (its vocabulary may be padded to another size).
 """
 
@@ -29,7 +31,8 @@ from fdecode.tokenizer import load_tokenizer
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target")
-    p.add_argument("--draft", default="mtp")
+    p.add_argument("--draft", help="mtp, ngram or a draft checkpoint folder (default: mtp where the target has "
+                   "an MTP head, else ngram)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="default: the start of a Python class (fdecode demo's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("-k", type=int, default=3)
@@ -38,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     target = from_hf(args.target, dtype=torch.float32)
-    draft = "mtp" if args.draft == "mtp" else from_hf(args.draft, dtype=torch.float32)
+    draft = args.draft or ("mtp" if target.mtp is not None else "ngram")
+    if draft not in ("mtp", "ngram"):
+        draft = from_hf(draft, dtype=torch.float32)
     tok = load_tokenizer(args.target)
     prompt = tok(args.prompt)["input_ids"]
     cfg = fdecode.DecodeConfig(

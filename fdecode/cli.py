@@ -3,6 +3,7 @@
 
     fdecode demo                                   # the bundled model: stream Python code, then 3-way speeds
     fdecode demo --draft model                     # ... with its independent draft LM instead of the MTP head
+    fdecode demo --model DIR --draft ngram         # a model without an MTP head: prompt-lookup drafts
     fdecode demo --model DIR [--draft DIR|mtp] --prompt "def f(x):"   # a local Hugging Face checkpoint
     torchrun --nproc-per-node 2 -m fdecode.cli demo --tp 2         # tensor-parallel: one process per rank
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
@@ -47,8 +48,11 @@ def _models(args: argparse.Namespace):
     target = from_hf(folder, dtype=torch.float32)
     if args.draft in (None, "mtp"):
         if target.mtp is None:
-            raise SystemExit(f"error: {folder} has no MTP head; pass --draft DIR (a draft checkpoint folder)")
+            raise SystemExit(f"error: {folder} has no MTP head; pass --draft ngram (prompt lookup: no second model) "
+                             "or --draft DIR (a draft checkpoint folder)")
         return folder, target, "mtp", "its MTP head"
+    if args.draft == "ngram":
+        return folder, target, "ngram", "n-gram prompt lookup"
     if args.draft == "model":
         if args.model is not None:
             raise SystemExit("error: --draft model means the bundled draft; with --model pass --draft DIR")
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="stream text from the bundled model, then compare with target-only and the before loop")
     p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder with its tokenizer (default: the "
                    "bundled model)")
-    p.add_argument("--draft", help="'mtp', 'model' (the bundled draft LM) or a draft checkpoint folder (default: mtp)")
+    p.add_argument("--draft", help="'mtp', 'ngram' (prompt lookup), 'model' (the bundled draft LM) or a draft "
+                   "checkpoint folder (default: mtp)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: the first 4 lines of a Python "
                    "class LRUCache)")
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")

@@ -24,8 +24,27 @@ def test_demo_on_a_local_checkpoint_with_a_draft_folder(tmp_path, capsys):
 def test_demo_refuses_a_checkpoint_without_mtp_head_when_asked_for_mtp(tmp_path, capsys):
     import pytest
 
-    with pytest.raises(SystemExit, match="no MTP head"):
+    with pytest.raises(SystemExit, match="no MTP head; pass --draft ngram"):
         main(["demo", "--model", str(TINY_DRAFT), "--backend", "eager"])
+
+
+def test_demo_and_the_example_run_a_model_without_mtp_head_with_ngram_drafts(capsys):
+    """A user's model with no MTP head (the bundled draft LM stands for one): `--draft ngram` in the demo,
+    and n-gram drafts by default in examples/local_checkpoint.py; the demo checks the step's tokens against
+    target-only decoding itself (it returns 1 where they differ)."""
+    import importlib.util
+    from pathlib import Path
+
+    assert main(["demo", "--model", str(TINY_DRAFT), "--draft", "ngram", "--max-new-tokens", "24", "--backend",
+                 "eager"]) == 0
+    assert "draft: n-gram prompt lookup" in capsys.readouterr().out
+    path = Path(__file__).resolve().parent.parent / "examples" / "local_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("local_checkpoint", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main([str(TINY_DRAFT), "--max-new-tokens", "24", "--backend", "eager"])
+    out = capsys.readouterr().out
+    assert "draft=ngram" in out and "tok/s" in out
 
 
 def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acceptance(capsys):

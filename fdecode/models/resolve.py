@@ -166,7 +166,8 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
         return obj.bound(target), "ngram"
     if isinstance(obj, str) and obj == "mtp":
         if target.mtp is None:
-            raise ValueError("draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint)")
+            raise ValueError("draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint): pass "
+                             "draft='ngram' (prompt lookup, no second model) or a draft model")
         return target.mtp, "mtp"
     if isinstance(obj, MTPHead):
         if obj.config.hidden_size != target.config.hidden_size or obj.config.vocab_size != target.config.vocab_size:
