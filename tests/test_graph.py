@@ -68,7 +68,7 @@ def test_no_recompile_over_steps_and_new_prompts(compiled):
         for _ in range(20):
             state, out = compiled(state)
     assert out.tokens.shape == (4, 4)
-    assert compiled.plan_for(state).name.startswith("top_k<=")  # one plan throughout: its graph never recompiles
+    assert compiled.plan_for(state).name == "full+top_k+top_p"  # one plan (the general one) throughout: no recompile
 
 
 def test_inspect_catches_a_host_sync():
@@ -157,3 +157,20 @@ def test_inspect_reports_what_the_real_backend_did(small_step):
     for name in names:
         assert f"{name}={getattr(report, name)!r}" in text  # every name shown is an attribute, shown as it is
     assert report.aten_ops == sum(v for k, v in report.op_counts.items() if k.startswith("aten::"))
+
+
+def test_the_first_random_request_makes_one_graph_and_no_later_setting_another():
+    """On the plain path (no warm-up), a greedy call makes the greedy graph, the first random call one more (the
+    general plan, exact for every setting), and a call with other sampling settings none."""
+    from support.llama_models import fdecode_target, independent_draft
+
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="dynamo",
+                               context_buckets=(64,))
+    step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    made = []
+    for settings in (dict(), dict(temperature=0.7, top_k=20), dict(temperature=1.0, top_p=0.9, min_p=0.05),
+                     dict(temperature=[0.0, 1.2], top_k=[0, 3])):
+        fdecode.generate(step, [[5, 17, 33], [7, 3]], max_new_tokens=12, seed=1, **settings)
+        made.append(len(step.plan_compile_seconds))
+    assert made == [1, 2, 2, 2]

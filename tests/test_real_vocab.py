@@ -17,6 +17,7 @@ import torch
 import fdecode
 from fdecode.models import LlamaModel, ModelConfig
 from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, exact, plan_for, rank
+from fdecode.step import general_plan
 from support.stats import ALPHA, chi2_pvalue
 
 BIG_V = 32_768
@@ -39,6 +40,7 @@ def test_one_token_filters_equal_greedy_over_thousands_of_samples():
     prompts = [[(97 * lane + 13 * i) % BIG_V for i in range(6)] for lane in range(lanes)]
     greedy = fdecode.generate(step, prompts, max_new_tokens=new)
     seeds = list(range(100, 100 + lanes))
+    step.warmup(plans=[p for p in step.plans if p.name in ("top_k<=128", "full")])  # each filter's own plan
     plans = []
     run = step._run
     step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
@@ -58,6 +60,12 @@ def test_plan_follows_the_lanes_parameters():
     def plan(**params) -> SamplingPlan:
         return step.plan_for(step.prefill([[1, 2], [3, 4], [5]], max_new_tokens=4, **params))
 
+    # Nothing made: a greedy batch runs the greedy plan, any random one the general plan (one graph for every
+    # sampling setting: the first random request makes one, no later setting makes another).
+    assert plan() is GREEDY
+    for params in (dict(temperature=0.7, top_k=20), dict(temperature=1.0, top_p=0.95), dict(temperature=1.0)):
+        assert plan(**params) == general_plan(cfg)
+    step.warmup(plans=step.plans)  # the specialised plans made: each batch runs the cheapest exact one
     assert plan() is GREEDY
     assert plan(temperature=[0.0, 0.7, 0.0], top_k=[0, 20, 0]).name == "top_k<=128"
     assert plan(temperature=1.0, top_p=0.95).name == "full+top_p"
@@ -130,6 +138,7 @@ def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
+    step.warmup(plans=step.plans)  # the specialised plans too (unasked, a random batch runs the general plan)
     plans = []
     run = step._run
     step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]

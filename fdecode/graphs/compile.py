@@ -191,9 +191,11 @@ class Step:
     def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
         active (from host bookkeeping, `state.lane_sampling`; unknown lanes: exact for any parameters) whose
-        graph for its window and depth is made, else the cheapest exact plan (whose graph the step then makes).
-        In a step compiled with logit processors, a batch none of whose lanes uses one can run its plan's twin
-        without them."""
+        graph for its window and depth is made. Where none is made: the greedy plan for a batch of greedy lanes,
+        and for any random lane the general plan, exact for every setting the config allows, so the first
+        random request makes one graph and no later sampling setting makes another (the cheaper specialised
+        plans, `all_plans`, are made only by `warmup(plans=...)`). In a step compiled with logit processors,
+        a batch none of whose lanes uses one can run its plan's twin without them."""
         cfg = self.config
         if state.lane_sampling is None:
             return general_plan(cfg)
@@ -201,7 +203,8 @@ class Step:
         if made:
             return made[0]
         # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
-        return plan_for(self._lanes(state), candidates=cfg.top_k_candidates, processors=cfg.logit_processors)
+        plan = plan_for(self._lanes(state), candidates=cfg.top_k_candidates, processors=cfg.logit_processors)
+        return general_plan(cfg) if plan.random else plan
 
     @staticmethod
     def _lanes(state: DecodeState) -> list[tuple]:
