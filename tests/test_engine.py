@@ -125,6 +125,8 @@ def test_no_recompile_over_admissions_and_retirements(max_batch):
             engine.add_request([i + 1, 2, 3], max_new_tokens=3 + i, temperature=0.5 * (i % 2), seed=i)
             engine.step()
         engine.run()
+    # No recompile, and no graph per admission either: the greedy plan's and the general plan's, one window.
+    assert sorted(name for _, name in step.plan_compile_seconds) == ["full+top_k+top_p", "greedy"]
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ def test_inspect_reports_one_graph_without_syncs(compiled):
 
 @pytest.mark.slow
 def test_no_recompile_over_steps_and_new_prompts(compiled):
+    before = dict(compiled.plan_compile_seconds)
     with torch._dynamo.config.patch(error_on_recompile=True):
         # The lanes of the inspection test above: its last call compiled this plan's graph (one capture).
         state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=60, temperature=[0.0, 0.8], top_k=[0, 5])
@@ -69,6 +70,8 @@ def test_no_recompile_over_steps_and_new_prompts(compiled):
             state, out = compiled(state)
     assert out.tokens.shape == (4, 4)
     assert compiled.plan_for(state).name == "full+top_k+top_p"  # one plan (the general one) throughout: no recompile
+    made = set(compiled.plan_compile_seconds) - set(before)  # at most the general plan's graph, made once
+    assert {name for _, name in made} <= {"full+top_k+top_p"} and len(made) <= 1
 
 
 def test_inspect_catches_a_host_sync():

@@ -212,3 +212,5 @@ def test_admitting_requests_into_a_live_state_never_recompiles() -> None:
             engine.add_request(list(PROMPTS[i % 3]), max_new_tokens=2 + i, temperature=0.7 * (i % 2), seed=i)
             engine.step()
         engine.run()
+    # No graph per admission either: the greedy plan's and the general plan's.
+    assert sorted(name for _, name in engine.step_fn.plan_compile_seconds) == ["full+top_k+top_p", "greedy"]
