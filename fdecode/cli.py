@@ -141,11 +141,16 @@ def demo(args: argparse.Namespace) -> int:
     accepted = (n - 1) / max(steps - 1, 1)  # decode steps only: the first token comes from the prefill
     base, loop, ours = (n / seconds[name] for name in ("target-only", "before", "fdecode"))
     cut = " (the text above stops at its last line end)" if shown and held else ""
-    print(f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median of {REPS} runs")
-    print(f"{'target-only (one target forward per token):':46}{base:8.1f} tok/s")
-    print(f"{'before loop (host round trip each step):':46}{loop:8.1f} tok/s   ({loop / base:.2f}x target-only)")
-    print(f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   "
-          f"({ours / base:.2f}x target-only, {ours / loop:.2f}x before)")
+    # Each round ran the three systems back to back: per-round ratios do not move with a machine whose speed drifts.
+    rounds = [times["target-only"][i] / times["fdecode"][i] for i in range(REPS)]
+    spread = {name: f"{n / max(t):.1f}-{n / min(t):.1f}" for name, t in times.items()}
+    print(f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median (min-max) of {REPS} "
+          "interleaved rounds")
+    print(f"{'target-only (one target forward per token):':46}{base:8.1f} tok/s   ({spread['target-only']})")
+    print(f"{'before loop (host round trip each step):':46}{loop:8.1f} tok/s   ({spread['before']}; "
+          f"{loop / base:.2f}x target-only)")
+    print(f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   ({spread['fdecode']}; "
+          f"{ours / base:.2f}x target-only, {ours / loop:.2f}x before; per round {min(rounds):.2f}-{max(rounds):.2f}x)")
     print(f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s "
           f"(summed over {windows} attention window{'s' * (windows > 1)})")
     return 0
