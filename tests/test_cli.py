@@ -10,6 +10,18 @@ from fdecode.assets import TINY, TINY_DRAFT
 from fdecode.cli import main
 
 
+def local_checkpoint_example():
+    """examples/local_checkpoint.py as a module (the examples folder is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "local_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("local_checkpoint", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
 def test_demo_on_a_local_checkpoint_with_a_draft_folder(tmp_path, capsys):
     folder = tmp_path / "ckpt"
     shutil.copytree(TINY, folder)  # a user's local folder: config, safetensors, tokenizer files
@@ -32,17 +44,10 @@ def test_demo_and_the_example_run_a_model_without_mtp_head_with_ngram_drafts(cap
     """A user's model with no MTP head (the bundled draft LM stands for one): `--draft ngram` in the demo,
     and n-gram drafts by default in examples/local_checkpoint.py; the demo checks the step's tokens against
     target-only decoding itself (it returns 1 where they differ)."""
-    import importlib.util
-    from pathlib import Path
-
     assert main(["demo", "--model", str(TINY_DRAFT), "--draft", "ngram", "--max-new-tokens", "24", "--backend",
                  "eager"]) == 0
     assert "draft: n-gram prompt lookup" in capsys.readouterr().out
-    path = Path(__file__).resolve().parent.parent / "examples" / "local_checkpoint.py"
-    spec = importlib.util.spec_from_file_location("local_checkpoint", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    example.main([str(TINY_DRAFT), "--max-new-tokens", "24", "--backend", "eager"])
+    local_checkpoint_example().main([str(TINY_DRAFT), "--max-new-tokens", "24", "--backend", "eager"])
     out = capsys.readouterr().out
     assert "draft=ngram" in out and "tok/s" in out
 
@@ -50,13 +55,7 @@ def test_demo_and_the_example_run_a_model_without_mtp_head_with_ngram_drafts(cap
 def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acceptance(capsys):
     """examples/local_checkpoint.py: a prompt the bundled model continues with code (not spaces), an
     announced compile, then speed and mean accepted length."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "local_checkpoint.py"
-    spec = importlib.util.spec_from_file_location("local_checkpoint", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = local_checkpoint_example()
     example.main([str(TINY), "--max-new-tokens", "40", "--backend", "eager"])
     out = capsys.readouterr().out
     assert "compiling" in out and "tok/s" in out and "mean accepted length" in out
