@@ -137,9 +137,9 @@ def child(spec: dict) -> dict:
                 per_plan[plan.name] = {"warmup_s": round(time.perf_counter() - plan_start, 2),
                                        **phases.since(before)}
         return {**spec, "load_s": round(load_s, 2), "warmup_s": round(time.perf_counter() - start, 2),
-                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(step._graphs),
+                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(step.graphs),
                 "graph_seconds": {str(k): round(v, 2) for k, v in graphs.items()},
-                "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values()),
+                "loaded": sum(getattr(graph, "loaded", False) for graph in step.graphs.values()),
                 **({"phases": per_plan} if phases else {})}
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
@@ -168,7 +168,7 @@ def child(spec: dict) -> dict:
         "fx_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "step_ms": round(1000 * statistics.median(times), 2),
         "first_tokens": first,
-        "loaded": sum(getattr(graph, "loaded", False) for graph in step._graphs.values()),
+        "loaded": sum(getattr(graph, "loaded", False) for graph in step.graphs.values()),
         "backend": step.backend,
         **({"phases": phases.seconds()} if phases else {}),
     }

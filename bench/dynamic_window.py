@@ -69,7 +69,7 @@ def main() -> None:
             ts = times[dynamic]
             label = "one for every window" if dynamic else "one per window"
             print(f"| {batch} | {label} | {statistics.median(ts) * 1e3:.2f} ({min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}) | "
-                  f"{statistics.median(ts) / base:.2f} | {needed} | {len(steps[dynamic]._graphs)} |",
+                  f"{statistics.median(ts) / base:.2f} | {needed} | {len(steps[dynamic].graphs)} |",
                   flush=True)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend {args.backend}", file=sys.stderr)
 

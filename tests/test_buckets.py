@@ -142,7 +142,7 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
     # Greedy-only: one plan, so one graph per window (each sampling plan adds a graph per window).
     cfg = config(2, backend="dynamo", sampling=False, dynamic_window=False)
     step = fdecode.compile(target, draft, cfg, warmup=True)
-    assert not step.dynamic_window and len(step._graphs) == 4
+    assert not step.dynamic_window and len(step.graphs) == 4
     times = step.compile_seconds
     assert set(times) == set(step.buckets) == {16, 32, 48, 100}
     state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
@@ -241,7 +241,7 @@ def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(
     assert windows == [32, 48, 100], windows  # it crossed two windows after its first
     assert first - before == 1
     if dynamic:
-        assert compiles() == first and len(step._graphs) == 1
+        assert compiles() == first and len(step.graphs) == 1
         state = step.prefill([list(PROMPTS[0])], max_new_tokens=80)
         for context in (16, 100):  # the smallest window and the whole lane: the same graph
             report = fdecode.inspect(step, state, context=context)
@@ -251,7 +251,7 @@ def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(
             key_columns = mask_key_columns(report)  # a symbol: block_size times the window's blocks
             assert len(key_columns) == 1 and not key_columns.pop().isdigit()
     else:
-        assert compiles() - first == 2 and len(step._graphs) == 3
+        assert compiles() - first == 2 and len(step.graphs) == 3
 
 
 def test_a_window_of_one_block_has_a_graph_of_its_own() -> None:

@@ -145,22 +145,22 @@ def test_kv_pools_are_reused_only_when_no_state_holds_them():
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     first = fdecode.generate(step, PROMPTS, max_new_tokens=12)
     gc.collect()
-    (pool,) = step._kv.pools
+    (pool,) = step.kv_pools
     assert pool.free
     assert fdecode.generate(step, PROMPTS, max_new_tokens=12) == first  # the same pool, stale KV and all
-    assert len(step._kv.pools) == 1
+    assert len(step.kv_pools) == 1
 
     a = step.prefill(PROMPTS[:2], max_new_tokens=12, concurrent=True)
     assert a.target_kv.data_ptr() == pool.target_kv.data_ptr() and not pool.free
     b = step.prefill(PROMPTS[1:], max_new_tokens=12, concurrent=True)  # `a` is alive: a second pool
-    assert len(step._kv.pools) == 2 and b.target_kv.data_ptr() != a.target_kv.data_ptr()
+    assert len(step.kv_pools) == 2 and b.target_kv.data_ptr() != a.target_kv.data_ptr()
     seqs = {"a": [], "b": []}
     for _ in range(5):  # interleaved: each chain keeps its pool through the state its step returns
         a, out_a = step(a)
         b, out_b = step(b)
         seqs["a"].append(out_a.tokens.tolist())
         seqs["b"].append(out_b.tokens.tolist())
-    assert not step._kv.pools[0].free and not step._kv.pools[1].free
+    assert not step.kv_pools[0].free and not step.kv_pools[1].free
     for name, prompts in (("a", PROMPTS[:2]), ("b", PROMPTS[1:])):
         alone = step.prefill(prompts, max_new_tokens=12)  # a third pool: both chains are still alive
         got = []
@@ -168,12 +168,12 @@ def test_kv_pools_are_reused_only_when_no_state_holds_them():
             alone, out = step(alone)
             got.append(out.tokens.tolist())
         assert got == seqs[name]
-    assert len(step._kv.pools) == 3  # the second plain prefill took the first one's pool over
+    assert len(step.kv_pools) == 3  # the second plain prefill took the first one's pool over
     del a, b, alone
     gc.collect()
-    assert all(p.free for p in step._kv.pools)
+    assert all(p.free for p in step.kv_pools)
     step.prefill(PROMPTS, max_new_tokens=4)  # takes the oldest free pool and drops the other free ones
-    assert step._kv.pools == [pool]
+    assert step.kv_pools == [pool]
 
 
 def test_warmup_hands_its_kv_pool_to_the_first_prefill():
@@ -181,7 +181,7 @@ def test_warmup_hands_its_kv_pool_to_the_first_prefill():
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="dynamo",
                                context_buckets=(32, 64), sampling=False)  # greedy only: one capture, not five
     step = fdecode.compile(target, independent_draft("partial", target), cfg, warmup=True)
-    (pool,) = step._kv.pools
+    (pool,) = step.kv_pools
     assert step.prefill(PROMPTS[:2], max_new_tokens=8).draft_kv.data_ptr() == pool.draft_kv.data_ptr()
 
 

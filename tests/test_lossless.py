@@ -85,10 +85,10 @@ def test_inductor_greedy_lanes_equal_transformers_and_random_lanes_equal_eager()
     assert len(set(lengths)) >= 2
     # The same graphs with each request feature (`fdecode.ops.processors`, logprobs) in a lane of its own:
     # greedy lanes == transformers' processors, the random lane == the eager step's, bit for bit.
-    graphs = len(step._graphs)
+    graphs = len(step.graphs)
     with torch._dynamo.config.patch(error_on_recompile=True):
         tokens, logprobs = processed_run(step)
-    assert len(step._graphs) == graphs  # the features need no graph of their own and recompile nothing
+    assert len(step.graphs) == graphs  # the features need no graph of their own and recompile nothing
     assert tokens == processed_run(eager)[0]
     for (prompt, params), got, lps in zip(PROCESSED, tokens, logprobs):
         if params.temperature == 0:

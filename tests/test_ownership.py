@@ -124,7 +124,7 @@ def test_the_readme_loop_reuses_one_pool():
             state, _ = step(state)
         addresses.append((state.target_kv.data_ptr(), state.draft_kv.data_ptr()))
     assert len(set(addresses)) == 1, addresses
-    assert len(step._kv.pools) == 1
+    assert len(step.kv_pools) == 1
 
 
 def test_an_older_prefill_chain_is_refused_after_a_newer_prefill():

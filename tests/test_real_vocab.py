@@ -88,7 +88,7 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
                                context_buckets=(64,))
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(plans=[p for p in step.plans if p.name in ("greedy", "top_k<=128")])  # the two this traffic needs
-    graphs = dict(step._graphs)
+    graphs = dict(step.graphs)
     plans = []
     run = step._run
     step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
@@ -98,7 +98,7 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
         engine.step()
     engine.add_request([4, 5], max_new_tokens=6, temperature=0.8, top_k=5, seed=1)
     engine.run()
-    assert step._graphs == graphs  # every graph was captured by warmup
+    assert step.graphs == graphs  # every graph was captured by warmup
     first_random = plans.index("top_k<=128")
     assert set(plans[:first_random]) == {"greedy"}
     assert plans[-1] == "greedy" and "greedy" in plans[first_random:]
@@ -175,14 +175,14 @@ def test_warmup_makes_the_covering_plans_and_every_batch_runs_one_of_them():
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(progress=False)
-    assert {plan.name for _, plan, _ in step._graphs} == {"greedy", "full+top_k+top_p"}
-    graphs = dict(step._graphs)
+    assert {plan.name for _, plan, _ in step.graphs} == {"greedy", "full+top_k+top_p"}
+    graphs = dict(step.graphs)
     plans = []
     run = step._run
     step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
     params = dict(max_new_tokens=12, temperature=0.9, top_k=10, seed=42)
     general = fdecode.generate(step, [[5, 17, 33], [7, 3]], **params)
-    assert set(plans) == {"full+top_k+top_p"} and step._graphs == graphs  # nothing compiled
+    assert set(plans) == {"full+top_k+top_p"} and step.graphs == graphs  # nothing compiled
     assert fdecode.generate(step, [[5, 17, 33]], max_new_tokens=12) and set(plans[-1:]) == {"greedy"}
     step.warmup(plans=step.plans, progress=False)
     plans.clear()

@@ -46,7 +46,7 @@ def run(step):
 step, tokens = run(fdecode.compile(target, draft, cfg, announce=False))
 _, eager = run(fdecode.compile(target, draft, dataclasses.replace(cfg, backend="eager")))
 print(json.dumps({"tokens": tokens, "eager": eager, "traced": counters["stats"]["unique_graphs"],
-                  "loaded": [g.loaded for g in step._graphs.values()], "base_probes": sum(probed)}))
+                  "loaded": [g.loaded for g in step.graphs.values()], "base_probes": sum(probed)}))
 """
 
 
@@ -186,7 +186,7 @@ def test_a_second_step_on_the_same_layout_says_it_loads_and_loads(monkeypatch, t
     def first_step(seed: int):
         step = fdecode.compile(llama(256, 64, 1, seed=seed), llama(256, 64, 1, seed=seed + 1), cfg)
         state, out = step(step.prefill([[5, 6, 7]], max_new_tokens=8))
-        (graph,) = step._graphs.values()
+        (graph,) = step.graphs.values()
         return graph, capsys.readouterr().err
 
     graph, err = first_step(0)

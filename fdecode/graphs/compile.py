@@ -8,7 +8,8 @@ import dataclasses
 import statistics
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from pathlib import Path
 
 import torch
@@ -179,6 +180,17 @@ class Step:
         """The sampling plans this step can run, one graph per plan and window (`fdecode.ops.plan`)."""
         cfg = self.config
         return all_plans(cfg.sampling, cfg.top_k_candidates, cfg.logit_processors)
+
+    @property
+    def graphs(self) -> Mapping[tuple[int | None, SamplingPlan, int], Callable]:
+        """The step graphs made so far, by (window in blocks, None for the graph of every window; plan; depth):
+        a read-only view (a `StoredGraph` where one was loaded from or written to the disk store)."""
+        return MappingProxyType(self._graphs)
+
+    @property
+    def kv_pools(self) -> list:
+        """The KV pools this step owns (`fdecode.state.ownership.KVPool`), oldest first: a copy of the list."""
+        return list(self._kv.pools)
 
     @property
     def covering_plans(self) -> tuple[SamplingPlan, ...]:
