@@ -36,7 +36,9 @@ from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
 from fdecode.ops.random import uniform
-from fdecode.ops.sampling import apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept
+from fdecode.ops.sampling import (
+    apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept,
+)
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
 

@@ -135,7 +135,7 @@ def test_tensor_parallelism_shards_moe_families() -> None:
 
     target = from_hf(hf_glm())
     sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
-    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last one padded  # (tests/test_tp_families.py runs them)
+    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 
 @pytest.mark.slow

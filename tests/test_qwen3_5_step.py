@@ -167,7 +167,7 @@ def test_backends_and_tensor_parallelism_refuse_hybrids_with_a_reason() -> None:
         assert "recurrent-state leaves" in ELIGIBILITY[backend](cfg, target, target, "model")
         assert "recurrent-state leaves" not in (ELIGIBILITY[backend](cfg, llama, llama, "model") or "")
     sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
-    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last one padded  # (tests/test_tp_families.py runs them)
+    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 
 def test_a_state_of_another_layout_is_refused() -> None:

@@ -159,7 +159,7 @@ def test_backends_and_tensor_parallelism_refuse_with_a_reason() -> None:
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device="cuda", dtype=torch.float16)
     assert "recurrent-state leaves" in ELIGIBILITY["cudagraphs"](cfg, target, target, "model")
     sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
-    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last one padded  # (tests/test_tp_families.py runs them)
+    assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 
 def test_bad_configs_and_checkpoints_are_refused(tmp_path) -> None:

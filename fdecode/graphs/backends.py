@@ -238,11 +238,6 @@ def capture(backend: str, fn: Callable, cfg: DecodeConfig, *, guard_filter: Call
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options or None)
 
 
-def cpu_inductor(cfg: DecodeConfig, backend: str) -> bool:
-    """Whether `capture` compiles with the CPU tuning (`fdecode.backends.cpu`): Inductor on the CPU."""
-    return cpu.enabled(cfg, backend)
-
-
 # (num_heads, num_kv_heads, head_dim) of each model whose attention a step runs (target, draft).
 HeadShapes = tuple[tuple[int, int, int], ...]
 

@@ -20,7 +20,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-from fdecode.models.layers.reduce import done
+from fdecode.models.layers.reduce import done, summed
 
 # The collective library each device type needs (`DecodeConfig.device` -> process group backend).
 DEVICE_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -80,7 +80,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = done(funcol.all_reduce(F.linear(x, self.weight), "sum", self.tp.group))
+        y = summed(F.linear(x, self.weight), self.tp)
         return y if self.bias is None else y + self.bias
 
 
@@ -111,7 +111,7 @@ class VocabParallelEmbedding(nn.Module):
         local = tokens - self.start  # [B, Q]
         mine = (local >= 0) & (local < self.rows)
         x = F.embedding(torch.where(mine, local, 0), self.weight)  # [B, Q, H]
-        return done(funcol.all_reduce(torch.where(mine[..., None], x, 0), "sum", self.tp.group))
+        return summed(torch.where(mine[..., None], x, 0), self.tp)
 
 
 class VocabParallelLMHead(nn.Module):

@@ -212,27 +212,41 @@ def _tree_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
+def _sharded_copy(module: nn.Module, tp: TPGroup, *, aside: str) -> nn.Module:
+    """A copy of `module` (`_tree_copy`) whose every layer keeps this rank's share, without the modules its
+    attribute `aside` holds (a target's MTP head, sharded on its own; a head's borrowed target modules)."""
+    held = getattr(module, aside)
+    setattr(module, aside, None)
+    try:
+        sharded = _tree_copy(module)
+    finally:
+        setattr(module, aside, held)
+    _shard_layers_(sharded, tp)
+    sharded.tp = tp
+    return sharded
+
+
+def _check_head(head: MTPHead, tp: TPGroup) -> None:
+    if getattr(head, "tp", None) is not None:
+        raise ValueError("this MTP head is already sharded: pass the full head")
+    check_divides(head.config, tp.size, what="MTP head")
+
+
 def shard_model(model: nn.Module, tp: TPGroup) -> nn.Module:
     """This rank's tensor-parallel copy of a full decoder LM of any family (its MTP head, if any, sharded
     and bound to it): the same forward, the same logits on every rank (all-gathered)."""
-    cfg = model.config
-    if getattr(model, "tp", None) is not None or getattr(model.mtp, "tp", None) is not None:
+    cfg, mtp = model.config, model.mtp
+    if getattr(model, "tp", None) is not None or getattr(mtp, "tp", None) is not None:
         raise ValueError("this model is already sharded: pass the full model (every rank loads it whole)")
     check_divides(cfg, tp.size)
-    mtp = model.mtp
-    model.mtp = None  # sharded on its own below (its kv_config is the head's)
-    try:
-        sharded = _tree_copy(model)
-    finally:
-        model.mtp = mtp
-    _shard_layers_(sharded, tp)
+    sharded = _sharded_copy(model, tp, aside="mtp")
     with torch.device("meta"):  # the rank's rows are assigned below
         sharded.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         sharded.lm_head = VocabParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp=tp)
     sharded.embed_tokens.weight = _param(vocab_shard(model.embed_tokens.weight, tp))
     sharded.lm_head.weight = (sharded.embed_tokens.weight if cfg.tie_word_embeddings
                               else _param(vocab_shard(model.lm_head.weight, tp)))
-    sharded.rank_config, sharded.tp = rank_config(cfg, tp.size), tp
+    sharded.rank_config = rank_config(cfg, tp.size)
     if mtp is not None:
         sharded.mtp = shard_head(mtp, tp).bind(sharded)
     return sharded.requires_grad_(False).eval()
@@ -241,17 +255,9 @@ def shard_model(model: nn.Module, tp: TPGroup) -> nn.Module:
 def shard_head(head: MTPHead, tp: TPGroup) -> MTPHead:
     """This rank's copy of an MTP head of any family (bind it to the sharded target: its embedding and LM
     head are the target's shards)."""
-    if getattr(head, "tp", None) is not None:
-        raise ValueError("this MTP head is already sharded: pass the full head")
-    check_divides(head.config, tp.size, what="MTP head")
-    shared, head._shared = head._shared, None  # the target's modules: never copied with the head
-    try:
-        sharded = _tree_copy(head)
-    finally:
-        head._shared = shared
-    _shard_layers_(sharded, tp)
+    _check_head(head, tp)
+    sharded = _sharded_copy(head, tp, aside="_shared")  # `_shared`: the target's modules, never copied
     sharded.kv_config = rank_config(head.kv_config, tp.size)
-    sharded.tp = tp
     return sharded.requires_grad_(False).eval()
 
 
@@ -268,10 +274,8 @@ def parallelize_pair(target: nn.Module, draft: nn.Module, kind: str, tp: TPGroup
                 f"({target.config.vocab_size}): not supported with tensor parallelism yet; run with tp_size=1"
             )
         check_divides(draft.config, tp.size, what="draft")
-    elif draft is not target.mtp:  # an MTP head of its own
-        if getattr(draft, "tp", None) is not None:
-            raise ValueError("this MTP head is already sharded: pass the full head")
-        check_divides(draft.config, tp.size, what="MTP head")
+    elif draft is not target.mtp:  # an MTP head of its own, checked before the target is sharded
+        _check_head(draft, tp)
     sharded = shard_model(target, tp)
     if kind == "mtp":
         return sharded, sharded.mtp if draft is target.mtp else shard_head(draft, tp).bind(sharded)

@@ -419,8 +419,8 @@ class Engine:
             self._lanes[request.lane] = request
         lanes = [r.lane for r in admitted]
         self.state = self.step_fn.prime(
-            self.state, lanes, [r.prompt for r in admitted], block_tables=table, budgets=[r.budget for r in admitted], params=[r.params for r in admitted],
-            uploads=self._uploads, grammars=self.grammars,
+            self.state, lanes, [r.prompt for r in admitted], block_tables=table, budgets=[r.budget for r in admitted],
+            params=[r.params for r in admitted], uploads=self._uploads, grammars=self.grammars,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes

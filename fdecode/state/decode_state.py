@@ -42,7 +42,8 @@ class StepOutput:
     packed: [B, W + 3 + W x C] int64, per lane: the accepted tokens (-1 padded) | the drafts the verified
     rows carried | logprobs, C = `DecodeConfig.logprob_columns` per window row (float32 bit patterns: the
     committed token's, then N top ids and N top logprobs) | the count L | status (0 running, 1 finished,
-    2 stopped: out of KV blocks, 3 stopped: a row allowed no token; `ERRORS`). window: W (None: a packing without logprobs, W = width - 3)."""
+    2 stopped: out of KV blocks, 3 stopped: a row allowed no token; `ERRORS`). window: W (None: a packing
+    without logprobs, W = width - 3)."""
 
     packed: torch.Tensor
     window: int | None = None
@@ -97,7 +98,8 @@ class StepOutput:
         tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor, drafts: torch.Tensor | None = None,
         logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> StepOutput:
-        """status: [B] int64 or bool, 0 running, 1 finished, >= 2 stopped with an error (`ERRORS`); drafts: [B] (None: 0);
+        """status: [B] int64 or bool, 0 running, 1 finished, >= 2 stopped with an error (`ERRORS`);
+        drafts: [B] (None: 0);
         logprobs: (token [B, W], top_ids [B, W, N], top [B, W, N]) float32 / int64 / float32, or None."""
         b, w = tokens.shape
         drafts = torch.zeros_like(num_tokens) if drafts is None else drafts
