@@ -34,8 +34,11 @@ def main() -> int:
     for name, draft in drafts.items():
         for k in (1, 2, 3, 4):
             cfg = fdecode.DecodeConfig(
-                num_draft_tokens=k, max_batch=PROMPTS, max_seq_len=PROMPT_BYTES + NEW_TOKENS + 2 * k + 2,
-                backend="eager", sampling=False,
+                num_draft_tokens=k,
+                max_batch=PROMPTS,
+                max_seq_len=PROMPT_BYTES + NEW_TOKENS + 2 * k + 2,
+                backend="eager",
+                sampling=False,
             )
             step = fdecode.compile(target, draft, cfg)
             table[(name, k)] = mean_accepted_length(step, prompts, NEW_TOKENS)

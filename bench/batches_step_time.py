@@ -33,9 +33,9 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=120)
     args = parser.parse_args()
 
+    import cold_start
     import torch
 
-    import cold_start
     import fdecode
 
     target, draft, cfg, prompt = cold_start.models(args.workload, 0)
@@ -65,9 +65,20 @@ def main() -> int:
                     times[name].append(time.perf_counter() - start)
             tokens.setdefault(name, seen)
     ms = {name: round(1000 * statistics.median(values), 3) for name, values in times.items()}
-    print(json.dumps({"workload": args.workload, "layers": args.layers, "rounds": args.rounds, "steps": args.steps,
-                      "first_call_s": first, "step_ms": ms, "batched_over_single": round(ms["batched"] / ms["single"], 4),
-                      "tokens_equal": tokens["single"] == tokens["batched"]}))
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "layers": args.layers,
+                "rounds": args.rounds,
+                "steps": args.steps,
+                "first_call_s": first,
+                "step_ms": ms,
+                "batched_over_single": round(ms["batched"] / ms["single"], 4),
+                "tokens_equal": tokens["single"] == tokens["batched"],
+            }
+        )
+    )
     return 0
 
 

@@ -72,8 +72,14 @@ def main() -> int:
     prompt = chat_ids(tokenizer, PROMPTS["text"])
     steps = {}
     for c in args.catch_up:
-        cfg = fdecode.DecodeConfig(num_draft_tokens=args.k, max_batch=1, max_seq_len=SEQ_LEN, context_buckets=(SEQ_LEN,),
-                                   dtype=torch.float32, draft_catch_up=c)
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=args.k,
+            max_batch=1,
+            max_seq_len=SEQ_LEN,
+            context_buckets=(SEQ_LEN,),
+            dtype=torch.float32,
+            draft_catch_up=c,
+        )
         steps[c] = fdecode.compile(target, draft, cfg)
         steps[c].warmup(plans=[GREEDY], depths=[0, 1, args.k], progress=False)  # and the catch-up graph
     baseline = TargetOnly(steps[args.catch_up[0]])
@@ -98,12 +104,25 @@ def main() -> int:
         # held at depth 0: C steps the draft sits out, then the catch-up the step forces; C + 1 tokens
         extra = rows[f"C={c} catch-up"] - rows[f"C={c} depth 0"]
         per_token = rows[f"C={c} depth 0"] + extra / (c + 1)
-        print(f"C = {c}: a catch-up costs {extra:.1f} ms over depth 0; a stream held at depth 0 pays "
-              f"{per_token:.1f} ms a token, {rows['target-only'] / per_token:.3f}x target-only's speed")
+        print(
+            f"C = {c}: a catch-up costs {extra:.1f} ms over depth 0; a stream held at depth 0 pays "
+            f"{per_token:.1f} ms a token, {rows['target-only'] / per_token:.3f}x target-only's speed"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bench_catch_up_cost_py": {"ms": rows, "catch_up": args.catch_up, "k": args.k,
-                                                  "steps": args.steps, "rounds": args.rounds}}, f, indent=1)
+            json.dump(
+                {
+                    "bench_catch_up_cost_py": {
+                        "ms": rows,
+                        "catch_up": args.catch_up,
+                        "k": args.k,
+                        "steps": args.steps,
+                        "rounds": args.rounds,
+                    }
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -134,13 +134,17 @@ def child(spec: dict) -> dict:
             for plan in plans:
                 before, plan_start = phases.seconds(), time.perf_counter()
                 graphs = step.warmup([plan], progress=False)
-                per_plan[plan.name] = {"warmup_s": round(time.perf_counter() - plan_start, 2),
-                                       **phases.since(before)}
-        return {**spec, "load_s": round(load_s, 2), "warmup_s": round(time.perf_counter() - start, 2),
-                "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2), "graphs": len(step.graphs),
-                "graph_seconds": {str(k): round(v, 2) for k, v in graphs.items()},
-                "loaded": sum(getattr(graph, "loaded", False) for graph in step.graphs.values()),
-                **({"phases": per_plan} if phases else {})}
+                per_plan[plan.name] = {"warmup_s": round(time.perf_counter() - plan_start, 2), **phases.since(before)}
+        return {
+            **spec,
+            "load_s": round(load_s, 2),
+            "warmup_s": round(time.perf_counter() - start, 2),
+            "warmup_cpu_s": round(cpu_seconds() - start_cpu, 2),
+            "graphs": len(step.graphs),
+            "graph_seconds": {str(k): round(v, 2) for k, v in graphs.items()},
+            "loaded": sum(getattr(graph, "loaded", False) for graph in step.graphs.values()),
+            **({"phases": per_plan} if phases else {}),
+        }
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
@@ -150,8 +154,11 @@ def child(spec: dict) -> dict:
     state, out = step(state)
     first = out.tokens.tolist()
     first_step_s, first_step_cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
-    parts = {"compile_call_s": compiled - start, "prefill_s": prefilled - compiled,
-             "first_call_s": start + first_step_s - prefilled}
+    parts = {
+        "compile_call_s": compiled - start,
+        "prefill_s": prefilled - compiled,
+        "first_call_s": start + first_step_s - prefilled,
+    }
     times = []
     with torch.no_grad():
         for _ in range(20):
@@ -177,8 +184,9 @@ def child(spec: dict) -> dict:
 def run_child(spec: dict, cache: str) -> dict:
     steps = "off" if spec["mode"] == "plain" else os.path.join(cache, "fdecode-steps")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "FDECODE_CACHE_DIR": steps}
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
     if proc.returncode:
         sys.stderr.write(proc.stderr[-3000:])
         raise RuntimeError(f"child {spec} failed")
@@ -195,8 +203,11 @@ def main() -> int:
     parser.add_argument("--all-plans", action="store_true", help="with --warmup: every sampling plan's graph")
     parser.add_argument("--phases", action="store_true", help="where the compile's time goes (per plan with --warmup)")
     parser.add_argument("--compare-isa", action="store_true", help="each mode with and without Inductor's ISA probes")
-    parser.add_argument("--compare-batches", action="store_true",
-                        help="each mode with the C++ kernels built one library each and a few to a library")
+    parser.add_argument(
+        "--compare-batches",
+        action="store_true",
+        help="each mode with the C++ kernels built one library each and a few to a library",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,9 +229,17 @@ def main() -> int:
             for mode, isa, built in [(m, i, b) for m in args.modes for i in isas for b in kernels]:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold", "warm"):
-                        spec = {"workload": workload, "layers": layers, "mode": mode, "start": start,
-                                "warmup": args.warmup, "all_plans": args.all_plans, "isa": isa, "kernels": built,
-                                "phases": args.phases}
+                        spec = {
+                            "workload": workload,
+                            "layers": layers,
+                            "mode": mode,
+                            "start": start,
+                            "warmup": args.warmup,
+                            "all_plans": args.all_plans,
+                            "isa": isa,
+                            "kernels": built,
+                            "phases": args.phases,
+                        }
                         row = run_child(spec, cache)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
@@ -229,8 +248,10 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump({"bench_cold_start_py_warmup": rows, "load": os.getloadavg()}, f, indent=1)
         for r in rows:
-            print(f"{r['workload']} {r['mode']} {r['kernels']} kernels {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
-                  f"{r['graphs']} graphs, {r['loaded']} loaded")
+            print(
+                f"{r['workload']} {r['mode']} {r['kernels']} kernels {r['start']}: warmup {r['warmup_s']} s ({r['warmup_cpu_s']} CPU s), "
+                f"{r['graphs']} graphs, {r['loaded']} loaded"
+            )
             for plan, seconds in (r.get("phases") or {}).items():  # the spec's False without --phases
                 print(f"    {plan}: {seconds}")
         return 0
@@ -240,14 +261,18 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
-    print("| workload | layers | mode | ISA | C++ kernels | start | first step s | prefill s | first call s | CPU s | "
-          "FX cache hit/miss | graphs loaded | step ms |")
+    print(
+        "| workload | layers | mode | ISA | C++ kernels | start | first step s | prefill s | first call s | CPU s | "
+        "FX cache hit/miss | graphs loaded | step ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['kernels']} | {r['start']} | "
-              f"{r['first_step_s']} | {r['prefill_s']} | {r['first_call_s']} | "
-              f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
-              f"{r['step_ms']} |")
+        print(
+            f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['kernels']} | {r['start']} | "
+            f"{r['first_step_s']} | {r['prefill_s']} | {r['first_call_s']} | "
+            f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
+            f"{r['step_ms']} |"
+        )
     return 0
 
 

@@ -51,12 +51,14 @@ def _measure(batch: int, plan: str) -> dict:
     target, draft = llama(VOCAB, 256, 4, seed=1), llama(VOCAB, 128, 1, seed=2)
     k, budget = 3, 33
     sampling, params = PLANS[plan]
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1),
-                               sampling=sampling)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1), sampling=sampling
+    )
     step = fdecode.compile(target, draft, cfg)
     seeds = dict(seed=list(range(batch))) if params else {}
-    state = step.prefill([list(range(1 + lane, 17 + lane)) for lane in range(batch)], max_new_tokens=budget,
-                         **params, **seeds)
+    state = step.prefill(
+        [list(range(1 + lane, 17 + lane)) for lane in range(batch)], max_new_tokens=budget, **params, **seeds
+    )
     chosen = step.plan_for(state).name
     cpu0, wall0 = cpu(), time.perf_counter()
     step(state)
@@ -77,8 +79,13 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for plan in args.plans:
-            out = subprocess.run([sys.executable, __file__, "--child", str(batch), plan], env=env, check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(batch), plan],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             row = json.loads(out.strip().splitlines()[-1])
             row["load"] = os.getloadavg()[0]
             rows.append(row)
@@ -88,8 +95,10 @@ def main() -> None:
     for row in rows:
         base = next((r for r in rows if r["batch"] == row["batch"] and r["plan"] == "greedy-only"), None)
         ratio = (lambda key: f"{row[key] / base[key]:.2f}") if base else (lambda key: "")
-        print(f"| {row['batch']} | {row['plan']} ({row['graph']}) | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | "
-              f"{ratio('wall_s')} | {ratio('cpu_s')} | {row['load']:.1f} |")
+        print(
+            f"| {row['batch']} | {row['plan']} ({row['graph']}) | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | "
+            f"{ratio('wall_s')} | {ratio('cpu_s')} | {row['load']:.1f} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

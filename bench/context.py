@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def step_for(max_seq_len: int, batch: int, buckets) -> fdecode.Step:
         cfg = fdecode.DecodeConfig(
-            num_draft_tokens=k, max_batch=batch, max_seq_len=max_seq_len, backend=args.backend, sampling=False,
+            num_draft_tokens=k,
+            max_batch=batch,
+            max_seq_len=max_seq_len,
+            backend=args.backend,
+            sampling=False,
             context_buckets=buckets,
         )
         return fdecode.compile(target, draft, cfg)
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                 line[label] = {"ms": med * 1e3, "min": lo * 1e3, "max": hi * 1e3, "compile_s": step.compile_seconds}
             results["part1"].append(line)
     base = {b: next(r for r in results["part1"] if r["batch"] == b)["buckets"]["ms"] for b in batches}
-    rows.append("| B | max_seq_len | buckets ms/step (min-max) | vs 256 | whole lane ms/step (min-max) | whole/buckets |")
+    rows.append(
+        "| B | max_seq_len | buckets ms/step (min-max) | vs 256 | whole lane ms/step (min-max) | whole/buckets |"
+    )
     rows.append("|---|---|---|---|---|---|")
     for r in results["part1"]:
         b, w = r["buckets"], r["whole lane"]

@@ -41,7 +41,7 @@ EXTRA = {  # beyond the workload's prompts (`fdecode.bench.pair`): other kinds o
     "bash": "Write a bash script that counts the lines of every .py file under the current folder.",
     "explain": "Explain what a Python generator is, with a small example.",
     "fix": "Fix the bug in this function and reply with the function only.\n\ndef mean(xs):\n"
-           "    return sum(xs) / len(xs) + 1\n",
+    "    return sum(xs) / len(xs) + 1\n",
     "list": "List five common HTTP status codes and what each one means.",
     "class": "Write a Python class Stack with push, pop and peek methods and type hints.",
     "email": "Write a polite email asking a colleague to review my pull request by Friday.",
@@ -64,16 +64,19 @@ def collect(path: Path) -> None:
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     target.generation_config.eos_token_id = None
-    prompts = {**{name: (text, 64) for name, text in PROMPTS.items()}, "sql": (BATCH[3], 64),
-               **{name: (text, 96) for name, text in EXTRA.items()}}
+    prompts = {
+        **{name: (text, 64) for name, text in PROMPTS.items()},
+        "sql": (BATCH[3], 64),
+        **{name: (text, 96) for name, text in EXTRA.items()},
+    }
     out = {}
     with torch.no_grad():
         for name, (text, new) in prompts.items():
             prompt = chat_ids(tokenizer, text)
-            tokens = target.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)[0, len(prompt):]
+            tokens = target.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)[0, len(prompt) :]
             predicted = draft(torch.tensor([prompt + tokens.tolist()])).logits[0].argmax(-1)
             # match[i]: the draft's next token after prompt + g[:i] is g[i]
-            match = (predicted[len(prompt) - 1: len(prompt) + new - 1] == tokens).int().tolist()
+            match = (predicted[len(prompt) - 1 : len(prompt) + new - 1] == tokens).int().tolist()
             out[name] = {"prompt_tokens": len(prompt), "tokens": tokens.tolist(), "match": match}
             print(f"{name:8} match rate {sum(match[1:]) / (new - 1):.2f}", flush=True)
     path.write_text(json.dumps(out))
@@ -86,9 +89,18 @@ def run_of_matches(match: list[int], i: int, most: int) -> int:
     return n
 
 
-def replay(match: list[int], costs: list[float], k: int, depth: int | None, *, start: list[float] | None = None,
-           noise: float = 0.0, params: dict | None = None, catch_up: int = 0,
-           catch_up_cost: float = 0.0) -> tuple[float, list[int | str]]:
+def replay(
+    match: list[int],
+    costs: list[float],
+    k: int,
+    depth: int | None,
+    *,
+    start: list[float] | None = None,
+    noise: float = 0.0,
+    params: dict | None = None,
+    catch_up: int = 0,
+    catch_up_cost: float = 0.0,
+) -> tuple[float, list[int | str]]:
     """Tokens per second decoding `match`'s tokens (the first comes from the prefill) at a fixed `depth`, or
     (None) with a `DepthController` reading one step behind as the Engine does. Returns it and the depths
     launched ("c" for a catch-up step, where the draft sits out depth 0: `catch_up` > 0)."""
@@ -138,8 +150,11 @@ def main(argv=None) -> int:
     p.add_argument("--collect", action="store_true")
     p.add_argument("--matches", type=Path, default=RESULTS)
     p.add_argument("--costs", default="0.41,0.56,0.68,0.80,0.95", help="seconds of a step at depth 0 .. K")
-    p.add_argument("--bias", default="1.05,0.9,1.05,1.14,0.9",
-                   help="the controller's starting costs (warm-up timings) over --costs, before `smoothed`")
+    p.add_argument(
+        "--bias",
+        default="1.05,0.9,1.05,1.14,0.9",
+        help="the controller's starting costs (warm-up timings) over --costs, before `smoothed`",
+    )
     p.add_argument("--noise", type=float, default=0.1)
     p.add_argument("--param", action="append", default=[], help="a DepthController keyword, name=value")
     p.add_argument("--catch-up", type=int, default=0, help="DecodeConfig.draft_catch_up (0: the draft runs at depth 0)")
@@ -165,14 +180,27 @@ def main(argv=None) -> int:
     print(f"costs {costs}, controller starts at {[round(c, 3) for c in start]}, noise {args.noise}, params {params}")
     for name, match in sequences.items():
         fixed = [replay(match, costs, k, d, catch_up=args.catch_up)[0] for d in range(k + 1)]
-        tok_s, launched = replay(match, costs, k, None, start=start, noise=args.noise, params=params,
-                                 catch_up=args.catch_up, catch_up_cost=args.catch_up_cost)
+        tok_s, launched = replay(
+            match,
+            costs,
+            k,
+            None,
+            start=start,
+            noise=args.noise,
+            params=params,
+            catch_up=args.catch_up,
+            catch_up_cost=args.catch_up_cost,
+        )
         best = max(range(1, k + 1), key=fixed.__getitem__)
         ratios.append(tok_s / fixed[best])
         alone.append(tok_s / fixed[0])
-        print(f"{name:10} {tok_s:.2f} tok/s  {tok_s / fixed[best]:.3f}x the best depth ({best})  "
-              f"{tok_s / fixed[0]:.2f}x depth 0  {''.join(map(str, launched))}")
-    print(f"against the best fixed depth: geometric mean {statistics.geometric_mean(ratios):.3f}, worst {min(ratios):.3f}")
+        print(
+            f"{name:10} {tok_s:.2f} tok/s  {tok_s / fixed[best]:.3f}x the best depth ({best})  "
+            f"{tok_s / fixed[0]:.2f}x depth 0  {''.join(map(str, launched))}"
+        )
+    print(
+        f"against the best fixed depth: geometric mean {statistics.geometric_mean(ratios):.3f}, worst {min(ratios):.3f}"
+    )
     print(f"against depth 0: geometric mean {statistics.geometric_mean(alone):.3f}, worst {min(alone):.3f}")
     return 0
 

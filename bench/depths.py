@@ -27,7 +27,8 @@ import torch
 
 import fdecode
 from fdecode.assets import qwen_coder
-from fdecode.bench.pair import PROMPTS as PAIR_PROMPTS, chat_ids
+from fdecode.bench.pair import PROMPTS as PAIR_PROMPTS
+from fdecode.bench.pair import chat_ids
 from fdecode.ops.plan import GREEDY
 from fdecode.runtime.depth import depth_costs
 
@@ -43,8 +44,13 @@ def fixed(step, prompt: list[int], depth: int, new: int) -> dict:
         times.append(time.perf_counter() - t)
         tokens += out.tokens[0, :n].tolist()
     seconds = time.perf_counter() - start
-    return {"tokens": tokens, "tok_s": (len(tokens) - 1) / seconds, "steps": len(times),
-            "per_step": (len(tokens) - 1) / len(times), "step_ms": 1000 * statistics.median(times)}
+    return {
+        "tokens": tokens,
+        "tok_s": (len(tokens) - 1) / seconds,
+        "steps": len(times),
+        "per_step": (len(tokens) - 1) / len(times),
+        "step_ms": 1000 * statistics.median(times),
+    }
 
 
 def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None = None) -> dict:
@@ -58,8 +64,13 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
     start = time.perf_counter()
     tokens = engine.run()[rid]
     seconds = time.perf_counter() - start
-    return {"tokens": tokens, "tok_s": (len(tokens) - 1) / seconds, "steps": engine.steps,
-            "per_step": (len(tokens) - 1) / max(engine.steps, 1), "launches": dict(engine.depths.launches)}
+    return {
+        "tokens": tokens,
+        "tok_s": (len(tokens) - 1) / seconds,
+        "steps": engine.steps,
+        "per_step": (len(tokens) - 1) / max(engine.steps, 1),
+        "launches": dict(engine.depths.launches),
+    }
 
 
 def main(argv=None) -> int:
@@ -78,16 +89,32 @@ def main(argv=None) -> int:
 
     target_dir, draft_dir = qwen_coder.safetensors_folders()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=args.k, max_batch=1, max_seq_len=256, context_buckets=(256,),
-                               backend="inductor", sampling=False, adaptive_depth=True, dtype=torch.float32)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=args.k,
+        max_batch=1,
+        max_seq_len=256,
+        context_buckets=(256,),
+        backend="inductor",
+        sampling=False,
+        adaptive_depth=True,
+        dtype=torch.float32,
+    )
     step = fdecode.compile(str(target_dir), str(draft_dir), cfg)
     start = time.perf_counter()
     step.warmup(plans=[GREEDY], depths=list(range(args.k + 1)))
-    print(f"compiled depths 0 .. {args.k} in {time.perf_counter() - start:.0f} s; warm-up timings {step.depth_seconds}",
-          file=sys.stderr)
+    print(
+        f"compiled depths 0 .. {args.k} in {time.perf_counter() - start:.0f} s; warm-up timings {step.depth_seconds}",
+        file=sys.stderr,
+    )
     costs = depth_costs(step.target, step.draft, step.config)
-    results = {"k": args.k, "new": args.new, "rounds": args.rounds, "costs_gb": costs,
-               "warmup_seconds": dict(step.depth_seconds), "prompts": {}}
+    results = {
+        "k": args.k,
+        "new": args.new,
+        "rounds": args.rounds,
+        "costs_gb": costs,
+        "warmup_seconds": dict(step.depth_seconds),
+        "prompts": {},
+    }
     for name in args.prompts:
         prompt = chat_ids(tokenizer, PAIR_PROMPTS[name])
         runs: dict[str, list[dict]] = {}
@@ -100,16 +127,22 @@ def main(argv=None) -> int:
         for row, got in runs.items():
             assert all(r["tokens"] == want for r in got), (name, row)
         rows = results["prompts"][name] = {
-            row: {**{k: v for k, v in got[0].items() if k not in ("tokens", "tok_s")},
-                  "tok_s": [round(r["tok_s"], 3) for r in got], "median_tok_s": statistics.median(r["tok_s"] for r in got),
-                  **({"launches": [r["launches"] for r in got]} if "launches" in got[0] else {})}
+            row: {
+                **{k: v for k, v in got[0].items() if k not in ("tokens", "tok_s")},
+                "tok_s": [round(r["tok_s"], 3) for r in got],
+                "median_tok_s": statistics.median(r["tok_s"] for r in got),
+                **({"launches": [r["launches"] for r in got]} if "launches" in got[0] else {}),
+            }
             for row, got in runs.items()
         }
         best = max(r["median_tok_s"] for row, r in rows.items() if row.startswith("depth") and row != "depth 0")
         for row, r in rows.items():
             extra = f"  step {r['step_ms']:.0f} ms" if "step_ms" in r else f"  launches {r['launches']}"
-            print(f"{name:6} {row:16} {r['median_tok_s']:.2f} tok/s ({r['median_tok_s'] / best:.3f}x the best depth) "
-                  f"{r['tok_s']}  {r['per_step']:.2f} tok/step{extra}", flush=True)
+            print(
+                f"{name:6} {row:16} {r['median_tok_s']:.2f} tok/s ({r['median_tok_s'] / best:.3f}x the best depth) "
+                f"{r['tok_s']}  {r['per_step']:.2f} tok/step{extra}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -52,8 +52,14 @@ def main() -> None:
         prompts = [torch.randint(0, 4096, (24,), generator=gen).tolist() for _ in range(batch)]
         steps = {}
         for dynamic in (False, True):
-            cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=batch, max_seq_len=512, sampling=False,
-                                       backend=args.backend, dynamic_window=dynamic)
+            cfg = fdecode.DecodeConfig(
+                num_draft_tokens=3,
+                max_batch=batch,
+                max_seq_len=512,
+                sampling=False,
+                backend=args.backend,
+                dynamic_window=dynamic,
+            )
             step = fdecode.compile(target, draft, cfg, announce=False)
             step.warmup()
             steps[dynamic] = step
@@ -68,9 +74,11 @@ def main() -> None:
         for dynamic in (False, True):
             ts = times[dynamic]
             label = "one for every window" if dynamic else "one per window"
-            print(f"| {batch} | {label} | {statistics.median(ts) * 1e3:.2f} ({min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}) | "
-                  f"{statistics.median(ts) / base:.2f} | {needed} | {len(steps[dynamic].graphs)} |",
-                  flush=True)
+            print(
+                f"| {batch} | {label} | {statistics.median(ts) * 1e3:.2f} ({min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}) | "
+                f"{statistics.median(ts) / base:.2f} | {needed} | {len(steps[dynamic].graphs)} |",
+                flush=True,
+            )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend {args.backend}", file=sys.stderr)
 
 

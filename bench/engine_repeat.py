@@ -41,9 +41,12 @@ def engine_run(step, prompt: list[int], new_tokens: int) -> dict:
     start = time.perf_counter()
     engine.run()
     seconds = time.perf_counter() - start
-    return {"engine_tok_s": round(new_tokens / seconds, 3),
-            "launches": {d: n for d, n in controller.launches.items() if n},
-            "costs": [round(c, 4) for c in controller.costs], "log": log}
+    return {
+        "engine_tok_s": round(new_tokens / seconds, 3),
+        "launches": {d: n for d, n in controller.launches.items() if n},
+        "costs": [round(c, 4) for c in controller.costs],
+        "log": log,
+    }
 
 
 def tokens_per_second(run, new_tokens: int) -> float:
@@ -71,10 +74,13 @@ def main(argv=None) -> int:
     baseline.generate([prompt], max_new_tokens=2)  # compiles its graph
     runs = []
     for rep in range(args.reps):
-        run = {"rep": rep, **engine_run(step, prompt, new),
-               # `fdecode bench`'s "fdecode depth d" loop at depth 0, and its target-only system
-               "depth0_tok_s": tokens_per_second(lambda: fixed_depth(step, prompt, 0, new), new),
-               "target_only_tok_s": tokens_per_second(lambda: baseline.generate([prompt], max_new_tokens=new), new)}
+        run = {
+            "rep": rep,
+            **engine_run(step, prompt, new),
+            # `fdecode bench`'s "fdecode depth d" loop at depth 0, and its target-only system
+            "depth0_tok_s": tokens_per_second(lambda: fixed_depth(step, prompt, 0, new), new),
+            "target_only_tok_s": tokens_per_second(lambda: baseline.generate([prompt], max_new_tokens=new), new),
+        }
         for name in ("depth0", "target_only"):
             run[f"against_{name}"] = round(run["engine_tok_s"] / run[f"{name}_tok_s"], 3)
         runs.append(run)

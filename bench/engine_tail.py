@@ -25,7 +25,6 @@ from unittest import mock
 
 import torch
 
-
 K = 4
 
 
@@ -70,8 +69,13 @@ def main() -> int:
                     speeds[system].append(args.new / (time.perf_counter() - start))
             assert len({tuple(t) for t in tokens.values()}) == 1, f"{name}: the three disagree on tokens"
             for system in systems:
-                row = {"prompt": name, "system": system, "tok_s": round(statistics.median(speeds[system]), 3),
-                       "tok_s_rounds": [round(v, 3) for v in speeds[system]], "steps": steps[system]}
+                row = {
+                    "prompt": name,
+                    "system": system,
+                    "tok_s": round(statistics.median(speeds[system]), 3),
+                    "tok_s_rounds": [round(v, 3) for v in speeds[system]],
+                    "steps": steps[system],
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.json:

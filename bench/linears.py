@@ -25,12 +25,21 @@ import json
 import torch
 import torch.nn.functional as F
 
-from fdecode.bench.timing import interleaved_runs, median_run
 from fdecode.backends.cpu import onednn_packed
 from fdecode.backends.cpu.onednn_linear import MIN_BYTES, onednn_linear
+from fdecode.bench.timing import interleaved_runs, median_run
 
-SHAPES = [(256, 256), (576, 576), (1536, 576), (1536, 1536), (8960, 1536), (1536, 8960), (896, 896), (4864, 896),
-          (151936 // 4, 1536)]
+SHAPES = [
+    (256, 256),
+    (576, 576),
+    (1536, 576),
+    (1536, 1536),
+    (8960, 1536),
+    (1536, 8960),
+    (896, 896),
+    (4864, 896),
+    (151936 // 4, 1536),
+]
 ROWS = (1, 2, 3, 4, 5, 8, 16, 64)
 
 
@@ -43,13 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     data = torch.ones(2**28)  # 1 GiB
     bandwidth = data.numel() * 4 / median_run(data.sum, 5)[0]
     del data
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, {torch.get_num_threads()} threads; "
-          f"oneDNN from {MIN_BYTES / 2**20:.0f} MiB in the step")
-    systems = {"F.linear": lambda x, w, p: F.linear(x, w),
-               "w @ x^T": lambda x, w, p: (w @ x.T).T.contiguous(),
-               "oneDNN": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
-               "packed": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
-               "step": lambda x, w, p: onednn_linear(x, w, None)}
+    print(
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s, {torch.get_num_threads()} threads; "
+        f"oneDNN from {MIN_BYTES / 2**20:.0f} MiB in the step"
+    )
+    systems = {
+        "F.linear": lambda x, w, p: F.linear(x, w),
+        "w @ x^T": lambda x, w, p: (w @ x.T).T.contiguous(),
+        "oneDNN": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
+        "packed": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+        "step": lambda x, w, p: onednn_linear(x, w, None),
+    }
     rows = []
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -61,17 +74,30 @@ def main(argv: list[str] | None = None) -> int:
             mb = n * k * 4 / 1e6
             for m in ROWS:
                 x = torch.randn(m, k, generator=gen)
-                cell = {name: (lambda f=f: [f(x, w, p) for w, p in pairs]) for name, f in systems.items()}
+                cell = {
+                    name: (lambda f=f, x=x, pairs=pairs: [f(x, w, p) for w, p in pairs]) for name, f in systems.items()
+                }
                 us = {name: timed[0] * 1e6 / len(pairs) for name, timed in interleaved_runs(cell, args.repeats).items()}
                 rows.append({"weight": [n, k], "mb": mb, "rows": m, "copies": len(pairs), "us": us})
                 cells = "  ".join(f"{name} {t:7.0f} us {mb / t * 1e3:5.1f}" for name, t in us.items())
-                print(f"{n:6d} x {k:5d} ({mb:5.1f} MB) rows {m:3d}: {cells}   step/oneDNN "
-                      f"{us['oneDNN'] / us['step']:.2f}x", flush=True)
+                print(
+                    f"{n:6d} x {k:5d} ({mb:5.1f} MB) rows {m:3d}: {cells}   step/oneDNN "
+                    f"{us['oneDNN'] / us['step']:.2f}x",
+                    flush=True,
+                )
             del weights, pairs
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bandwidth_gb_s": bandwidth / 1e9, "threads": torch.get_num_threads(),
-                       "min_bytes": MIN_BYTES, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "bandwidth_gb_s": bandwidth / 1e9,
+                    "threads": torch.get_num_threads(),
+                    "min_bytes": MIN_BYTES,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -32,8 +32,16 @@ from fdecode.models.moe_config import MoEConfig
 
 def glm_shaped(num_experts: int, *, hidden: int, vocab: int, top_k: int, seed: int) -> Glm4MoeModel:
     cfg = Glm4MoeConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=4, num_heads=4, num_kv_heads=2,
-        head_dim=hidden // 4, attention_bias=True, model_type="glm4_moe", first_k_dense_replace=1,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=hidden // 4,
+        attention_bias=True,
+        model_type="glm4_moe",
+        first_k_dense_replace=1,
         moe=MoEConfig(num_experts=num_experts, top_k=top_k, moe_intermediate_size=hidden, n_shared_experts=1),
         mtp_num_layers=1,
     )
@@ -74,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         new_tokens = (args.steps + 1) * (k + 1) + 1
         steps, compile_s = {}, {}
         for e in args.experts:
-            cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=256, backend=args.backend,
-                                       sampling=False)
+            cfg = fdecode.DecodeConfig(
+                num_draft_tokens=k, max_batch=batch, max_seq_len=256, backend=args.backend, sampling=False
+            )
             start = time.perf_counter()
             steps[e] = fdecode.compile(glm_shaped(e, hidden=hidden, vocab=vocab, top_k=args.top_k, seed=1), "mtp", cfg)
             fdecode_loop(steps[e], prompts, new_tokens, steps=1)  # compiles
@@ -87,14 +96,28 @@ def main(argv: list[str] | None = None) -> int:
         base = statistics.median(times[args.experts[0]])
         for e in args.experts:
             med = statistics.median(times[e])
-            rows.append({"batch": batch, "experts": e, "top_k": args.top_k, "pairs_per_moe_layer": batch * (k + 1) * args.top_k,
-                         "ms_per_step": 1e3 * med, "min_ms": 1e3 * min(times[e]), "max_ms": 1e3 * max(times[e]),
-                         "vs_first": med / base, "compile_s": compile_s[e]})
-    print("| B | E | top-k | (token, expert) pairs per MoE layer | ms/step (min-max) | vs E = %d | compile s |" % args.experts[0])
+            rows.append(
+                {
+                    "batch": batch,
+                    "experts": e,
+                    "top_k": args.top_k,
+                    "pairs_per_moe_layer": batch * (k + 1) * args.top_k,
+                    "ms_per_step": 1e3 * med,
+                    "min_ms": 1e3 * min(times[e]),
+                    "max_ms": 1e3 * max(times[e]),
+                    "vs_first": med / base,
+                    "compile_s": compile_s[e],
+                }
+            )
+    print(
+        f"| B | E | top-k | (token, expert) pairs per MoE layer | ms/step (min-max) | vs E = {args.experts[0]} | compile s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['experts']} | {r['top_k']} | {r['pairs_per_moe_layer']} | {r['ms_per_step']:.1f} "
-              f"({r['min_ms']:.1f}-{r['max_ms']:.1f}) | {r['vs_first']:.2f}x | {r['compile_s']:.0f} |")
+        print(
+            f"| {r['batch']} | {r['experts']} | {r['top_k']} | {r['pairs_per_moe_layer']} | {r['ms_per_step']:.1f} "
+            f"({r['min_ms']:.1f}-{r['max_ms']:.1f}) | {r['vs_first']:.2f}x | {r['compile_s']:.0f} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

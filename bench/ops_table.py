@@ -20,22 +20,31 @@ import torch
 
 import fdecode
 from fdecode.graphs import torchair as npu
-from fdecode.models import LlamaModel, MTPHead, ModelConfig
+from fdecode.models import LlamaModel, ModelConfig, MTPHead
 from fdecode.ops import histogram, kv
 
 # (draft kind, sampling plan): the candidate plan and the full-vocabulary plan with every filter hold
 # every op any sampling plan has (the other full plans drop the top-k / top-p searches).
-COLUMNS = (("model", "top_k<=128"), ("model", "full+top_k+top_p"), ("mtp", "full+top_k+top_p"), ("model", "greedy"),
-           ("mtp", "greedy"))
+COLUMNS = (
+    ("model", "top_k<=128"),
+    ("model", "full+top_k+top_p"),
+    ("mtp", "full+top_k+top_p"),
+    ("model", "greedy"),
+    ("mtp", "greedy"),
+)
 
 
 def overloads(draft_kind: str, plan: str) -> dict[str, int]:
-    cfg = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16)
+    cfg = ModelConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
+    )
     target = LlamaModel.random(cfg, seed=0)
-    draft = LlamaModel.random(cfg.replace(num_layers=1), seed=1) if draft_kind == "model" else MTPHead.random(cfg, seed=2)
-    config = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager",
-                                  sampling=plan != "greedy")
+    draft = (
+        LlamaModel.random(cfg.replace(num_layers=1), seed=1) if draft_kind == "model" else MTPHead.random(cfg, seed=2)
+    )
+    config = fdecode.DecodeConfig(
+        num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager", sampling=plan != "greedy"
+    )
     step = fdecode.compile(target, draft, config)
     return fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8), plan=plan).overload_counts
 

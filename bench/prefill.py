@@ -57,8 +57,12 @@ def time_prefill(step, prompts) -> tuple[float, float]:
 
 def summary(runs: list[tuple[float, float]]) -> dict[str, float]:
     total = [t for t, _ in runs]
-    return {"ms": statistics.median(total) * 1e3, "min": min(total) * 1e3, "max": max(total) * 1e3,
-            "attention_ms": statistics.median(a for _, a in runs) * 1e3}
+    return {
+        "ms": statistics.median(total) * 1e3,
+        "min": min(total) * 1e3,
+        "max": max(total) * 1e3,
+        "attention_ms": statistics.median(a for _, a in runs) * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,15 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     target = llama(vocab, hidden, 4, seed=1).to(args.device)
     draft = llama(vocab, hidden, 1, seed=2).to(args.device)
     gen = torch.Generator().manual_seed(0)
-    rows = ["| B | prompt tokens | window | bucketed ms (min-max) | attention | whole lane ms (min-max) | attention "
-            "| whole / bucketed |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| B | prompt tokens | window | bucketed ms (min-max) | attention | whole lane ms (min-max) | attention "
+        "| whole / bucketed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     results = []
     for batch in batches:
         steps = {
-            label: fdecode.compile(target, draft, fdecode.DecodeConfig(
-                num_draft_tokens=3, max_batch=batch, max_seq_len=args.max_seq_len, backend="eager",
-                sampling=False, context_buckets=buckets,
-            ))
+            label: fdecode.compile(
+                target,
+                draft,
+                fdecode.DecodeConfig(
+                    num_draft_tokens=3,
+                    max_batch=batch,
+                    max_seq_len=args.max_seq_len,
+                    backend="eager",
+                    sampling=False,
+                    context_buckets=buckets,
+                ),
+            )
             for label, buckets in (("bucketed", None), ("whole lane", (args.max_seq_len,)))
         }
         for context in contexts:

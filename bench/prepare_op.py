@@ -28,10 +28,20 @@ def inputs(batch: int, hidden: int, k: int = 3, block_size: int = 16):
     gen = torch.Generator().manual_seed(0)
     window = k + 1
     length = torch.randint(0, window + 1, (batch,), generator=gen)
-    accepted = torch.where(torch.arange(window) < length[:, None], torch.randint(0, 1000, (batch, window), generator=gen), -1)
+    accepted = torch.where(
+        torch.arange(window) < length[:, None], torch.randint(0, 1000, (batch, window), generator=gen), -1
+    )
     base_pos = torch.randint(0, 500, (batch,), generator=gen)
     tables = torch.randperm(batch * 40, generator=gen).view(batch, 40) + 1
-    return accepted, torch.randn(batch, window, hidden, generator=gen), torch.zeros(hidden), base_pos, base_pos + 1, tables, block_size
+    return (
+        accepted,
+        torch.randn(batch, window, hidden, generator=gen),
+        torch.zeros(hidden),
+        base_pos,
+        base_pos + 1,
+        tables,
+        block_size,
+    )
 
 
 def per_call_us(fn, args, reps: int = 300) -> float:
@@ -52,7 +62,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     args = p.parse_args()
     compiled = torch.compile(prepare_next_draft_reference, fullgraph=True, dynamic=False)
-    print(f"| B | unfused eager (us) | custom op (us) | compiled fused (us) | unfused / fused |  (H = {args.hidden}, K = 3)")
+    print(
+        f"| B | unfused eager (us) | custom op (us) | compiled fused (us) | unfused / fused |  (H = {args.hidden}, K = 3)"
+    )
     print("|---|---|---|---|---|")
     for batch in args.batch:
         a = inputs(batch, args.hidden)

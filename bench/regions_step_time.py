@@ -89,8 +89,14 @@ def main() -> int:
                 seen.append(tokens)
             assert seen[0] == seen[1], f"{first} and {second} steps disagree"
         med = {mode: statistics.median(t) * 1000 for mode, t in times.items()}
-        row = {"workload": name, f"{first}_ms": round(med[first], 3), f"{second}_ms": round(med[second], 3),
-               "ratio": round(med[first] / med[second], 3), "rounds": args.rounds, "steps": args.steps}
+        row = {
+            "workload": name,
+            f"{first}_ms": round(med[first], 3),
+            f"{second}_ms": round(med[second], 3),
+            "ratio": round(med[first] / med[second], 3),
+            "rounds": args.rounds,
+            "steps": args.steps,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:

@@ -165,12 +165,18 @@ def compare(prompt: list[int], alone: dict, batched: dict, budget: int) -> dict:
         rb = batched["record"].rows.get((batched["lane"], pos, seq[pos]))
         at_divergence = None if ra is None or rb is None else bool(torch.equal(ra, rb))
     return dict(
-        diverge=diverge, schedule_differs_at=schedule_differs_at, windows_differ=windows_differ,
+        diverge=diverge,
+        schedule_differs_at=schedule_differs_at,
+        windows_differ=windows_differ,
         depths_alone="".join(str(r - 1) for _, r, _ in sched_a),
         depths_batched="".join(str(r - 1) for _, r, _ in sched_b),
-        logit_rows=len(chosen) - missing, logit_rows_identical=same, first_logit_difference=first_bad,
-        max_logit_difference=worst, divergence_row_identical=at_divergence,
-        prompt_rows=len(prompt) - 1, prompt_rows_identical=prompt_same,
+        logit_rows=len(chosen) - missing,
+        logit_rows_identical=same,
+        first_logit_difference=first_bad,
+        max_logit_difference=worst,
+        divergence_row_identical=at_divergence,
+        prompt_rows=len(prompt) - 1,
+        prompt_rows_identical=prompt_same,
     )
 
 
@@ -178,8 +184,9 @@ def build(name: str, args, target, draft):
     changes = dict(CONFIGS[name])
     if changes.get("context_buckets") == "whole":
         changes["context_buckets"] = (args.max_seq_len,)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=args.k, max_batch=args.batch, max_seq_len=args.max_seq_len,
-                               backend=args.backend, **changes)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=args.k, max_batch=args.batch, max_seq_len=args.max_seq_len, backend=args.backend, **changes
+    )
     step = fdecode.compile(target, draft, cfg, announce=False)
     step.warmup(depths=range(args.k + 1) if cfg.adaptive_depth else None)
     return step
@@ -191,8 +198,9 @@ def requests(args) -> list[tuple[list[int], fdecode.SamplingParams]]:
     out = []
     for i in range(args.requests):
         length = rng.randint(args.min_prompt, room)
-        params = fdecode.SamplingParams(temperature=args.temperature, seed=args.seed * 1000 + i + 1,
-                                        max_new_tokens=args.new_tokens, ignore_eos=True)
+        params = fdecode.SamplingParams(
+            temperature=args.temperature, seed=args.seed * 1000 + i + 1, max_new_tokens=args.new_tokens, ignore_eos=True
+        )
         out.append((windows[(7 * i) % windows.shape[0], :length].tolist(), params))
     return out
 
@@ -204,7 +212,7 @@ def run_config(name: str, args, target, draft, reqs) -> dict:
     again = [run_engine(step, [r])[0] for r in reqs] if args.repeat else None
     batched = []
     for i in range(0, len(reqs), args.batch):
-        batched += run_engine(step, reqs[i: i + args.batch])
+        batched += run_engine(step, reqs[i : i + args.batch])
     rows = []
     for i, ((prompt, params), a, b) in enumerate(zip(reqs, alone, batched)):
         row = dict(request=i, seed=params.seed, prompt_len=len(prompt), **compare(prompt, a, b, args.new_tokens))
@@ -223,14 +231,18 @@ def show(result: dict, repeat: bool) -> None:
     diverged = [r["diverge"] for r in rows if r["diverge"] is not None]
     span = f", first at token {min(diverged)}..{max(diverged)}" if diverged else ""
     print(f"\n== {result['config']}: {len(diverged)}/{len(rows)} requests diverge{span} ({result['seconds']} s)")
-    head = (f"{'req':>3} {'seed':>5} {'prompt':>6} {'diverge':>7} {'sched@':>6} {'win!=':>5} "
-            f"{'logits same':>11} {'div row':>7} {'max |dl|':>9} {'prompt same':>11}")
+    head = (
+        f"{'req':>3} {'seed':>5} {'prompt':>6} {'diverge':>7} {'sched@':>6} {'win!=':>5} "
+        f"{'logits same':>11} {'div row':>7} {'max |dl|':>9} {'prompt same':>11}"
+    )
     print(head + ("  again" if repeat else "") + "  depths alone / batched")
     for r in rows:
-        line = (f"{r['request']:>3} {r['seed']:>5} {r['prompt_len']:>6} {dash(r['diverge']):>7} "
-                f"{dash(r['schedule_differs_at']):>6} {'yes' if r['windows_differ'] else 'no':>5} "
-                f"{r['logit_rows_identical']:>5}/{r['logit_rows']:<5} {dash(r['divergence_row_identical']):>7} "
-                f"{r['max_logit_difference']:>9.2g} {r['prompt_rows_identical']:>5}/{r['prompt_rows']:<5}")
+        line = (
+            f"{r['request']:>3} {r['seed']:>5} {r['prompt_len']:>6} {dash(r['diverge']):>7} "
+            f"{dash(r['schedule_differs_at']):>6} {'yes' if r['windows_differ'] else 'no':>5} "
+            f"{r['logit_rows_identical']:>5}/{r['logit_rows']:<5} {dash(r['divergence_row_identical']):>7} "
+            f"{r['max_logit_difference']:>9.2g} {r['prompt_rows_identical']:>5}/{r['prompt_rows']:<5}"
+        )
         if repeat:
             line += f"  {dash(r.get('alone_again_diverge')):>5}"
         print(line + f"  {r['depths_alone']} / {r['depths_batched']}")
@@ -246,8 +258,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4, help="max_batch (also the batched runs' group size)")
     p.add_argument("--max-seq-len", type=int, default=512, help="512: default windows of 256 and 512 tokens")
     p.add_argument("--min-prompt", type=int, default=16)
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="auto: the checkpoint's own (bf16)")
+    p.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16"), help="auto: the checkpoint's own (bf16)"
+    )
     p.add_argument("--backend", default="eager", help="eager records logits; others record nothing (tokens only)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0, help="prompt lengths and the requests' seeds")
@@ -258,9 +271,11 @@ def main(argv=None) -> int:
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     target, draft = from_hf(TINY, dtype=dtype), from_hf(TINY_DRAFT, dtype=dtype)
     reqs = requests(args)
-    print(f"{len(reqs)} requests, temperature {args.temperature}, {args.new_tokens} new tokens, K={args.k}, "
-          f"max_batch {args.batch}, max_seq_len {args.max_seq_len}, {args.backend}, dtype {args.dtype}; "
-          "sched@: tokens committed when the depths first differ; div row: the diverging row's logits identical")
+    print(
+        f"{len(reqs)} requests, temperature {args.temperature}, {args.new_tokens} new tokens, K={args.k}, "
+        f"max_batch {args.batch}, max_seq_len {args.max_seq_len}, {args.backend}, dtype {args.dtype}; "
+        "sched@: tokens committed when the depths first differ; div row: the diverging row's logits identical"
+    )
     results = []
     for name in args.configs.split(","):
         results.append(run_config(name, args, target, draft, reqs))

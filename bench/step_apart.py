@@ -34,8 +34,9 @@ def median_of(fn, n: int = 7):
 def main(kind: str) -> None:
     torch.manual_seed(0)
     target = deepseek_v3(4096, 256, 3, seed=1)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=K, max_batch=1, max_seq_len=PROMPT_LEN + NEW + 2 * (K + 1),
-                               backend="inductor")
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=K, max_batch=1, max_seq_len=PROMPT_LEN + NEW + 2 * (K + 1), backend="inductor"
+    )
     step = fdecode.compile(target, target if kind == "self" else "mtp", cfg)
     prompt = [torch.randint(0, 4096, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0)).tolist()]
     before = BeforeLoop(step, backend="inductor")
@@ -55,8 +56,10 @@ def main(kind: str) -> None:
         runs = [steps() for _ in range(7)]
         total, (_, iterations) = median_of(lambda: before.generate(prompt, max_new_tokens=NEW))
     per_step = statistics.median(r[0] for r in runs)
-    print(f"{kind}: prefill {prefill * 1e3:.1f} ms; fdecode step {per_step * 1e3:.2f} ms x {runs[0][1]}; "
-          f"before iteration {(total - prefill) / iterations * 1e3:.2f} ms x {iterations}")
+    print(
+        f"{kind}: prefill {prefill * 1e3:.1f} ms; fdecode step {per_step * 1e3:.2f} ms x {runs[0][1]}; "
+        f"before iteration {(total - prefill) / iterations * 1e3:.2f} ms x {iterations}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,11 +35,11 @@ import torch
 
 import fdecode
 from fdecode.assets import qwen_coder
+from fdecode.backends import cpu
+from fdecode.backends.cpu.onednn_linear import pack_linears
 from fdecode.bench.pair import PROMPTS, chat_ids
 from fdecode.bench.timing import interleaved_runs
-from fdecode.backends import cpu
 from fdecode.graphs.backends import capture
-from fdecode.backends.cpu.onednn_linear import pack_linears
 from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
 
 PROMPT = PROMPTS["write"]  # the workload's code-writing prompt
@@ -78,8 +78,12 @@ def without_onednn(verify, draft_row, compiled_verify, compiled_draft, cfg, repe
     with mock.patch.object(onednn_linear, "MIN_BYTES", 2**62):  # no weight is this large: the pass keeps BLAS
         blas_verify, blas_draft = capture("inductor", verify_blas, cfg), capture("inductor", draft_blas, cfg)
         blas_verify(), blas_draft()  # compile here, under the patch
-    systems = {"target_verify_onednn": compiled_verify, "target_verify_blas": blas_verify,
-               "draft_forward_onednn": compiled_draft, "draft_forward_blas": blas_draft}
+    systems = {
+        "target_verify_onednn": compiled_verify,
+        "target_verify_blas": blas_verify,
+        "draft_forward_onednn": compiled_draft,
+        "draft_forward_blas": blas_draft,
+    }
     return {name: timed[0] for name, timed in interleaved_runs(systems, repeats, warm_up=False).items()}
 
 
@@ -94,10 +98,15 @@ def without_packing(compiled_verify, compiled_draft, repeats: int) -> dict[str, 
         def run():
             with mock.patch.object(onednn_packed, "packed", lambda weight: None):
                 return fn()
+
         return run
 
-    systems = {"target_verify_packed": compiled_verify, "target_verify_unpacked": unpacked(compiled_verify),
-               "draft_forward_packed": compiled_draft, "draft_forward_unpacked": unpacked(compiled_draft)}
+    systems = {
+        "target_verify_packed": compiled_verify,
+        "target_verify_unpacked": unpacked(compiled_verify),
+        "draft_forward_packed": compiled_draft,
+        "draft_forward_unpacked": unpacked(compiled_draft),
+    }
     return {name: timed[0] for name, timed in interleaved_runs(systems, repeats, warm_up=False).items()}
 
 
@@ -106,12 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--compare-onednn", action="store_true",
-                        help="also time the compiled verify and draft forward with every linear left to the BLAS "
-                             "call (no oneDNN), interleaved with the default ones")
-    parser.add_argument("--compare-packed", action="store_true",
-                        help="also time the compiled verify and draft forward with oneDNN reading the weights as "
-                             "they lie (no packed copies), interleaved with the default ones")
+    parser.add_argument(
+        "--compare-onednn",
+        action="store_true",
+        help="also time the compiled verify and draft forward with every linear left to the BLAS "
+        "call (no oneDNN), interleaved with the default ones",
+    )
+    parser.add_argument(
+        "--compare-packed",
+        action="store_true",
+        help="also time the compiled verify and draft forward with oneDNN reading the weights as "
+        "they lie (no packed copies), interleaved with the default ones",
+    )
     args = parser.parse_args(argv)
     reason = qwen_coder.missing_reason()
     if reason is not None:
@@ -149,22 +164,28 @@ def main(argv: list[str] | None = None) -> int:
 
     inductor = dataclasses.replace(cfg, backend="inductor")
     with torch.no_grad():
-        measured = {"eager_target_verify": median_seconds(verify, args.repeats),
-                    "eager_draft_forward": median_seconds(draft_row, args.repeats)}
+        measured = {
+            "eager_target_verify": median_seconds(verify, args.repeats),
+            "eager_draft_forward": median_seconds(draft_row, args.repeats),
+        }
         eager_step()
         measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
         # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
         if cpu.packs_weights(inductor, "inductor"):  # as fdecode.compile does for this config
             pack_linears(target, draft)
-        compiled_verify, compiled_draft = capture("inductor", verify, inductor), capture("inductor", draft_row, inductor)
+        compiled_verify, compiled_draft = (
+            capture("inductor", verify, inductor),
+            capture("inductor", draft_row, inductor),
+        )
         measured["target_verify"] = median_seconds(compiled_verify, args.repeats)
         measured["draft_forward"] = median_seconds(compiled_draft, args.repeats)
         if args.compare_onednn:
             measured.update(without_onednn(verify, draft_row, compiled_verify, compiled_draft, inductor, args.repeats))
         if args.compare_packed:
             measured.update(without_packing(compiled_verify, compiled_draft, args.repeats))
-    measured["eager_other"] = (measured["eager_step"] - measured["eager_target_verify"]
-                               - k * measured["eager_draft_forward"])
+    measured["eager_other"] = (
+        measured["eager_step"] - measured["eager_target_verify"] - k * measured["eager_draft_forward"]
+    )
 
     compiled = fdecode.compile(target, draft, inductor)
     state = compiled.prefill([prompt], max_new_tokens=64)
@@ -181,20 +202,32 @@ def main(argv: list[str] | None = None) -> int:
     mean_accepted = sum(accepted) / len(accepted)
     step_floor = floor["target"] + k * floor["draft"]
     result = {
-        "k": k, "bandwidth_gb_s": bandwidth / 1e9, "threads": torch.get_num_threads(),
-        "floor_s": floor, "step_floor_s": step_floor, "measured_s": measured,
-        "mean_accepted": mean_accepted, "steps": len(accepted),
-        "tokens_per_s": {"floor": mean_accepted / step_floor, "compiled": mean_accepted / measured["compiled_step"],
-                         "target_only_floor": 1 / floor["target"]},
+        "k": k,
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "threads": torch.get_num_threads(),
+        "floor_s": floor,
+        "step_floor_s": step_floor,
+        "measured_s": measured,
+        "mean_accepted": mean_accepted,
+        "steps": len(accepted),
+        "tokens_per_s": {
+            "floor": mean_accepted / step_floor,
+            "compiled": mean_accepted / measured["compiled_step"],
+            "target_only_floor": 1 / floor["target"],
+        },
     }
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads); K = {k}")
-    print(f"floors: target forward {floor['target'] * 1e3:.0f} ms, draft forward {floor['draft'] * 1e3:.0f} ms, "
-          f"step {step_floor * 1e3:.0f} ms")
+    print(
+        f"floors: target forward {floor['target'] * 1e3:.0f} ms, draft forward {floor['draft'] * 1e3:.0f} ms, "
+        f"step {step_floor * 1e3:.0f} ms"
+    )
     for name, seconds in measured.items():
         print(f"  {name:14s} {seconds * 1e3:8.1f} ms")
-    print(f"mean accepted {mean_accepted:.2f} tokens/step over {len(accepted)} steps: "
-          f"{result['tokens_per_s']['compiled']:.2f} tok/s compiled, {result['tokens_per_s']['floor']:.2f} at the floor "
-          f"(target alone at its floor: {result['tokens_per_s']['target_only_floor']:.2f})")
+    print(
+        f"mean accepted {mean_accepted:.2f} tokens/step over {len(accepted)} steps: "
+        f"{result['tokens_per_s']['compiled']:.2f} tok/s compiled, {result['tokens_per_s']['floor']:.2f} at the floor "
+        f"(target alone at its floor: {result['tokens_per_s']['target_only_floor']:.2f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -50,8 +50,13 @@ def child(steps: int) -> dict:
 
 def run_child(tree: str, steps: int) -> float:
     env = {**os.environ, "PYTHONPATH": tree}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(steps)], env=env, cwd=tree,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", str(steps)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         sys.stderr.write(proc.stderr[-3000:])
         raise RuntimeError(f"child in {tree} failed")
@@ -90,8 +95,9 @@ def main() -> int:
     print(f"\nnow / before: {medians['now'] / medians['before']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"before": args.before, "times_ms": times, "ratio": medians["now"] / medians["before"]}, f,
-                      indent=1)
+            json.dump(
+                {"before": args.before, "times_ms": times, "ratio": medians["now"] / medians["before"]}, f, indent=1
+            )
     return 0
 
 

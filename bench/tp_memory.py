@@ -34,10 +34,21 @@ def qwen3_5_2b_like():
     from fdecode.models.mtp.hybrid import HybridMTPHead
 
     cfg = HybridConfig(
-        vocab_size=248_320, hidden_size=2048, intermediate_size=6144, num_layers=24, num_heads=8, num_kv_heads=2,
-        head_dim=256, model_type="qwen3_5_text", partial_rotary_factor=0.25, tie_word_embeddings=True,
+        vocab_size=248_320,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_layers=24,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=256,
+        model_type="qwen3_5_text",
+        partial_rotary_factor=0.25,
+        tie_word_embeddings=True,
         layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(24)),
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
         mtp_num_layers=1,
     )
     target = HybridModel(cfg)
@@ -51,11 +62,24 @@ def deepseek_v3_4_layers():
     from fdecode.models.moe_config import MoEConfig
 
     cfg = DeepseekV3Config(
-        vocab_size=129_280, hidden_size=7168, intermediate_size=18432, num_layers=4, num_heads=128, num_kv_heads=128,
-        head_dim=64, model_type="deepseek_v3", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, v_head_dim=128, first_k_dense_replace=1, mtp_num_layers=1,
-        moe=MoEConfig(num_experts=256, top_k=8, moe_intermediate_size=2048, n_group=8, topk_group=4,
-                      routed_scaling_factor=2.5),
+        vocab_size=129_280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        num_layers=4,
+        num_heads=128,
+        num_kv_heads=128,
+        head_dim=64,
+        model_type="deepseek_v3",
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        first_k_dense_replace=1,
+        mtp_num_layers=1,
+        moe=MoEConfig(
+            num_experts=256, top_k=8, moe_intermediate_size=2048, n_group=8, topk_group=4, routed_scaling_factor=2.5
+        ),
     )
     target = DeepseekV3Model(cfg)
     target.mtp = mtp_head(cfg).bind(target)
@@ -78,7 +102,9 @@ def kind(name: str) -> str:
     """A replicated parameter's kind, for the report."""
     for key in ("norm", "gate.", "e_score", "kv_a_proj", "q_a_proj", "eh_proj", "fc.", "shared_expert_gate"):
         if key in name:
-            return {"gate.": "router", "e_score": "router", "fc.": "eh_proj / fc", "eh_proj": "eh_proj / fc"}.get(key, key)
+            return {"gate.": "router", "e_score": "router", "fc.": "eh_proj / fc", "eh_proj": "eh_proj / fc"}.get(
+                key, key
+            )
     return name
 
 
@@ -98,8 +124,11 @@ def measure(name: str, sizes: tuple[int, ...]) -> dict[str, object]:
             if whole is not None and whole.shape == p.shape and p.numel() > 0:
                 replicated[kind(pname)] += p.numel() * BF16 / 2**30
         rank_bytes = sum(p.numel() for p in mine.values()) * BF16
-        row["ranks"][size] = {"rank_gib": rank_bytes / 2**30, "ratio": rank_bytes / full_bytes,
-                              "replicated_gib": dict(sorted(replicated.items(), key=lambda kv: -kv[1]))}
+        row["ranks"][size] = {
+            "rank_gib": rank_bytes / 2**30,
+            "ratio": rank_bytes / full_bytes,
+            "replicated_gib": dict(sorted(replicated.items(), key=lambda kv: -kv[1])),
+        }
     return row
 
 

@@ -32,8 +32,13 @@ def run(rank: int, port: int, out: str, size: int, args: dict) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     group = None
     if size > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=600))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=600),
+        )
         group = dist.group.WORLD
     target = qwen3_5(args["vocab"], args["hidden"], args["layers"], seed=0)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=256, backend=args["backend"], tp_size=size)
@@ -45,15 +50,23 @@ def run(rank: int, port: int, out: str, size: int, args: dict) -> None:
     seconds, steps, tokens = [], None, None
     for _ in range(args["reps"]):
         start = time.perf_counter()
-        done = fdecode.generate(step, [prompt], max_new_tokens=args["new_tokens"], eos_token_id=[], details=True,
-                                progress=False)[0]
+        done = fdecode.generate(
+            step, [prompt], max_new_tokens=args["new_tokens"], eos_token_id=[], details=True, progress=False
+        )[0]
         seconds.append(time.perf_counter() - start)
         steps = done.metrics.verified_steps + done.metrics.first_row_steps
         tokens = done.tokens
     if rank == 0:
-        result = {"tp": size, "backend": step.backend, "warmup_s": warm, "seconds": seconds, "steps": steps,
-                  "step_ms": 1000 * statistics.median(seconds) / steps, "tokens_per_step": len(tokens) / steps,
-                  "tokens": tokens}
+        result = {
+            "tp": size,
+            "backend": step.backend,
+            "warmup_s": warm,
+            "seconds": seconds,
+            "steps": steps,
+            "step_ms": 1000 * statistics.median(seconds) / steps,
+            "tokens_per_step": len(tokens) / steps,
+            "tokens": tokens,
+        }
         with open(os.path.join(out, f"tp{size}.json"), "w") as f:
             json.dump(result, f)
     if group is not None:
@@ -83,14 +96,17 @@ def main() -> None:
     out = tempfile.mkdtemp()
     rows = []
     for size in (1, 2):
-        torch.multiprocessing.start_processes(run, args=(_free_port(), out, size, settings), nprocs=size,
-                                              start_method="spawn")
+        torch.multiprocessing.start_processes(
+            run, args=(_free_port(), out, size, settings), nprocs=size, start_method="spawn"
+        )
         with open(os.path.join(out, f"tp{size}.json")) as f:
             rows.append(json.load(f))
     same = rows[0]["tokens"] == rows[1]["tokens"]
     for row in rows:
-        print(f"TP = {row['tp']} ({row['backend']}): {row['step_ms']:.1f} ms per step, {row['tokens_per_step']:.2f} "
-              f"tokens per step, {row['steps']} steps (warm-up {row['warmup_s']:.1f} s)")
+        print(
+            f"TP = {row['tp']} ({row['backend']}): {row['step_ms']:.1f} ms per step, {row['tokens_per_step']:.2f} "
+            f"tokens per step, {row['steps']} steps (warm-up {row['warmup_s']:.1f} s)"
+        )
     print(f"TP = 2 / TP = 1 step time: {rows[1]['step_ms'] / rows[0]['step_ms']:.2f}x; tokens identical: {same}")
     if args.json:
         with open(args.json, "w") as f:

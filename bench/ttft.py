@@ -52,19 +52,24 @@ def child(max_seq_len: int, dynamic: bool, backend: str, first_token_only: bool)
     target = llama(vocab=512, hidden=64, layers=2, seed=0)
     prompt = torch.randint(0, 512, (100,), generator=torch.Generator().manual_seed(0)).tolist()
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=1, max_seq_len=max_seq_len, backend=backend, dtype=torch.float32,
-        sampling=False, dynamic_window=dynamic,
+        num_draft_tokens=3,
+        max_batch=1,
+        max_seq_len=max_seq_len,
+        backend=backend,
+        dtype=torch.float32,
+        sampling=False,
+        dynamic_window=dynamic,
     )
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, target, cfg, announce=False)
     launches: list[tuple[float, int]] = []  # (time, window tokens) of each step launch
-    run = step._run  # noqa: SLF001 - the bench records which window each launch attends over
+    run = step._run
 
     def logged(state, blocks, plan, **kwargs):
         launches.append((time.perf_counter(), blocks * cfg.block_size))
         return run(state, blocks, plan, **kwargs)
 
-    step._run = logged  # noqa: SLF001
+    step._run = logged
     engine = fdecode.Engine(step)
     engine.add_request(prompt, max_new_tokens=max_seq_len - len(prompt), ignore_eos=True)
     events, tokens, first_compiles = [], [], None
@@ -107,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     p.add_argument("--backend", default="inductor")
     p.add_argument("--json", default="bench/results/ttft.json")
-    p.add_argument("--full-static", action="store_true", help="stream every graph-per-window run to max_seq_len "
-                   "too (each later window compiles: minutes each); by default those stop at their first token")
+    p.add_argument(
+        "--full-static",
+        action="store_true",
+        help="stream every graph-per-window run to max_seq_len "
+        "too (each later window compiles: minutes each); by default those stop at their first token",
+    )
     p.add_argument("--child", nargs=3, metavar=("MAX_SEQ_LEN", "DYNAMIC", "FIRST_ONLY"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -120,14 +129,24 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as cache:
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
                 first_only = not dynamic and not args.full_static
-                cmd = [sys.executable, __file__, "--backend", args.backend, "--child", str(length), str(int(dynamic)),
-                       str(int(first_only))]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--backend",
+                    args.backend,
+                    "--child",
+                    str(length),
+                    str(int(dynamic)),
+                    str(int(first_only)),
+                ]
                 out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             row = json.loads(out.strip().splitlines()[-1])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| max_seq_len | graphs | windows | cold ttft s, wall (CPU) | / one window's compile, wall (CPU) | "
-          "worst stall after s | compiles after | step ms, smallest / largest window |")
+    print(
+        "\n| max_seq_len | graphs | windows | cold ttft s, wall (CPU) | / one window's compile, wall (CPU) | "
+        "worst stall after s | compiles after | step ms, smallest / largest window |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for length in args.lengths:
         static, dynamic = (r for r in rows if r["max_seq_len"] == length)
@@ -138,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         for row, name in ((static, "one per window (before)"), (dynamic, "one for every window")):
             if row["first_token_only"]:
                 ahead = row["windows_of_the_lane"] - 1
-                print(f"| {length} | {name} | {row['windows_of_the_lane']} | {row['ttft_s']:.1f} ({row['ttft_cpu_s']:.1f}) "
-                      f"| 1.00x (1.00x) | stopped at the first token | {ahead} ahead | |")
+                print(
+                    f"| {length} | {name} | {row['windows_of_the_lane']} | {row['ttft_s']:.1f} ({row['ttft_cpu_s']:.1f}) "
+                    f"| 1.00x (1.00x) | stopped at the first token | {ahead} ahead | |"
+                )
                 continue
             print(
                 f"| {length} | {name} | {len(row['windows'])} | {row['ttft_s']:.1f} ({row['ttft_cpu_s']:.1f}) | "

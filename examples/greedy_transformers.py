@@ -18,8 +18,14 @@ from fdecode.models import LlamaModel, from_hf
 def main() -> None:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1, eos_token_id=None,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.1,
+        eos_token_id=None,
     )
     hf_model = transformers.LlamaForCausalLM(config).eval()
     target = from_hf(hf_model)
@@ -35,7 +41,7 @@ def main() -> None:
     for prompt, got in zip(prompts, ours):
         ids = torch.tensor([prompt])
         ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False)
-        assert got == ref[0, len(prompt):].tolist(), "speculative output differs from transformers"
+        assert got == ref[0, len(prompt) :].tolist(), "speculative output differs from transformers"
     print("greedy output identical to transformers generate:", ours[0][:12], "...")
     print(fdecode.inspect(step, step.prefill(prompts, max_new_tokens=32)))
 

@@ -31,8 +31,10 @@ from fdecode.tokenizer import load_tokenizer
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target")
-    p.add_argument("--draft", help="mtp, ngram or a draft checkpoint folder (default: mtp where the target has "
-                   "an MTP head, else ngram)")
+    p.add_argument(
+        "--draft",
+        help="mtp, ngram or a draft checkpoint folder (default: mtp where the target has an MTP head, else ngram)",
+    )
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="default: the start of a Python class (fdecode demo's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("-k", type=int, default=3)
@@ -57,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"compiled in {sum(step.warmup(plans=(plan,)).values()):.1f} s (summed over windows)")
 
     engine = fdecode.Engine(step)
-    engine.add_request(prompt, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id,
-                       temperature=args.temperature, seed=0)
+    engine.add_request(
+        prompt, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id, temperature=args.temperature, seed=0
+    )
     out, steps = [], 0
     start = time.perf_counter()
     for event in engine.stream():
@@ -68,8 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     print(args.prompt + tok.decode(out))
     # The prefill commits the first token; each decode step commits 1 .. K + 1.
     accepted = (len(out) - 1) / max(steps - 1, 1)
-    print(f"-- {len(out)} tokens in {seconds:.2f} s: {len(out) / seconds:.1f} tok/s (prefill included); "
-          f"mean accepted length {accepted:.2f} tokens per step (of {args.k + 1})")
+    print(
+        f"-- {len(out)} tokens in {seconds:.2f} s: {len(out) / seconds:.1f} tok/s (prefill included); "
+        f"mean accepted length {accepted:.2f} tokens per step (of {args.k + 1})"
+    )
 
 
 if __name__ == "__main__":

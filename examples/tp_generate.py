@@ -46,8 +46,13 @@ def main() -> None:
         target = llama(vocab=512, hidden=128, layers=2, seed=0)
     draft = "mtp" if target.mtp is not None else llama(vocab=target.config.vocab_size, hidden=128, layers=1, seed=1)
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=2, max_seq_len=256, backend="eager", device=str(device),
-        tp_size=dist.get_world_size(), broadcast_accepted=args.broadcast,
+        num_draft_tokens=3,
+        max_batch=2,
+        max_seq_len=256,
+        backend="eager",
+        device=str(device),
+        tp_size=dist.get_world_size(),
+        broadcast_accepted=args.broadcast,
     )
     step = fdecode.compile(target, draft, cfg, tp_group=dist.group.WORLD)
     out = fdecode.generate(step, [[5, 6, 7, 8], [100, 200, 300]], max_new_tokens=32, temperature=[0.0, 0.8], seed=1)

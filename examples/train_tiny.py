@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from fdecode.models import LlamaModel, MTPHead, ModelConfig, from_hf, save_hf
+from fdecode.models import LlamaModel, ModelConfig, MTPHead, from_hf, save_hf
 from fdecode.models.dense import heldout_losses, sequence_losses
 from fdecode.tokenizer import ByteTokenizer
 
@@ -44,8 +44,15 @@ SEQ = 256
 HELDOUT_FILE = "tiny-stdlib-heldout.safetensors"
 
 TARGET = ModelConfig(
-    vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=640, num_layers=4, num_heads=8,
-    num_kv_heads=4, head_dim=32, tie_word_embeddings=True, max_position_embeddings=4096,
+    vocab_size=ByteTokenizer.vocab_size,
+    hidden_size=256,
+    intermediate_size=640,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=32,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
 )
 DRAFT = TARGET.replace(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2)
 
@@ -92,12 +99,15 @@ def main() -> None:
     params = [*target.parameters(), *draft.parameters()]  # target.parameters() includes target.mtp
     for p in params:
         p.requires_grad_(True)
-    print(f"parameters: target {sum(p.numel() for n, p in target.named_parameters() if not n.startswith('mtp.')):,}"
-          f", mtp {sum(p.numel() for p in target.mtp.parameters()):,}, draft {sum(p.numel() for p in draft.parameters()):,}")
+    print(
+        f"parameters: target {sum(p.numel() for n, p in target.named_parameters() if not n.startswith('mtp.')):,}"
+        f", mtp {sum(p.numel() for p in target.mtp.parameters()):,}, draft {sum(p.numel() for p in draft.parameters()):,}"
+    )
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95)
+    )
     warmup = max(1, args.steps // 20)
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10 %

@@ -1,11 +1,11 @@
 """fdecode: speculative decoding as one pure, compiled function per decode iteration (docs/design.md, "Why").
 
-    cfg   = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=8, max_seq_len=2048)
-    step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, "mtp" or "ngram"
-    state = step.prefill(prompts)
-    state, out = step(state)                      # validate -> sample -> prepare -> draft
-    texts = fdecode.generate(step, prompts, max_new_tokens=128)   # stops at the model's EOS ids
-    texts = fdecode.generate(step, prompts, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
+cfg   = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=8, max_seq_len=2048)
+step  = fdecode.compile(target, draft, cfg)   # draft: a model, an MTPHead, "mtp" or "ngram"
+state = step.prefill(prompts)
+state, out = step(state)                      # validate -> sample -> prepare -> draft
+texts = fdecode.generate(step, prompts, max_new_tokens=128)   # stops at the model's EOS ids
+texts = fdecode.generate(step, prompts, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
 """
 
 from fdecode import ops  # registers torch.ops.fdecode.*

@@ -18,14 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
+from fdecode.models.mtp.head import depth_kwargs, mtp_layer
 from fdecode.models.ngram import is_ngram
 from fdecode.ops.ngram import lookup_list
-from fdecode.models.mtp.head import depth_kwargs, mtp_layer
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
@@ -42,12 +41,34 @@ class BeforeLoop:
         # A hybrid model's recurrent state goes in and its states after the rows come out (None otherwise):
         # the rollback to the accepted prefix is the step's (`fdecode.state.recurrent`), from host-known L.
         def validate(tokens, positions, slots, kv, tables, recurrent):  # a draft id < 0 (n-gram: none) runs as 0
-            return forward_rows(target, tokens.clamp_min(0), positions, slots, kv, tables, block_size=bs,
-                                attention=cfg.attention, recurrent=recurrent, snapshots=True)
+            return forward_rows(
+                target,
+                tokens.clamp_min(0),
+                positions,
+                slots,
+                kv,
+                tables,
+                block_size=bs,
+                attention=cfg.attention,
+                recurrent=recurrent,
+                snapshots=True,
+            )
 
         def draft_forward(tokens, positions, slots, kv, tables, hidden, recurrent, valid, j):  # j: forward index
-            return forward_rows(draft, tokens, positions, slots, kv, tables, block_size=bs, hidden_in=hidden,
-                                attention=cfg.attention, recurrent=recurrent, valid=valid, **depth_kwargs(draft, j))
+            return forward_rows(
+                draft,
+                tokens,
+                positions,
+                slots,
+                kv,
+                tables,
+                block_size=bs,
+                hidden_in=hidden,
+                attention=cfg.attention,
+                recurrent=recurrent,
+                valid=valid,
+                **depth_kwargs(draft, j),
+            )
 
         self._validate = capture(backend, fresh_code(validate, "before_validate"), cfg)
         self._draft = capture(backend, fresh_code(draft_forward, "before_draft"), cfg)
@@ -76,7 +97,7 @@ class BeforeLoop:
         start = read_back(start, host_buffer(tuple(start.shape), torch.int64, device))
         width = cfg.output_width  # the packed StepOutput: [t.., drafts, logprobs.., count, finished]
         outputs = [start[b][: start[b][width - 2]] for b in range(len(prompts))]
-        tables = [row[width : -3] for row in start]
+        tables = [row[width:-3] for row in start]
         base, remaining, active = ([row[i] for row in start] for i in (-3, -2, -1))
         tokens = state.tokens
 
@@ -99,7 +120,9 @@ class BeforeLoop:
             context = state.block_tables[:, : cfg.bucket_for(max(p for p, a in zip(base, active) if a))]
             with record_function("before/validate"):
                 committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if hybrid_target else None
-                logits, hidden, snapshots = self._validate(tokens, positions, slots, state.target_kv, context, committed)
+                logits, hidden, snapshots = self._validate(
+                    tokens, positions, slots, state.target_kv, context, committed
+                )
             with record_function("before/host round trip"):
                 # Greedy tokens and the window come back to the host (one packed read, the one wait)
                 # before anything else can run.
@@ -124,7 +147,9 @@ class BeforeLoop:
                     rows_pos.append([pos - 1, pos])
                     rows_slot.append([slot(b, repair), slot(b, pos)] if n else [0, 0])
                     # Hidden row indices into hidden.view(B * W, H); index B * W is the zero placeholder.
-                    rows_hidden.append([b * window + n - 2 if n > 1 else batch * window, b * window + n - 1 if n else batch * window])
+                    rows_hidden.append(
+                        [b * window + n - 2 if n > 1 else batch * window, b * window + n - 1 if n else batch * window]
+                    )
                     lasts.append(last)
                     live.append(n > 0)
                     counts.append(n)
@@ -133,11 +158,17 @@ class BeforeLoop:
                 if is_ngram(self.step.draft):  # prompt lookup on the host, as every peer does it; no draft forward
                     ngram = self.step.draft
                     proposals = [
-                        (lookup_list(list(prompts[b]) + outputs[b], k, ngram.max_n, ngram.min_n) if b < len(outputs)
-                         and live[b] else []) for b in range(batch)
+                        (
+                            lookup_list(list(prompts[b]) + outputs[b], k, ngram.max_n, ngram.min_n)
+                            if b < len(outputs) and live[b]
+                            else []
+                        )
+                        for b in range(batch)
                     ]
                     rows = [[lasts[b], *p, *[-1] * (k - len(p))] for b, p in enumerate(proposals)]
-                    tokens, counts, positions, slots = uploads(torch.tensor(rows), torch.tensor(counts), *validate_inputs())
+                    tokens, counts, positions, slots = uploads(
+                        torch.tensor(rows), torch.tensor(counts), *validate_inputs()
+                    )
                     if snapshots is not None:
                         commit_verify((state.target_conv, state.target_rec), snapshots, counts)
                     iterations += 1
@@ -158,7 +189,11 @@ class BeforeLoop:
             with record_function("before/draft"):
                 ring_leaves = (state.draft_conv, state.draft_rec)
                 start = draft_start(ring_leaves, counts, k) if hybrid_draft else None
-                valid = torch.stack([counts == window, torch.ones_like(counts, dtype=torch.bool)], 1) if hybrid_draft else None
+                valid = (
+                    torch.stack([counts == window, torch.ones_like(counts, dtype=torch.bool)], 1)
+                    if hybrid_draft
+                    else None
+                )
                 draft_logits, h, recurrent = self._draft(
                     rows_tok, rows_pos, rows_slot, state.draft_kv, context, h_rows, start, valid, 0
                 )
@@ -167,7 +202,14 @@ class BeforeLoop:
                 drafts, ring = [proposal], [recurrent]
                 for j in range(1, k):
                     draft_logits, h, recurrent = self._draft(
-                        proposal[:, None], later_pos[j - 1], later_slot[j - 1], state.draft_kv, context, h, recurrent, None,
+                        proposal[:, None],
+                        later_pos[j - 1],
+                        later_slot[j - 1],
+                        state.draft_kv,
+                        context,
+                        h,
+                        recurrent,
+                        None,
                         mtp_layer(self.step.draft, j),  # one captured graph per MTP layer, not one per j
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
@@ -191,7 +233,15 @@ class TargetOnly:
         def next_token(tokens, positions, kv, tables, recurrent):  # [B, 1] -> [B, 1], recurrent state after it
             slots = slot_of(tables, positions, bs)
             logits, _, after = forward_rows(
-                target, tokens, positions, slots, kv, tables, block_size=bs, attention=cfg.attention, recurrent=recurrent
+                target,
+                tokens,
+                positions,
+                slots,
+                kv,
+                tables,
+                block_size=bs,
+                attention=cfg.attention,
+                recurrent=recurrent,
             )
             return logits.argmax(dim=-1), after
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 import fdecode
-from fdecode.ops.plan import GREEDY
 from fdecode.assets import TINY, TINY_DRAFT
 from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.models import from_hf
+from fdecode.ops.plan import GREEDY
 from fdecode.tokenizer import load_tokenizer
 
 REPS = 3  # timed runs of each system
@@ -48,8 +48,10 @@ def _models(args: argparse.Namespace):
     target = from_hf(folder, dtype=torch.float32)
     if args.draft in (None, "mtp"):
         if target.mtp is None:
-            raise SystemExit(f"error: {folder} has no MTP head; pass --draft ngram (prompt lookup: no second model) "
-                             "or --draft DIR (a draft checkpoint folder)")
+            raise SystemExit(
+                f"error: {folder} has no MTP head; pass --draft ngram (prompt lookup: no second model) "
+                "or --draft DIR (a draft checkpoint folder)"
+            )
         return folder, target, "mtp", "its MTP head"
     if args.draft == "ngram":
         return folder, target, "ngram", "n-gram prompt lookup"
@@ -69,8 +71,10 @@ def _tp_group(size: int):
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) != size:
-        raise SystemExit(f"error: --tp {size} runs one process per rank under torchrun: "
-                         f"torchrun --nproc-per-node {size} -m fdecode.cli demo --tp {size}")
+        raise SystemExit(
+            f"error: --tp {size} runs one process per rank under torchrun: "
+            f"torchrun --nproc-per-node {size} -m fdecode.cli demo --tp {size}"
+        )
     dist.init_process_group("gloo")
     return dist.group.WORLD
 
@@ -83,7 +87,9 @@ def demo(args: argparse.Namespace) -> int:
     prompt = tokenizer(args.prompt)["input_ids"]
     eos = tokenizer.eos_token_id
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=args.k, max_batch=1, max_seq_len=len(prompt) + args.max_new_tokens + 2 * args.k + 2,
+        num_draft_tokens=args.k,
+        max_batch=1,
+        max_seq_len=len(prompt) + args.max_new_tokens + 2 * args.k + 2,
         backend=args.backend,  # the default config: its greedy lanes run the greedy plan's graph
         tp_size=args.tp,
     )
@@ -144,15 +150,23 @@ def demo(args: argparse.Namespace) -> int:
     # Each round ran the three systems back to back: per-round ratios do not move with a machine whose speed drifts.
     rounds = [times["target-only"][i] / times["fdecode"][i] for i in range(REPS)]
     spread = {name: f"{n / max(t):.1f}-{n / min(t):.1f}" for name, t in times.items()}
-    print(f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median (min-max) of {REPS} "
-          "interleaved rounds")
+    print(
+        f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median (min-max) of {REPS} "
+        "interleaved rounds"
+    )
     print(f"{'target-only (one target forward per token):':46}{base:8.1f} tok/s   ({spread['target-only']})")
-    print(f"{'before loop (host round trip each step):':46}{loop:8.1f} tok/s   ({spread['before']}; "
-          f"{loop / base:.2f}x target-only)")
-    print(f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   ({spread['fdecode']}; "
-          f"{ours / base:.2f}x target-only, {ours / loop:.2f}x before; per round {min(rounds):.2f}-{max(rounds):.2f}x)")
-    print(f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s "
-          f"(summed over {windows} attention window{'s' * (windows > 1)})")
+    print(
+        f"{'before loop (host round trip each step):':46}{loop:8.1f} tok/s   ({spread['before']}; "
+        f"{loop / base:.2f}x target-only)"
+    )
+    print(
+        f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   ({spread['fdecode']}; "
+        f"{ours / base:.2f}x target-only, {ours / loop:.2f}x before; per round {min(rounds):.2f}-{max(rounds):.2f}x)"
+    )
+    print(
+        f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s "
+        f"(summed over {windows} attention window{'s' * (windows > 1)})"
+    )
     return 0
 
 
@@ -164,8 +178,9 @@ def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) 
         print(f"model: {name}, TP = {args.tp}\nstep:  {step}", file=sys.stderr)
     step.warmup(plans=(GREEDY,))
     start = time.perf_counter()
-    done = fdecode.generate(step, [prompt], max_new_tokens=args.max_new_tokens, eos_token_id=eos, details=True,
-                            progress=False)[0]
+    done = fdecode.generate(
+        step, [prompt], max_new_tokens=args.max_new_tokens, eos_token_id=eos, details=True, progress=False
+    )[0]
     seconds = time.perf_counter() - start
     everyone: list[list[int] | None] = [None] * args.tp
     dist.all_gather_object(everyone, done.tokens, group=group)
@@ -173,9 +188,11 @@ def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) 
     if rank0:
         print(args.prompt + tokenizer.decode(done.tokens))
         m = done.metrics
-        print(f"\n-- {len(done.tokens)} tokens, greedy, K = {args.k}, TP = {args.tp} ({step.backend}): "
-              f"{len(done.tokens) / seconds:.1f} tok/s, {m.mean_accepted_length:.2f} tokens per verified step; "
-              f"every rank committed {'the same' if agree else 'DIFFERENT'} tokens")
+        print(
+            f"\n-- {len(done.tokens)} tokens, greedy, K = {args.k}, TP = {args.tp} ({step.backend}): "
+            f"{len(done.tokens) / seconds:.1f} tok/s, {m.mean_accepted_length:.2f} tokens per verified step; "
+            f"every rank committed {'the same' if agree else 'DIFFERENT'} tokens"
+        )
     dist.destroy_process_group()
     return 0 if agree else 1
 
@@ -183,17 +200,30 @@ def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fdecode", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="stream text from the bundled model, then compare with target-only and the before loop")
-    p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder with its tokenizer (default: the "
-                   "bundled model)")
-    p.add_argument("--draft", help="'mtp', 'ngram' (prompt lookup), 'model' (the bundled draft LM) or a draft "
-                   "checkpoint folder (default: mtp)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: the first 4 lines of a Python "
-                   "class LRUCache)")
+    p = sub.add_parser(
+        "demo", help="stream text from the bundled model, then compare with target-only and the before loop"
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="local Hugging Face checkpoint folder with its tokenizer (default: the bundled model)",
+    )
+    p.add_argument(
+        "--draft",
+        help="'mtp', 'ngram' (prompt lookup), 'model' (the bundled draft LM) or a draft "
+        "checkpoint folder (default: mtp)",
+    )
+    p.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: the first 4 lines of a Python class LRUCache)"
+    )
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: %(default)s)")
-    p.add_argument("--backend", default="auto", choices=["auto", "inductor", "aot_eager", "dynamo", "eager"],
-                   help="what compiles the step (default: %(default)s: inductor on a CPU)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "inductor", "aot_eager", "dynamo", "eager"],
+        help="what compiles the step (default: %(default)s: inductor on a CPU)",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, under torchrun (default: %(default)s)")
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv

@@ -123,9 +123,21 @@ class DecodeConfig:
     _resolved_num_blocks: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_draft_tokens", "max_batch", "max_seq_len", "block_size", "num_blocks", "max_stop_ids",
-                     "top_k_candidates", "tp_size", "max_logit_bias", "max_logprobs", "max_grammar_states",
-                     "max_grammar_transitions", "draft_catch_up"):  # numpy / torch integers as ints (the config is hashed)
+        for name in (
+            "num_draft_tokens",
+            "max_batch",
+            "max_seq_len",
+            "block_size",
+            "num_blocks",
+            "max_stop_ids",
+            "top_k_candidates",
+            "tp_size",
+            "max_logit_bias",
+            "max_logprobs",
+            "max_grammar_states",
+            "max_grammar_transitions",
+            "draft_catch_up",
+        ):  # numpy / torch integers as ints (the config is hashed)
             value = scalar(getattr(self, name))
             if isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, name, value)
@@ -149,12 +161,17 @@ class DecodeConfig:
         for name in ("max_logit_bias", "max_logprobs", "max_grammar_states", "max_grammar_transitions"):
             value = getattr(self, name)
             if (value is not None or name != "max_logprobs") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"DecodeConfig.{name} must be an int >= 0{' or None' if name == 'max_logprobs' else ''}, "
-                                 f"got {value!r}")
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(
+                    f"DecodeConfig.{name} must be an int >= 0{' or None' if name == 'max_logprobs' else ''}, "
+                    f"got {value!r}"
+                )
         if (self.max_grammar_states > 0) != (self.max_grammar_transitions > 0):
-            raise ValueError("DecodeConfig.max_grammar_states and max_grammar_transitions are both 0 (no grammars) or "
-                             f"both > 0, got {self.max_grammar_states} and {self.max_grammar_transitions}")
+            raise ValueError(
+                "DecodeConfig.max_grammar_states and max_grammar_transitions are both 0 (no grammars) or "
+                f"both > 0, got {self.max_grammar_states} and {self.max_grammar_transitions}"
+            )
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"DecodeConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if not isinstance(self.adaptive_depth, bool):
@@ -212,11 +229,11 @@ class DecodeConfig:
         return (self.device or "cpu").split(":")[0]
 
     @property
-    def K(self) -> int:  # noqa: N802 - the paper's name
+    def K(self) -> int:
         return self.num_draft_tokens
 
     @property
-    def W(self) -> int:  # noqa: N802
+    def W(self) -> int:
         """The verified tokens per lane (K+1): the last committed token plus K drafts. ("Window" is the
         attention window, `context_buckets`.)"""
         return self.num_draft_tokens + 1

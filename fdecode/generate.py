@@ -62,15 +62,22 @@ def generate(
     # A prompt's errors name it once ("prompt 3: ..."), whole-call ones name only the argument.
     checked = [check_prompt(prompt, vocab, f"prompt {i}") for i, prompt in enumerate(prompts)]
     requests = request_params(
-        len(checked), step.config, vocab, params=params, seeds=step.seeds, max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, seed=seed,
+        len(checked),
+        step.config,
+        vocab,
+        params=params,
+        seeds=step.seeds,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        ignore_eos=ignore_eos,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
     )
     engine = Engine(step)
-    ids = [
-        engine.add_resolved(prompt, p, label=f"prompt {i}")
-        for i, (prompt, p) in enumerate(zip(checked, requests))
-    ]
+    ids = [engine.add_resolved(prompt, p, label=f"prompt {i}") for i, (prompt, p) in enumerate(zip(checked, requests))]
     outputs = {rid: Completion() for rid in ids}
     total = sum(engine.requests[rid].budget for rid in ids)  # the budgets it checked
     show = progress if progress is not None else total >= PROGRESS_MIN_TOKENS

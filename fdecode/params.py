@@ -121,7 +121,7 @@ class SamplingParams:
     grammar: object | None = None  # a `fdecode.Grammar`
 
     def __post_init__(self) -> None:
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen fields
+        put = lambda name, value: object.__setattr__(self, name, value)
         temperature, top_p, min_p = (_finite(n, getattr(self, n)) for n in ("temperature", "top_p", "min_p"))
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -146,11 +146,20 @@ class SamplingParams:
         eos = stop_ids(self.eos_token_id)
         if ignore and eos is not None:
             raise ValueError(f"ignore_eos=True and eos_token_id={list(eos)} contradict each other: pass one")
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
-                            ("seed", seed), ("eos_token_id", eos), ("ignore_eos", ignore), ("max_new_tokens", budget)):
+        for name, value in (
+            ("temperature", temperature),
+            ("top_k", top_k),
+            ("top_p", top_p),
+            ("min_p", min_p),
+            ("seed", seed),
+            ("eos_token_id", eos),
+            ("ignore_eos", ignore),
+            ("max_new_tokens", budget),
+        ):
             put(name, value)
-        rep, freq, pres = (_finite(n, getattr(self, n))
-                           for n in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+        rep, freq, pres = (
+            _finite(n, getattr(self, n)) for n in ("repetition_penalty", "frequency_penalty", "presence_penalty")
+        )
         if rep <= 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {rep}")
         least = _int(self.min_tokens)
@@ -161,13 +170,20 @@ class SamplingParams:
         top = None if self.logprobs is None else _int(self.logprobs)
         if self.logprobs is not None and (top is None or top < 0):
             raise ValueError(f"logprobs must be an int >= 0 or None, got {scalar(self.logprobs)!r}")
-        for name, value in (("repetition_penalty", rep), ("frequency_penalty", freq), ("presence_penalty", pres),
-                            ("min_tokens", least), ("logit_bias", _bias(self.logit_bias)), ("logprobs", top)):
+        for name, value in (
+            ("repetition_penalty", rep),
+            ("frequency_penalty", freq),
+            ("presence_penalty", pres),
+            ("min_tokens", least),
+            ("logit_bias", _bias(self.logit_bias)),
+            ("logprobs", top),
+        ):
             put(name, value)
         if self.grammar is not None and not all(hasattr(self.grammar, a) for a in GRAMMAR_API):
             raise TypeError(
                 f"grammar must be a fdecode.Grammar (fdecode.Grammar.from_regex(pattern, tokenizer) or "
-                f"from_json_schema(schema, tokenizer)), got {type(self.grammar).__name__} {self.grammar!r:.60}")
+                f"from_json_schema(schema, tokenizer)), got {type(self.grammar).__name__} {self.grammar!r:.60}"
+            )
 
     @property
     def penalized(self) -> bool:
@@ -242,8 +258,9 @@ def _requests(
                 f"pass sampling settings either as params= or as keywords, not both (got params and {', '.join(given)})"
             )
         if isinstance(params, SamplingParams):
-            return params, [params.replace(seed=None if params.seed is None else derived(params.seed, i))
-                            for i in range(count)]
+            return params, [
+                params.replace(seed=None if params.seed is None else derived(params.seed, i)) for i in range(count)
+            ]
         many = values(params) if per_prompt else None
         if many is None or not all(isinstance(p, SamplingParams) for p in many):
             kinds = "a SamplingParams or one per prompt" if per_prompt else "a SamplingParams"
@@ -275,30 +292,36 @@ def _requests(
 def check_features(p: SamplingParams, cfg: DecodeConfig, vocab: int) -> None:
     """Refuse a request asking for a feature the step was not compiled for, or more than it has room for."""
     if p.penalized and not cfg.penalties:
-        raise ValueError("repetition / frequency / presence penalties need a step compiled with "
-                         "DecodeConfig(penalties=True)")
+        raise ValueError(
+            "repetition / frequency / presence penalties need a step compiled with DecodeConfig(penalties=True)"
+        )
     if p.min_tokens and not cfg.min_tokens:
         raise ValueError("min_tokens needs a step compiled with DecodeConfig(min_tokens=True)")
     if p.logit_bias is not None:
         if len(p.logit_bias) > cfg.max_logit_bias:
-            raise ValueError(f"logit_bias has {len(p.logit_bias)} ids but DecodeConfig.max_logit_bias is "
-                             f"{cfg.max_logit_bias}")
+            raise ValueError(
+                f"logit_bias has {len(p.logit_bias)} ids but DecodeConfig.max_logit_bias is {cfg.max_logit_bias}"
+            )
         for t, _ in p.logit_bias:
             if t >= vocab:
                 raise ValueError(f"logit_bias id {t} is not an id in [0, {vocab})")
     if p.grammar is not None:
         if not cfg.grammars:
-            raise ValueError("grammar needs a step compiled with DecodeConfig(max_grammar_states=..., "
-                             "max_grammar_transitions=...)")
+            raise ValueError(
+                "grammar needs a step compiled with DecodeConfig(max_grammar_states=..., max_grammar_transitions=...)"
+            )
         if p.grammar.vocab_size != vocab:
-            raise ValueError(f"the grammar was built for {p.grammar.vocab_size} token ids but the model has {vocab}: "
-                             f"pass vocab_size={vocab} to Grammar.from_regex / from_json_schema")
+            raise ValueError(
+                f"the grammar was built for {p.grammar.vocab_size} token ids but the model has {vocab}: "
+                f"pass vocab_size={vocab} to Grammar.from_regex / from_json_schema"
+            )
         p.grammar.check_capacity(cfg.max_grammar_states, cfg.max_grammar_transitions)
         longest = longest_output(p.grammar) if p.min_tokens else None
         if longest is not None and longest < p.min_tokens:
             raise ValueError(
                 f"min_tokens={p.min_tokens} can never be met: the grammar's longest output is {longest} tokens "
-                "before its EOS, which min_tokens masks, so a row would allow no token")
+                "before its EOS, which min_tokens masks, so a row would allow no token"
+            )
     if p.logprobs is not None and (cfg.max_logprobs is None or p.logprobs > cfg.max_logprobs):
         have = "computes no logprobs" if cfg.max_logprobs is None else f"has max_logprobs={cfg.max_logprobs}"
         raise ValueError(f"logprobs={p.logprobs} needs DecodeConfig(max_logprobs >= {p.logprobs}); the step {have}")
@@ -352,8 +375,9 @@ def request_params(
         def resolve(request=request) -> SamplingParams:
             p = request() if callable(request) else request
             check_features(p, cfg, vocab)
-            return p.replace(eos_token_id=_stops(p, cfg, vocab), ignore_eos=False,
-                             seed=draw() if p.seed is None else p.seed)
+            return p.replace(
+                eos_token_id=_stops(p, cfg, vocab), ignore_eos=False, seed=draw() if p.seed is None else p.seed
+            )
 
         resolved.append(_labelled(label, resolve))
     if not cfg.sampling and any(p.temperature > 0 for p in resolved):
@@ -377,7 +401,7 @@ def _warn_ignored_filters(requests: list[SamplingParams]) -> None:
 def _user_stacklevel() -> int:
     """The stacklevel of the first caller outside the fdecode package, so a warning names the user's line."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the only portable way to walk the stack cheaply
+    frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1
     return level

@@ -19,21 +19,21 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.models.idle import missed_width
 from fdecode.models.ngram import history_width, is_ngram
-from fdecode.backends import cpu
 from fdecode.ops.paging import slot_of
+from fdecode.ops.plan import GREEDY, plan_for
+from fdecode.ops.processors import processors, prompt_seen
 from fdecode.ops.sampling import apply_stops
 from fdecode.params import PerPrompt, SamplingParams, request_params
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
 from fdecode.state import DecodeState
-from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
-from fdecode.ops.plan import GREEDY, plan_for
-from fdecode.ops.processors import processors, prompt_seen
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
+from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.step import Committed, advance, agreed, logprob_rows, processed, tallied, target_draw, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
@@ -108,11 +108,15 @@ def check_budgets(
             raise ValueError(f"{label} has {n} tokens; max_seq_len {cfg.max_seq_len} leaves no room to generate")
         if max_new_tokens is None:
             if p.min_tokens > room:
-                raise ValueError(f"{label}: min_tokens {p.min_tokens} is more than the {room} tokens max_seq_len "
-                                 f"{cfg.max_seq_len} leaves after its {n} (EOS would stay masked to the end)")
+                raise ValueError(
+                    f"{label}: min_tokens {p.min_tokens} is more than the {room} tokens max_seq_len "
+                    f"{cfg.max_seq_len} leaves after its {n} (EOS would stay masked to the end)"
+                )
             budgets.append(room)
         elif n + max_new_tokens > cfg.max_seq_len:
-            raise ValueError(f"{label}: {n} tokens + max_new_tokens {max_new_tokens} exceed max_seq_len {cfg.max_seq_len}")
+            raise ValueError(
+                f"{label}: {n} tokens + max_new_tokens {max_new_tokens} exceed max_seq_len {cfg.max_seq_len}"
+            )
         else:
             budgets.append(max_new_tokens)
     return budgets
@@ -151,29 +155,34 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
     as they are (nothing is read before it is written)."""
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
     zeros = dict(dtype=torch.int64, device=device)
-    return DecodeState(
-        tokens=torch.zeros(batch, window, **zeros),
-        base_pos=torch.zeros(batch, **zeros),
-        block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
-        target_kv=kv[0],
-        draft_kv=kv[1],
-        **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-        history=torch.full((batch, history_width(draft, cfg)), -1, **zeros),
-        missed=torch.full((batch, missed_width(draft, cfg)), -1, **zeros),
-        active=torch.zeros(batch, dtype=torch.bool, device=device),
-        remaining=torch.zeros(batch, **zeros),
-        stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
-        temperature=torch.zeros(batch, dtype=torch.float32, device=device),
-        top_k=torch.zeros(batch, **zeros),
-        top_p=torch.ones(batch, dtype=torch.float32, device=device),
-        min_p=torch.zeros(batch, dtype=torch.float32, device=device),
-        **processor_leaves(cfg, batch, target.config.vocab_size, device),
-        **grammar_pool_leaves(cfg, target.config.vocab_size, device),
-        seed=torch.zeros(batch, **zeros),
-        counter=torch.zeros(batch, **zeros),
-        draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
-        output=torch.zeros(batch, cfg.output_width, **zeros),
-    ).bound_positions(0).record_sampling((None,) * batch).record_lag(0)
+    return (
+        DecodeState(
+            tokens=torch.zeros(batch, window, **zeros),
+            base_pos=torch.zeros(batch, **zeros),
+            block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
+            target_kv=kv[0],
+            draft_kv=kv[1],
+            **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
+            history=torch.full((batch, history_width(draft, cfg)), -1, **zeros),
+            missed=torch.full((batch, missed_width(draft, cfg)), -1, **zeros),
+            active=torch.zeros(batch, dtype=torch.bool, device=device),
+            remaining=torch.zeros(batch, **zeros),
+            stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
+            temperature=torch.zeros(batch, dtype=torch.float32, device=device),
+            top_k=torch.zeros(batch, **zeros),
+            top_p=torch.ones(batch, dtype=torch.float32, device=device),
+            min_p=torch.zeros(batch, dtype=torch.float32, device=device),
+            **processor_leaves(cfg, batch, target.config.vocab_size, device),
+            **grammar_pool_leaves(cfg, target.config.vocab_size, device),
+            seed=torch.zeros(batch, **zeros),
+            counter=torch.zeros(batch, **zeros),
+            draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
+            output=torch.zeros(batch, cfg.output_width, **zeros),
+        )
+        .bound_positions(0)
+        .record_sampling((None,) * batch)
+        .record_lag(0)
+    )
 
 
 def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -182,7 +191,8 @@ def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.de
     v = vocab if cfg.penalties else 0
     return dict(
         penalties=torch.cat([torch.ones(batch, 1, device=device), torch.zeros(batch, 2, device=device)], dim=1)
-        if cfg.penalties else torch.zeros(batch, 0, device=device),
+        if cfg.penalties
+        else torch.zeros(batch, 0, device=device),
         counts=torch.zeros(batch, v, dtype=torch.int32, device=device),
         seen=torch.zeros(batch, v, dtype=torch.bool, device=device),
         min_left=torch.zeros(batch, dtype=torch.int64, device=device),
@@ -210,8 +220,9 @@ def request_leaves(params: Sequence[SamplingParams], cfg: DecodeConfig) -> dict[
     for row, p in enumerate(params):
         for column, (t, b) in enumerate(p.logit_bias or ()):
             bias_ids[row, column], bias[row, column] = t, b
-    penalties = torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params],
-                             dtype=torch.float32).view(n, 3)
+    penalties = torch.tensor(
+        [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params], dtype=torch.float32
+    ).view(n, 3)
     return dict(
         penalties=penalties if cfg.penalties else torch.zeros(n, 0),
         min_left=torch.tensor([p.min_tokens for p in params], dtype=torch.int64),
@@ -251,8 +262,13 @@ def prime(
         stops[row, : len(p.eos_token_id)] = torch.tensor(p.eos_token_id, dtype=torch.int64)
     lane = {  # the per-lane sampling leaves, one value per new lane
         name: torch.tensor([getattr(p, name) for p in params], dtype=dtype)
-        for name, dtype in (("temperature", torch.float32), ("top_k", torch.int64), ("top_p", torch.float32),
-                            ("min_p", torch.float32), ("seed", torch.int64))
+        for name, dtype in (
+            ("temperature", torch.float32),
+            ("top_k", torch.int64),
+            ("top_p", torch.float32),
+            ("min_p", torch.float32),
+            ("seed", torch.int64),
+        )
     }
     lane.update(request_leaves(params, cfg))
     if cfg.grammars:  # the requests' automata into the pool (in place), each lane at its initial state
@@ -263,8 +279,13 @@ def prime(
             state = state.replace(grammar_state=admitted.grammar_state)
     # Every host value goes up in one packed non-blocking copy: a pageable copy would wait for the device.
     tokens, lengths, table, stops, index, remaining, *values = (Uploads(device) if uploads is None else uploads)(
-        tokens, torch.tensor([len(p) for p in prompts]), block_tables, stops, torch.tensor(lanes),
-        torch.tensor(budgets, dtype=torch.int64), *lane.values(),
+        tokens,
+        torch.tensor([len(p) for p in prompts]),
+        block_tables,
+        stops,
+        torch.tensor(lanes),
+        torch.tensor(budgets, dtype=torch.int64),
+        *lane.values(),
     )
     lane = dict(zip(lane, values))
     # Attention reads the smallest context window holding the prompts and the first draft forwards
@@ -278,16 +299,33 @@ def prime(
     fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
     with cpu.eager_linears(cfg.device_type):  # large CPU linears by oneDNN, as the step's graphs run them
         logits, hidden, target_states = forward_rows(
-            target, tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention,
-            recurrent=first_copy(fresh, "target"), valid=real,  # rows past a prompt leave its state alone
+            target,
+            tokens,
+            positions,
+            slots,
+            state.target_kv,
+            context,
+            block_size=bs,
+            attention=cfg.attention,
+            recurrent=first_copy(fresh, "target"),
+            valid=real,  # rows past a prompt leave its state alone
         )  # [n, T, V], [n, T, H], recurrent states after each prompt (None: no linear-attention layers)
         # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
         shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
         draft_states = None
         if not is_ngram(draft):  # an n-gram draft has no forward: its history is the prompt itself
             _, _, draft_states = forward_rows(
-                draft, tokens, positions, slots, state.draft_kv, context, block_size=bs, hidden_in=shifted,
-                attention=cfg.attention, recurrent=first_copy(fresh, "draft"), valid=real,
+                draft,
+                tokens,
+                positions,
+                slots,
+                state.draft_kv,
+                context,
+                block_size=bs,
+                hidden_in=shifted,
+                attention=cfg.attention,
+                recurrent=first_copy(fresh, "draft"),
+                valid=real,
             )
     history = torch.full((n, history_width(draft, cfg)), -1, dtype=torch.int64, device=device)
     history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
@@ -302,7 +340,9 @@ def prime(
         target_kv=state.target_kv,
         draft_kv=state.draft_kv,
         **after_prompts(fresh, target_states, draft_states),
-        grammar_allowed=state.grammar_allowed, grammar_keys=state.grammar_keys, grammar_next=state.grammar_next,
+        grammar_allowed=state.grammar_allowed,
+        grammar_keys=state.grammar_keys,
+        grammar_next=state.grammar_next,
         history=history,
         missed=torch.full((n, missed_width(draft, cfg)), -1, dtype=torch.int64, device=device),  # nothing missed yet
         active=active,
@@ -331,8 +371,18 @@ def prime(
     accepted, length, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
     min_left, grammar_state = tallied(cfg, procs, accepted, length, vocab)
     logprobs = logprob_rows(cfg, plan, primed, last_logits[:, None], chosen, accepted[:, :1])
-    committed = Committed(accepted, length, window_hidden, remaining, finished, None, torch.zeros_like(length),
-                          min_left, grammar_state, logprobs)
+    committed = Committed(
+        accepted,
+        length,
+        window_hidden,
+        remaining,
+        finished,
+        None,
+        torch.zeros_like(length),
+        min_left,
+        grammar_state,
+        logprobs,
+    )
     new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
@@ -384,15 +434,32 @@ def prefill(
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]
     params = request_params(
-        len(prompts), cfg, vocab, params=params, seeds=seeds, max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, seed=seed,
+        len(prompts),
+        cfg,
+        vocab,
+        params=params,
+        seeds=seeds,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        ignore_eos=ignore_eos,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
     )
     budgets = check_budgets(lengths, params, cfg)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(
-        target, draft, cfg, empty_state(target, draft, cfg, kv), lanes, prompts,
-        block_tables=table, budgets=budgets, params=params,
+        target,
+        draft,
+        cfg,
+        empty_state(target, draft, cfg, kv),
+        lanes,
+        prompts,
+        block_tables=table,
+        budgets=budgets,
+        params=params,
     )

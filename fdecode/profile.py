@@ -69,7 +69,7 @@ def _spans(prof, prefix: str) -> list[Span]:
     spans = []
     for event in prof.events():
         if event.name.startswith(prefix):
-            spans.append((event.name[len(prefix):], event.time_range.start, event.time_range.end))
+            spans.append((event.name[len(prefix) :], event.time_range.start, event.time_range.end))
     return sorted(spans, key=lambda s: s[1])
 
 
@@ -86,10 +86,15 @@ def record(
     if step is None:
         target = from_hf(model, dtype=torch.float32)
         if target.mtp is None:
-            raise ValueError(f"{model} has no MTP head (mtp.* weights): fdecode profile draws real speculation with one")
+            raise ValueError(
+                f"{model} has no MTP head (mtp.* weights): fdecode profile draws real speculation with one"
+            )
         cfg = fdecode.DecodeConfig(
-            num_draft_tokens=k, max_batch=1, max_seq_len=len(prompt[0]) + iterations * (k + 1) + 2 * k + 2,
-            sampling=False, backend=backend,
+            num_draft_tokens=k,
+            max_batch=1,
+            max_seq_len=len(prompt[0]) + iterations * (k + 1) + 2 * k + 2,
+            sampling=False,
+            backend=backend,
         )
         step = fdecode.compile(target, "mtp", cfg)
     budget = iterations * (step.config.K + 1)  # at most K + 1 tokens per iteration: at least `iterations` of them
@@ -135,9 +140,17 @@ def render(before: list[Span], after: list[Span], path: Path, *, tokens: int | N
             continue
         t0 = spans[0][1]
         for label, start, end in spans:
-            ax.barh(row, (end - start) / 1e3, left=(start - t0) / 1e3, color=COLORS[label], edgecolor="white", height=0.6)
+            ax.barh(
+                row, (end - start) / 1e3, left=(start - t0) / 1e3, color=COLORS[label], edgecolor="white", height=0.6
+            )
             if label == "host round trip":
-                ax.text((start - t0 + (end - start) / 2) / 1e3, row + 0.38, f"{(end - start) / 1e3:.2f}", ha="center", fontsize=7)
+                ax.text(
+                    (start - t0 + (end - start) / 2) / 1e3,
+                    row + 0.38,
+                    f"{(end - start) / 1e3:.2f}",
+                    ha="center",
+                    fontsize=7,
+                )
         ms = per_iteration(spans)
         token = f", {ms * iterations / tokens:.2f} ms/token" if tokens else ""
         labels.append(f"{name}\n{ms:.2f} ms/iteration{token}")
@@ -146,11 +159,14 @@ def render(before: list[Span], after: list[Span], path: Path, *, tokens: int | N
     ax.set_xlabel("ms (host = device: the CPU)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     # Below the axes, outside the data.
-    ax.legend(handles, COLORS.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=8, ncol=4, frameon=False)
+    ax.legend(
+        handles, COLORS.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=8, ncol=4, frameon=False
+    )
     mean_gap = statistics.mean(gaps) / 1e3 if gaps else 0.0
     ax.set_title(
         f"{iterations} iterations each; validate -> draft gap of the before loop (red, ms): mean {mean_gap:.2f} "
-        "per iteration", fontsize=10,
+        "per iteration",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -159,22 +175,33 @@ def render(before: list[Span], after: list[Span], path: Path, *, tokens: int | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fdecode profile", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("profile"), help="folder for the traces and the picture "
-                   "(default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="fdecode profile", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("profile"), help="folder for the traces and the picture (default: %(default)s)"
+    )
     p.add_argument("--iterations", type=int, default=8, help="iterations of each system (default: %(default)s)")
-    p.add_argument("--model", type=Path, default=TINY, help="checkpoint folder with an MTP head and its tokenizer "
-                   "(default: the bundled model)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=TINY,
+        help="checkpoint folder with an MTP head and its tokenizer (default: the bundled model)",
+    )
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
-    p.add_argument("--backend", default="inductor", help="compiles the step and the before loop's forwards "
-                   "(default: %(default)s; aot_eager: capture without codegen)")
+    p.add_argument(
+        "--backend",
+        default="inductor",
+        help="compiles the step and the before loop's forwards "
+        "(default: %(default)s; aot_eager: capture without codegen)",
+    )
     args = p.parse_args(argv)
     if args.iterations < 1:
         p.error("--iterations must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     before, after, tokens = record(args.iterations, args.out, model=args.model, k=args.k, backend=args.backend)
     gap = render(before, after, args.out / "timeline.png", tokens=tokens)
-    mean = lambda spans, label: statistics.mean([(e - s) / 1e3 for lab, s, e in spans if lab == label] or [0.0])  # noqa: E731
+    mean = lambda spans, label: statistics.mean([(e - s) / 1e3 for lab, s, e in spans if lab == label] or [0.0])
     print(f"traces: {args.out / 'before.json'}, {args.out / 'fdecode.json'}; picture: {args.out / 'timeline.png'}")
     print(f"{args.iterations} iterations each, {tokens} tokens committed by each (greedy, K = {args.k}, MTP head)")
     print(

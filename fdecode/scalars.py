@@ -64,7 +64,9 @@ def rows(prompts: object) -> list | None:
     tuple is itself, as is a 1-D numpy array of dtype object (ragged prompts); None for anything else (a 1-D
     array of numbers is one prompt, not a batch)."""
     if is_array(prompts):
-        if prompts.ndim == 1 and getattr(prompts, "dtype", None) == object:  # numpy's ragged batch of sequences
+        if (
+            prompts.ndim == 1 and getattr(getattr(prompts, "dtype", None), "kind", None) == "O"
+        ):  # numpy's ragged batch of sequences
             return list(prompts)
         return prompts.tolist() if prompts.ndim == 2 else None
     if isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):

@@ -22,26 +22,31 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.models.idle import idles_draft
-from fdecode.models.ngram import is_ngram
 from fdecode.models.mtp.head import depth_kwargs
+from fdecode.models.ngram import is_ngram
 from fdecode.models.parallel import rank0_tokens
 from fdecode.models.regions import compiling_regions
 from fdecode.ops.catch_up import missed_rows, sit_out
 from fdecode.ops.filters import candidate_filter, filtered
+from fdecode.ops.grammar import walk
 from fdecode.ops.ngram import lookup, write_history
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan, general
-from fdecode.ops.grammar import walk
 from fdecode.ops.prepare import prepare_next_draft
 from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import (
-    apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense, greedy_accept, sample, speculative_accept,
+    apply_stops,
+    cut_at_masked_rows,
+    cut_at_missing_kv,
+    dense,
+    greedy_accept,
+    sample,
+    speculative_accept,
 )
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
-
 
 CATCH_UP = -1  # `decode_step`'s depth for the step that catches a draft LM up (`fdecode.ops.catch_up`)
 
@@ -101,14 +106,24 @@ def tallied(cfg: DecodeConfig, lanes: Processors, accepted: torch.Tensor, length
     return tally(lanes, accepted, length, penalties=cfg.penalties, grammars=cfg.grammars, vocab=vocab)
 
 
-def processed(cfg: DecodeConfig, lanes: Processors, logits: torch.Tensor, prior: torch.Tensor | None = None,
-              before: int = 0, vectors: LaneVectors | None = None) -> torch.Tensor:
+def processed(
+    cfg: DecodeConfig,
+    lanes: Processors,
+    logits: torch.Tensor,
+    prior: torch.Tensor | None = None,
+    before: int = 0,
+    vectors: LaneVectors | None = None,
+) -> torch.Tensor:
     """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor)."""
     return process(logits, lanes, prior, before, vectors=vectors, **features(cfg)) if cfg.processing else logits
 
 
 def logprob_rows(
-    cfg: DecodeConfig, plan: SamplingPlan, state: DecodeState, raw: torch.Tensor, chosen: torch.Tensor,
+    cfg: DecodeConfig,
+    plan: SamplingPlan,
+    state: DecodeState,
+    raw: torch.Tensor,
+    chosen: torch.Tensor,
     tokens: torch.Tensor,
 ) -> tuple | None:
     """The logprobs a transition reports (None: the config computes none) of `tokens` [B, R] from the rows
@@ -133,8 +148,15 @@ def logprob_rows(
 
 
 def decode_step(
-    target, draft, cfg: DecodeConfig, state: DecodeState, *, context_blocks: int | torch.Tensor | None = None,
-    plan: SamplingPlan | None = None, depth: int | None = None, draft_regions: bool,
+    target,
+    draft,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    *,
+    context_blocks: int | torch.Tensor | None = None,
+    plan: SamplingPlan | None = None,
+    depth: int | None = None,
+    draft_regions: bool,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration: validate -> sample -> advance (prepare the next draft, propose).
     Consumes `state` (its KV is updated in place).
@@ -164,8 +186,15 @@ def decode_step(
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
     committed = commit(target, cfg, state, verified, noise, accept_u, plan, depth)
     new_state = advance(
-        draft, cfg, state, committed, draft_u, context_blocks=context_blocks, plan=plan,
-        proposals=1 if catch_up else proposals(draft, cfg, depth), catch_up=catch_up,
+        draft,
+        cfg,
+        state,
+        committed,
+        draft_u,
+        context_blocks=context_blocks,
+        plan=plan,
+        proposals=1 if catch_up else proposals(draft, cfg, depth),
+        catch_up=catch_up,
         draft_regions=compiling_regions(draft_regions),
     )
     return new_state, new_state.step_output
@@ -181,16 +210,30 @@ def validate(target, cfg: DecodeConfig, state: DecodeState, context_blocks, dept
     )
     committed = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None
     logits, hidden, snapshots = forward_rows(  # a draft id < 0 (nothing proposed) runs as id 0, never accepted
-        target, state.tokens[:, :rows].clamp_min(0), positions[:, :rows], slots[:, :rows], state.target_kv, context,
-        block_size=cfg.block_size, attention=cfg.attention, regions=cfg.layer_regions, recurrent=committed,
+        target,
+        state.tokens[:, :rows].clamp_min(0),
+        positions[:, :rows],
+        slots[:, :rows],
+        state.target_kv,
+        context,
+        block_size=cfg.block_size,
+        attention=cfg.attention,
+        regions=cfg.layer_regions,
+        recurrent=committed,
         snapshots=True,
     )
     return Verified(logits, hidden, snapshots, slots)
 
 
 def commit(
-    target, cfg: DecodeConfig, state: DecodeState, verified: Verified, noise: torch.Tensor | None,
-    accept_u: torch.Tensor | None, plan: SamplingPlan, depth: int,
+    target,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    verified: Verified,
+    noise: torch.Tensor | None,
+    accept_u: torch.Tensor | None,
+    plan: SamplingPlan,
+    depth: int,
 ) -> Committed:
     """sample: accept (greedy match or rejection sampling), rank 0's run under TP, cut at stop ids, budgets
     and missing KV blocks, then roll a recurrent target back to the accepted prefix (in place)."""
@@ -210,9 +253,7 @@ def commit(
     if cfg.broadcast_accepted:  # rank 0's run, before the stops, budgets or next draft derive from it
         accepted = rank0_tokens(accepted, target.tp)
         length = (accepted >= 0).sum(dim=1)
-    accepted, length, remaining, finished = apply_stops(
-        accepted, length, state.active, state.remaining, state.stop_ids
-    )
+    accepted, length, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
     accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, verified.slots != 0)
     masked = None
     if cfg.grammars and cfg.min_tokens:  # only a grammar's mask beside min_tokens' can leave a row no token
@@ -223,8 +264,9 @@ def commit(
     min_left, grammar_state = tallied(cfg, lanes, accepted, length, logits.shape[-1])
     logprobs = logprob_rows(cfg, plan, state, verified.logits, logits, accepted[:, :rows])
     stopped = finished | overflow if masked is None else finished | overflow | masked
-    return Committed(accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state,
-                     logprobs, masked)
+    return Committed(
+        accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state, logprobs, masked
+    )
 
 
 def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
@@ -309,7 +351,9 @@ def advance(
     committed: Committed,
     draft_u: torch.Tensor | None,  # [B, K, 2] uniforms for sampling the K drafts (None: greedy-only)
     *,
-    context_blocks: int | torch.Tensor | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
+    context_blocks: int
+    | torch.Tensor
+    | None = None,  # attention window in blocks (see `decode_step`), None: whole lanes
     plan: SamplingPlan = GREEDY,  # how random lanes draw their drafts (draft_u is given unless GREEDY)
     draft_regions: bool = False,  # run the draft's layers as compile regions (`fdecode.models.regions`)
     proposals: int | None = None,  # drafts to propose, 0 .. K (None: K); the rest of the window is -1
@@ -333,14 +377,33 @@ def advance(
         drafts, draft_probs = unproposed(state, draft_u, 0)
         missed = sit_out(missed, last, length)
     else:
-        drafts, draft_probs = propose_lm(draft, cfg, state, committed, rows, pos, context, draft_u, plan=plan,
-                                         draft_regions=draft_regions, proposals=proposals, catch_up=catch_up)
+        drafts, draft_probs = propose_lm(
+            draft,
+            cfg,
+            state,
+            committed,
+            rows,
+            pos,
+            context,
+            draft_u,
+            plan=plan,
+            draft_regions=draft_regions,
+            proposals=proposals,
+            catch_up=catch_up,
+        )
         missed = torch.full_like(missed, -1) if catch_up else missed
     return next_state(state, last, drafts, draft_probs, pos, committed, missed)
 
 
-def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, pos: torch.Tensor,
-                  context: torch.Tensor, draft_u: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+def propose_ngram(
+    draft,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    committed: Committed,
+    pos: torch.Tensor,
+    context: torch.Tensor,
+    draft_u: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Prompt lookup over the lane's token history (written in place, like the KV): no draft forward, no
     draft KV. q is a point mass on each proposed token (rejection sampling stays exact), zero where none."""
     write_history(state.history, state.base_pos, committed.accepted)
@@ -354,9 +417,19 @@ def propose_ngram(draft, cfg: DecodeConfig, state: DecodeState, committed: Commi
 
 
 def propose_lm(
-    draft, cfg: DecodeConfig, state: DecodeState, committed: Committed, rows: tuple[torch.Tensor, ...],
-    pos: torch.Tensor, context: torch.Tensor, draft_u: torch.Tensor | None, *, plan: SamplingPlan,
-    draft_regions: bool, proposals: int | None, catch_up: bool = False,
+    draft,
+    cfg: DecodeConfig,
+    state: DecodeState,
+    committed: Committed,
+    rows: tuple[torch.Tensor, ...],
+    pos: torch.Tensor,
+    context: torch.Tensor,
+    draft_u: torch.Tensor | None,
+    *,
+    plan: SamplingPlan,
+    draft_regions: bool,
+    proposals: int | None,
+    catch_up: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """A draft LM's or MTP head's proposals: its first forward over the op's two rows per lane (repair,
     current), which proposes d'1 at P + 1, then one forward per further draft; -1 and all-zero q rows
@@ -374,14 +447,28 @@ def propose_lm(
     start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
     # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
     valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
-    rows_in = [tokens.view(batch, 2), rows_pos.view(batch, 2), rows_slots.view(batch, 2), rows_hidden.view(batch, 2, width)]
+    rows_in = [
+        tokens.view(batch, 2),
+        rows_pos.view(batch, 2),
+        rows_slots.view(batch, 2),
+        rows_hidden.view(batch, 2, width),
+    ]
     if catch_up:
         sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live, bs)
         hidden_pad = rows_hidden.new_zeros(batch, state.missed.shape[1], width)  # a draft LM reads no hidden state
         rows_in = [torch.cat([before, row[:, 1:]], dim=1) for before, row in zip((*sat_out, hidden_pad), rows_in)]
     logits, draft_hidden, draft_state = forward_rows(
-        draft, *rows_in[:3], state.draft_kv, context, block_size=bs, hidden_in=rows_in[3], attention=cfg.attention,
-        regions=draft_regions, recurrent=start, valid=valid, last_logits=True,
+        draft,
+        *rows_in[:3],
+        state.draft_kv,
+        context,
+        block_size=bs,
+        hidden_in=rows_in[3],
+        attention=cfg.attention,
+        regions=draft_regions,
+        recurrent=start,
+        valid=valid,
+        last_logits=True,
     )  # the `current` row (the last column) proposes d'1 at P + 1: the head runs over it alone
     ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
     candidates = cfg.top_k_candidates
@@ -399,8 +486,18 @@ def propose_lm(
         p = (pos + j)[:, None]
         slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
         logits, h, draft_state = forward_rows(
-            draft, proposal[:, None], p, slot, state.draft_kv, context, block_size=bs, hidden_in=h,
-            attention=cfg.attention, regions=draft_regions, recurrent=draft_state, **depth_kwargs(draft, j),
+            draft,
+            proposal[:, None],
+            p,
+            slot,
+            state.draft_kv,
+            context,
+            block_size=bs,
+            hidden_in=h,
+            attention=cfg.attention,
+            regions=draft_regions,
+            recurrent=draft_state,
+            **depth_kwargs(draft, j),
         )  # an MTP head of n layers runs layer j mod n
         ring.append(draft_state)
         logits = processed(cfg, lanes, logits[:, :1], torch.stack(drafts, dim=1), before=j, vectors=vectors)[:, 0]
@@ -443,8 +540,13 @@ def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def next_state(
-    state: DecodeState, last: torch.Tensor, drafts: list[torch.Tensor], draft_probs: torch.Tensor, pos: torch.Tensor,
-    committed: Committed, missed: torch.Tensor,
+    state: DecodeState,
+    last: torch.Tensor,
+    drafts: list[torch.Tensor],
+    draft_probs: torch.Tensor,
+    pos: torch.Tensor,
+    committed: Committed,
+    missed: torch.Tensor,
 ) -> DecodeState:
     """The state after a transition: window [last, *drafts] at base_pos = pos, the output packed; the KV,
     recurrent and history leaves were written in place, the lanes' parameters carry over."""
@@ -454,7 +556,15 @@ def next_state(
         status = torch.where(committed.masked, 3, status)
     output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
     return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
-        state, tokens=torch.stack([last, *drafts], dim=1), draft_probs=draft_probs, base_pos=pos, active=~finished,
-        remaining=committed.remaining, min_left=committed.min_left, grammar_state=committed.grammar_state,
-        counter=state.counter + 1, output=output.packed, missed=missed,
+        state,
+        tokens=torch.stack([last, *drafts], dim=1),
+        draft_probs=draft_probs,
+        base_pos=pos,
+        active=~finished,
+        remaining=committed.remaining,
+        min_left=committed.min_left,
+        grammar_state=committed.grammar_state,
+        counter=state.counter + 1,
+        output=output.packed,
+        missed=missed,
     )

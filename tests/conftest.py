@@ -33,9 +33,23 @@ if "FDECODE_CACHE_DIR" not in os.environ:
 
 # The files that take longest start first, so the two workers end together (`--dist loadfile` hands
 # out whole files in collection order).
-SLOW_FILES = ("test_tp_families.py", "test_tp.py", "test_qwen3_5_step.py", "test_lossless.py", "test_random_step.py", "test_graph.py",
-              "test_engine.py", "test_qwen_moe_hybrids.py", "test_real_model.py", "test_deepseek_v3_step.py",
-              "test_notebook.py", "test_buckets.py", "test_bench.py", "test_real_vocab.py", "test_cpu_matmul.py")
+SLOW_FILES = (
+    "test_tp_families.py",
+    "test_tp.py",
+    "test_qwen3_5_step.py",
+    "test_lossless.py",
+    "test_random_step.py",
+    "test_graph.py",
+    "test_engine.py",
+    "test_qwen_moe_hybrids.py",
+    "test_real_model.py",
+    "test_deepseek_v3_step.py",
+    "test_notebook.py",
+    "test_buckets.py",
+    "test_bench.py",
+    "test_real_vocab.py",
+    "test_cpu_matmul.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,13 +6,12 @@ import importlib.util
 
 import pytest
 import torch
+from support import kernel_semantics
 
 import fdecode
 from fdecode.graphs.backends import choose_attention
 from fdecode.graphs.compile import fresh_code
 from fdecode.ops.attention import paged_attention, paged_context
-from support import kernel_semantics
-
 
 SHAPES = ((8, 2, 64), (8, 2, 64))  # (num_heads, num_kv_heads, head_dim) of target and draft
 
@@ -25,7 +24,9 @@ def cfg(**overrides) -> fdecode.DecodeConfig:
 def flash_attn_installed(monkeypatch):
     """Pretend only that the package is importable: the eligibility boundary, never a result."""
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a)
+    )
 
 
 def test_cpu_runs_the_reference_without_complaint() -> None:
@@ -181,7 +182,9 @@ def test_flash_attn_op_fake_matches_the_kernel(monkeypatch) -> None:
     pages = (kv.shape[2] // bs, bs, *kv.shape[3:])
     lengths = (positions[:, -1] + 1).clamp(max=tables.shape[1] * bs).to(torch.int32)
     args = (q, kv[0, 0].view(pages), kv[0, 1].view(pages), lengths, tables.clamp_min(0).to(torch.int32), 0.25)
-    torch.library.opcheck(torch.ops.fdecode.flash_attn_paged.default, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.fdecode.flash_attn_paged.default, args, test_utils=("test_schema", "test_faketensor")
+    )
 
 
 def test_auto_says_why_flash_attn_is_not_picked_at_the_default_block_size(flash_attn_installed) -> None:

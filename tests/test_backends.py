@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
 from fdecode.config import BACKENDS
 from fdecode.graphs import backends
 from fdecode.graphs import torchair as npu
 from fdecode.ops import histogram, kv
-from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4)
 
@@ -101,7 +101,8 @@ def test_cudagraphs_eligibility(monkeypatch, fake_cuda):
     cuda = config(device="cuda", backend="cudagraphs")
     assert eligible("cudagraphs", cuda) is None
     assert backends.choose_backend(config(device="cuda", backend="auto"), weightless(), weightless(), "model") == (
-        "cudagraphs", None,
+        "cudagraphs",
+        None,
     )
     # Weights left on the CPU would put CPU tensors in the graph (CUDA graph trees skip such graphs).
     assert "is on cpu" in eligible("cudagraphs", cuda, target=fdecode_target(2))
@@ -137,7 +138,8 @@ def test_torchair_acl_graph_eligibility(fake_npu):
     assert "dtype torch.float64" in eligible("torchair", config(device="npu", dtype=torch.float64))
     assert "is on cpu" in eligible("torchair", acl, target=fdecode_target(2))
     assert backends.choose_backend(dataclasses.replace(acl, backend="auto"), weightless(), weightless(), "mtp") == (
-        "torchair", None,
+        "torchair",
+        None,
     )
 
 
@@ -154,8 +156,14 @@ def write_kernel_package(root, inputs, outputs) -> None:
 def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
     monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "vendor"))
-    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16, sampling=False,
-                attention="npu_fused_infer_attention")
+    ge = config(
+        device="npu",
+        backend="torchair",
+        torchair_mode="max-autotune",
+        dtype=torch.float16,
+        sampling=False,
+        attention="npu_fused_infer_attention",
+    )
     # The reference attention's SDPA has no GE converter: GE needs the NPU attention kernel.
     assert "GE mode needs the NPU attention kernel" in eligible("torchair", dataclasses.replace(ge, attention="torch"))
     assert "MtpPrepareNextDraft kernel" in eligible("torchair", ge) and "not installed" in eligible("torchair", ge)
@@ -190,8 +198,13 @@ def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_pa
     """Without the AscendC kernel, a GE request with fallback=True still captures one graph (ACL mode)."""
     monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
     monkeypatch.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path))
-    ge = config(device="npu", backend="torchair", torchair_mode="max-autotune", dtype=torch.float16,
-                attention="npu_fused_infer_attention")
+    ge = config(
+        device="npu",
+        backend="torchair",
+        torchair_mode="max-autotune",
+        dtype=torch.float16,
+        attention="npu_fused_infer_attention",
+    )
     with pytest.raises(ValueError, match="MtpPrepareNextDraft kernel"):
         backends.resolve_backend(ge, weightless(), weightless(), "model")
     runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "model", fallback=True)
@@ -206,7 +219,11 @@ def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_pa
     write_kernel_package(tmp_path, list(names.inputs), list(names.outputs))
     # (with its layers unrolled: torchair is not known to take nested compile regions)
     unrolled = dataclasses.replace(ge, layer_regions=False)
-    assert backends.resolve_backend(ge, weightless(48), weightless(48), "model", fallback=True) == (unrolled, "torchair", None)
+    assert backends.resolve_backend(ge, weightless(48), weightless(48), "model", fallback=True) == (
+        unrolled,
+        "torchair",
+        None,
+    )
     # "auto" on an NPU asking for GE: the same fallback to the ACL graph mode, not to eager.
     auto = dataclasses.replace(ge, backend="auto", attention="torch")
     runs, name, reason = backends.resolve_backend(auto, weightless(48), weightless(48), "model")
@@ -253,7 +270,18 @@ def test_fdecode_backend_names_what_auto_resolves_to(monkeypatch):
 
 # ---------------------------------------------------------------------------- the GE converter's mapping
 
-GE_ATTR_TYPES = {"Bool", "DataType", "Float", "Int", "ListBool", "ListDataType", "ListFloat", "ListInt", "ListStr", "Str"}
+GE_ATTR_TYPES = {
+    "Bool",
+    "DataType",
+    "Float",
+    "Int",
+    "ListBool",
+    "ListDataType",
+    "ListFloat",
+    "ListInt",
+    "ListStr",
+    "Str",
+}
 
 
 def test_ge_mapping_follows_the_op_schema():
@@ -263,7 +291,9 @@ def test_ge_mapping_follows_the_op_schema():
     args = (accepted, hidden, placeholder, base_pos, base_pos + 1, tables, 4)
     call = npu.ge_call(*args)
     tensor_args = [a.name for a in schema.arguments if str(a.type) == "Tensor"]
-    assert list(call.inputs) == tensor_args == ["accepted", "hidden", "placeholder", "base_pos", "base_kv", "block_tables"]
+    assert (
+        list(call.inputs) == tensor_args == ["accepted", "hidden", "placeholder", "base_pos", "base_kv", "block_tables"]
+    )
     # Every tensor goes through untouched, in schema order; block_size becomes a typed attribute.
     assert all(call.inputs[name] is arg for name, arg in zip(tensor_args, args))
     assert call.attrs == {"block_size": ("Int", 4)}
@@ -282,8 +312,13 @@ def test_ge_outputs_match_the_fake_results():
         accepted = torch.empty(3, 4, dtype=torch.int64)
         hidden = torch.empty(3, 4, 16)
         out = torch.ops.fdecode.prepare_next_draft(
-            accepted, hidden, torch.empty(16), torch.empty(3, dtype=torch.int64), torch.empty(3, dtype=torch.int64),
-            torch.empty(3, 5, dtype=torch.int64), 4,
+            accepted,
+            hidden,
+            torch.empty(16),
+            torch.empty(3, dtype=torch.int64),
+            torch.empty(3, dtype=torch.int64),
+            torch.empty(3, 5, dtype=torch.int64),
+            4,
         )
         shapes = dict(zip(npu.GE_OUTPUTS, (tuple(t.shape) for t in out)))
     assert shapes == {"tokens": (6,), "hidden_rows": (6, 16), "positions": (6,), "kv_lens": (3,), "slots": (6,)}
@@ -294,8 +329,9 @@ def test_ge_outputs_match_the_fake_results():
 
 def captured_ops(sampling: bool) -> set[str]:
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="cudagraphs",
-                               sampling=sampling)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="cudagraphs", sampling=sampling
+    )
     step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
     state = step.prefill([[1, 2, 3]], max_new_tokens=4)
     # Between them, the candidate plan and the full plan with every filter contain every op of every plan.

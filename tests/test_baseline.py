@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 
 import fdecode
 from fdecode.baseline import BeforeLoop, TargetOnly
-from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3], [11, 12, 13, 14, 15, 80]]
 
@@ -29,9 +29,8 @@ def test_before_loop_makes_one_packed_read_and_one_packed_upload_per_iteration()
     window (its one wait) and one non-blocking packed upload of every rebuilt input, and no blocking copy
     or host read of a device tensor anywhere (`tests/support/device_reads.py`), prefill included. Besides the
     iterations: the prefill's upload, one read of the prefilled state, the first validation's upload."""
-    from torch.utils._pytree import tree_leaves
-
     from support.device_reads import DeviceReads
+    from torch.utils._pytree import tree_leaves
 
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, backend="eager")

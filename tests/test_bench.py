@@ -58,11 +58,12 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     device-resident loop and the target-only baseline keep outputs across calls, so they must copy them,
     and the Engine must have copied a step's output before it launches the next: simulated here by making
     every call of the captured functions write into one persistent buffer."""
+    from support.llama_models import fdecode_target, independent_draft
+
     import fdecode
     from fdecode.baseline import TargetOnly
     from fdecode.bench import fdecode_loop
     from fdecode.state import StepOutput
-    from support.llama_models import fdecode_target, independent_draft
 
     def replay_like(fn, pick, rebuild):
         buffer = []
@@ -91,7 +92,8 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     def graph(self, blocks, plan, speculate):  # one "recorded graph" per window, plan and kind, as the step keeps them
         if (blocks, plan, speculate) not in graphs:
             graphs[blocks, plan, speculate] = replay_like(
-                real_graph(self, blocks, plan, speculate), lambda r: r[1].packed,
+                real_graph(self, blocks, plan, speculate),
+                lambda r: r[1].packed,
                 lambda r, packed: (r[0], StepOutput(packed)),
             )
         return graphs[blocks, plan, speculate]
@@ -110,8 +112,29 @@ def test_bench_writes_no_file_unless_asked_and_shows_one_target_only_figure(tmp_
     """Rows over one target (every K, both workloads) show one target-only measurement; no bench.json
     lands in the working directory without --json."""
     monkeypatch.chdir(tmp_path)
-    args = ["--batch", "1", "-k", "1", "2", "--new-tokens", "8", "--reps", "1", "--target", "64x2", "--draft", "64x1",
-            "--vocab", "256", "--no-hf", "--backend", "eager", "--workloads", "random-draft", "draft=target"]
+    args = [
+        "--batch",
+        "1",
+        "-k",
+        "1",
+        "2",
+        "--new-tokens",
+        "8",
+        "--reps",
+        "1",
+        "--target",
+        "64x2",
+        "--draft",
+        "64x1",
+        "--vocab",
+        "256",
+        "--no-hf",
+        "--backend",
+        "eager",
+        "--workloads",
+        "random-draft",
+        "draft=target",
+    ]
     assert main(args) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if "| target-only |" in line]
     assert len(rows) == 4 and len({row[5] for row in rows}) == 1  # tok/s (min-max), ms/step
@@ -148,11 +171,25 @@ def test_the_pair_goals_take_ratios_round_by_round():
 
     def row(system, rounds):  # 64 tokens a run; tokens/s from the median round, as `run_pair_workload`'s rows
         med = sorted(rounds)[len(rounds) // 2]
-        return Result("qwen-coder[text]", system, 1, 4, 64 / med, 64 / max(rounds), 64 / min(rounds), 1.0, 2.0,
-                      extra={"round_seconds": rounds})
+        return Result(
+            "qwen-coder[text]",
+            system,
+            1,
+            4,
+            64 / med,
+            64 / max(rounds),
+            64 / min(rounds),
+            1.0,
+            2.0,
+            extra={"round_seconds": rounds},
+        )
 
-    rows = [row("fdecode", [10.0, 21.0, 12.0]), row("fdecode depth 3", [9.0, 22.0, 13.0]),
-            row("fdecode depth 1", [12.0, 24.0, 13.0]), row("target-only", [14.0, 30.0, 16.0])]
+    rows = [
+        row("fdecode", [10.0, 21.0, 12.0]),
+        row("fdecode depth 3", [9.0, 22.0, 13.0]),
+        row("fdecode depth 1", [12.0, 24.0, 13.0]),
+        row("target-only", [14.0, 30.0, 16.0]),
+    ]
     table = goal_markdown(rows)
     # vs target-only: medians 16 / 12 s, rounds 14/10, 30/21, 16/12: median 1.4; vs depth 3 (the best median):
     # medians 13 / 12 s, rounds 9/10, 22/21, 13/12: median 1.048

@@ -17,17 +17,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import fdecode
 from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 from torch._dynamo.utils import counters
+
+import fdecode
 
 BUCKETS = (16, 32, 48)  # tokens; max_seq_len 100 adds the whole lane (100) as the last window
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
 
 
 def config(k: int = 2, backend: str = "eager", **overrides) -> fdecode.DecodeConfig:
-    base = dict(num_draft_tokens=k, max_batch=4, max_seq_len=100, block_size=4, context_buckets=BUCKETS, backend=backend)
+    base = dict(
+        num_draft_tokens=k, max_batch=4, max_seq_len=100, block_size=4, context_buckets=BUCKETS, backend=backend
+    )
     return fdecode.DecodeConfig(**{**base, **overrides})
 
 
@@ -57,9 +59,13 @@ def mask_key_columns(report) -> set[str]:
     2 of the first draft forward, 1 after), as strings: a number, or a symbolic size."""
     return {
         str(n.meta["val"].shape[-1])
-        for g in report.graphs for n in g.graph.nodes
-        if n.op == "call_function" and "val" in n.meta and getattr(n.meta["val"], "dtype", None) == torch.bool
-        and n.meta["val"].dim() == 4 and n.meta["val"].shape[2] in (3, 2, 1)
+        for g in report.graphs
+        for n in g.graph.nodes
+        if n.op == "call_function"
+        and "val" in n.meta
+        and getattr(n.meta["val"], "dtype", None) == torch.bool
+        and n.meta["val"].dim() == 4
+        and n.meta["val"].shape[2] in (3, 2, 1)
     }
 
 
@@ -167,7 +173,9 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
 
 
 def test_windows_follow_the_block_size_and_cap_at_the_lane() -> None:
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=50, block_size=16, context_buckets=(10, 33, 999))
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=1, max_seq_len=50, block_size=16, context_buckets=(10, 33, 999)
+    )
     assert cfg.bucket_blocks == (1, 3, 4)  # 10 -> 1 block, 33 -> 3 blocks, 999 -> capped at ceil(50/16)
     assert [cfg.bucket_for(p) for p in (0, 11, 12, 43, 1000)] == [1, 1, 3, 3, 4]
     assert math.ceil(50 / 16) == cfg.blocks_per_lane
@@ -225,7 +233,9 @@ def test_nothing_compiles_after_the_first_token_when_the_stream_crosses_windows(
     what every backend did before) each crossing compiles, which this count sees."""
     target = fdecode_target(2)
     step = fdecode.compile(
-        target, independent_draft("partial", target), config(2, backend="dynamo", sampling=False, dynamic_window=dynamic)
+        target,
+        independent_draft("partial", target),
+        config(2, backend="dynamo", sampling=False, dynamic_window=dynamic),
     )
     assert step.dynamic_window is dynamic
     calls = recording(step)

@@ -55,8 +55,12 @@ def test_greedy_output_equals_transformers_generate(models, heldout) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
     prompt = heldout[3, :48]
     expect = hf.generate(
-        prompt[None], attention_mask=torch.ones(1, 48, dtype=torch.long), max_new_tokens=40, do_sample=False,
-        pad_token_id=ByteTokenizer.pad_token_id, eos_token_id=None,
+        prompt[None],
+        attention_mask=torch.ones(1, 48, dtype=torch.long),
+        max_new_tokens=40,
+        do_sample=False,
+        pad_token_id=ByteTokenizer.pad_token_id,
+        eos_token_id=None,
     )[0, 48:].tolist()
     target, _ = models
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=128, backend="eager", sampling=False)
@@ -68,7 +72,9 @@ def test_mtp_head_accepts_at_least_two_tokens_per_step_at_k3(models, heldout) ->
     """The issue's bar: mean accepted length >= 2.0 at K = 3 (greedy, held-out prompts)."""
     target, _ = models
     prompts = [heldout[i, :64].tolist() for i in range(0, 64, 8)]
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=len(prompts), max_seq_len=144, backend="eager", sampling=False)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3, max_batch=len(prompts), max_seq_len=144, backend="eager", sampling=False
+    )
     accepted = mean_accepted_length(fdecode.compile(target, "mtp", cfg), prompts, 64)
     assert accepted >= 2.0, accepted
 

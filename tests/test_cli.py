@@ -44,8 +44,10 @@ def test_demo_and_the_example_run_a_model_without_mtp_head_with_ngram_drafts(cap
     """A user's model with no MTP head (the bundled draft LM stands for one): `--draft ngram` in the demo,
     and n-gram drafts by default in examples/local_checkpoint.py; the demo checks the step's tokens against
     target-only decoding itself (it returns 1 where they differ)."""
-    assert main(["demo", "--model", str(TINY_DRAFT), "--draft", "ngram", "--max-new-tokens", "24", "--backend",
-                 "eager"]) == 0
+    assert (
+        main(["demo", "--model", str(TINY_DRAFT), "--draft", "ngram", "--max-new-tokens", "24", "--backend", "eager"])
+        == 0
+    )
     assert "draft: n-gram prompt lookup" in capsys.readouterr().out
     local_checkpoint_example().main([str(TINY_DRAFT), "--max-new-tokens", "24", "--backend", "eager"])
     out = capsys.readouterr().out
@@ -60,7 +62,7 @@ def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acce
     out = capsys.readouterr().out
     assert "compiling" in out and "tok/s" in out and "mean accepted length" in out
     text = out.split("(summed over windows)\n", 1)[1].split("\n-- ", 1)[0]
-    new = text[len(example.DEFAULT_PROMPT):]
+    new = text[len(example.DEFAULT_PROMPT) :]
     assert text.startswith(example.DEFAULT_PROMPT) and sum(c.isalpha() for c in new) >= 8  # words, not blanks
 
 

@@ -32,8 +32,13 @@ def compile_in_a_fresh_process(cache, action: str, path) -> dict:
     # The CPU's vector ISA from its flags, as fdecode's own graphs take it (`fdecode.backends.cpu.vec_isa`): an empty
     # cache would otherwise build Inductor's six ISA probes in each process, most of this test's time.
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_VEC_ISA_OK": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(cache), action, str(path)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(cache), action, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -11,10 +11,10 @@ import json
 
 import pytest
 import torch
+from support.llama_models import hf_greedy, hf_target
 
 import fdecode
-from fdecode.models import LlamaModel, MTPHead, ModelConfig, save_hf
-from support.llama_models import hf_greedy, hf_target
+from fdecode.models import LlamaModel, ModelConfig, MTPHead, save_hf
 
 CFG = ModelConfig(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16

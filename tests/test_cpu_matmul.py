@@ -75,10 +75,16 @@ def test_what_onednn_does_not_take():
     def full_bias(x, w):
         return torch.addmm(torch.ones(3, w.shape[0]), x, w.t())
 
-    for fn, args in ((lambda x, w: torch.nn.functional.linear(x, w), (x, small)), (full_bias, (x, big)),
-                     (transposed, (torch.randn(3, big.shape[0], generator=gen), big.t().contiguous())),
-                     *([] if torch.bfloat16 in onednn_dtypes() else
-                       [(lambda x, w: torch.nn.functional.linear(x, w), (x.bfloat16(), big.bfloat16()))])):
+    for fn, args in (
+        (lambda x, w: torch.nn.functional.linear(x, w), (x, small)),
+        (full_bias, (x, big)),
+        (transposed, (torch.randn(3, big.shape[0], generator=gen), big.t().contiguous())),
+        *(
+            []
+            if torch.bfloat16 in onednn_dtypes()
+            else [(lambda x, w: torch.nn.functional.linear(x, w), (x.bfloat16(), big.bfloat16()))]
+        ),
+    ):
         gm = make_fx(fn, tracing_mode="fake")(*args)
         weight_stationary(gm.graph)
         gm.recompile()
@@ -92,8 +98,13 @@ def test_a_compiled_cpu_forward_matches_eager():
     linear, whose transposed product is already row-major)."""
     for lin in (torch.nn.Linear(16, 24), torch.nn.Linear(16, 1, bias=False), torch.nn.Linear(512, 600)):
         x = torch.randn(1, 4, lin.in_features)
-        compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
-                                 options={"post_grad_custom_pre_pass": weight_stationary})
+        compiled = torch.compile(
+            lin,
+            backend="inductor",
+            fullgraph=True,
+            dynamic=False,
+            options={"post_grad_custom_pre_pass": weight_stationary},
+        )
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), lin(x), rtol=1e-5, atol=1e-5)
 
@@ -114,8 +125,9 @@ def test_a_compiled_moe_mla_verify_forward_matches_eager():
     positions = state.base_pos[:, None] + torch.arange(3)
 
     def forward(kv):
-        return step.target(tokens, positions, torch.zeros_like(positions), kv, tables, block_size=bs,
-                           attention="torch")[0]
+        return step.target(
+            tokens, positions, torch.zeros_like(positions), kv, tables, block_size=bs, attention="torch"
+        )[0]
 
     with torch.no_grad():
         want = forward(state.target_kv.clone())

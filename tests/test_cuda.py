@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.llama_models import fdecode_target, independent_draft
+from support.probes import steps_without_host_syncs
 from torch._dynamo.utils import counters
 
 import fdecode
-from support.llama_models import fdecode_target, independent_draft
-from support.probes import steps_without_host_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is present")
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.deepseek_models import VOCAB, hf_config, hf_deepseek, prompts
 
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.families.deepseek_v3 import DeepseekV3Model, config_from_hf
 from fdecode.models.dense import dense_forward
+from fdecode.models.families.deepseek_v3 import DeepseekV3Model, config_from_hf
 from fdecode.models.layers.moe import DeepseekMoE
-from support.deepseek_models import VOCAB, hf_config, hf_deepseek, prompts
 
 VARIANTS = {
     "q_lora": {},
@@ -68,8 +68,11 @@ def test_the_cache_holds_the_latent_per_token() -> None:
     model = from_hf(hf_deepseek())
     cfg = model.config
     assert model.kv_config.kv_shape(40) == (3, 1, 40, 1, cfg.kv_lora_rank + cfg.qk_rope_head_dim) == (3, 1, 40, 1, 24)
-    step = fdecode.compile(model, model, fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32,
-                                                              block_size=4, dtype=torch.float32))
+    step = fdecode.compile(
+        model,
+        model,
+        fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, dtype=torch.float32),
+    )
     state = step.prefill([[1, 2, 3]], max_new_tokens=2)
     for kv in (state.target_kv, state.draft_kv):
         assert kv.shape[1] == 1 and kv.shape[3] == 1 and kv.shape[-1] == 24
@@ -79,8 +82,18 @@ def test_the_cache_holds_the_latent_per_token() -> None:
 
 # Shapes whose per-head key / value widths collide with no other width in the step's graph.
 GRAPH_MLA = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
-    model_type="deepseek_v3", q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=14, qk_rope_head_dim=8,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=8,
+    model_type="deepseek_v3",
+    q_lora_rank=None,
+    kv_lora_rank=18,
+    qk_nope_head_dim=14,
+    qk_rope_head_dim=8,
     v_head_dim=6,
 )
 
@@ -109,9 +122,19 @@ def test_decode_attention_never_materialises_per_head_keys_over_the_context() ->
     detector itself flags the expanded form (kv_b_proj over the latents)."""
     cfg = DeepseekV3Config(**GRAPH_MLA)
     model = DeepseekV3Model.random(cfg, seed=3, std=0.3)
-    step = fdecode.compile(model, model, fdecode.DecodeConfig(
-        num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4, context_buckets=(40, 64),
-        dtype=torch.float32, backend="aot_eager"))
+    step = fdecode.compile(
+        model,
+        model,
+        fdecode.DecodeConfig(
+            num_draft_tokens=2,
+            max_batch=4,
+            max_seq_len=64,
+            block_size=4,
+            context_buckets=(40, 64),
+            dtype=torch.float32,
+            backend="aot_eager",
+        ),
+    )
     state = step.prefill([[1, 2, 3, 4, 5], [6, 7]], max_new_tokens=4)
     report = fdecode.inspect(step, state, context=40)
     assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.deepseek_models import (
+    NEW,
+    PROMPTS,
+    compiled,
+    deepseek_target,
+    generate,
+    hf_greedy,
+    random_mtp_state,
+    save_with_mtp,
+)
+from support.hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 import fdecode
 from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.families.deepseek_v3 import DeepseekV3Model
 from fdecode.models.moe_config import MoEConfig
 from fdecode.models.mtp.nextn import NextNMTPHead
-from support.deepseek_models import (
-    NEW, PROMPTS, compiled, deepseek_target, generate, hf_greedy, random_mtp_state, save_with_mtp,
-)
-from support.hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 
 def test_target_as_its_own_draft_accepts_every_draft() -> None:
@@ -35,7 +42,9 @@ def test_mtp_head_from_a_sharded_checkpoint_folder_is_lossless(tmp_path) -> None
     step = compiled(str(tmp_path), "mtp", 3)
     assert isinstance(step.draft, NextNMTPHead) and step.draft_kind == "mtp"
     assert step.draft.kv_config.kv_shape(8) == (1, 1, 8, 1, 24)  # one MLA layer: its own latent cache
-    assert type(step.draft.layers[0].layer.mlp).__name__ == "DeepseekMoE"  # layer num_hidden_layers >= first_k_dense_replace
+    assert (
+        type(step.draft.layers[0].layer.mlp).__name__ == "DeepseekMoE"
+    )  # layer num_hidden_layers >= first_k_dense_replace
     outs, _, _ = run(step, PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
@@ -55,8 +64,16 @@ def test_inductor_mtp_head_is_lossless(tmp_path) -> None:
     window, with layers as compile regions (the default from 12 layer calls a step). K = 1 keeps the
     compile in CI's budget."""
     save_with_mtp(tmp_path, random_mtp_state())
-    step = compiled(str(tmp_path), "mtp", 1, backend="inductor", max_seq_len=37, block_size=8, context_buckets=(16,),
-                    layer_regions=True)
+    step = compiled(
+        str(tmp_path),
+        "mtp",
+        1,
+        backend="inductor",
+        max_seq_len=37,
+        block_size=8,
+        context_buckets=(16,),
+        layer_regions=True,
+    )
     assert step.dynamic_window and step.config.max_seq_len % 8
     outs, _, _ = run(step, PROMPTS, NEW)
     assert outs == [hf_greedy(p) for p in PROMPTS]
@@ -89,9 +106,20 @@ def test_context_buckets_and_the_baselines() -> None:
 
 SAMPLING_V = 5
 TINY_MLA = DeepseekV3Config(
-    vocab_size=SAMPLING_V, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2, num_kv_heads=2,
-    head_dim=4, model_type="deepseek_v3", q_lora_rank=6, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
-    v_head_dim=4, first_k_dense_replace=1,
+    vocab_size=SAMPLING_V,
+    hidden_size=16,
+    intermediate_size=24,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=4,
+    model_type="deepseek_v3",
+    q_lora_rank=6,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=4,
+    first_k_dense_replace=1,
     moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1, routed_scaling_factor=1.5),
 )
 
@@ -118,8 +146,15 @@ def test_backends_kernels_and_tensor_parallelism_state_what_they_refuse() -> Non
     target = deepseek_target()
     assert "MLA latent cache" in latent_reason(target, target)
     for kernel, device in (("flash_attn", "cuda"), ("npu_fused_infer_attention", "npu")):
-        cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=512, block_size=256, device=device,
-                                   dtype=torch.bfloat16, attention=kernel)
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=2,
+            max_batch=2,
+            max_seq_len=512,
+            block_size=256,
+            device=device,
+            dtype=torch.bfloat16,
+            attention=kernel,
+        )
         with pytest.raises(ValueError, match="MLA latent cache"):
             choose_attention(cfg, ((4, 4, 8),), latent=latent_reason(target, target))
         auto = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=512, device=device)

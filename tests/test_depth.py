@@ -12,11 +12,11 @@ import itertools
 
 import pytest
 import torch
-
-import fdecode
 from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
+
+import fdecode
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
 NEW = 20
@@ -42,10 +42,14 @@ def decode(step, prompts, schedule, max_new_tokens=NEW, **sampling):
 def build(draft_kind: str, kind: str = "partial", k: int = 3, **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
-    draft = {"model": lambda: independent_draft(kind, target), "mtp": lambda: mtp_head(kind, target),
-             "ngram": lambda: "ngram"}[draft_kind]()
-    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
-                                  "backend": "eager", **changes})
+    draft = {
+        "model": lambda: independent_draft(kind, target),
+        "mtp": lambda: mtp_head(kind, target),
+        "ngram": lambda: "ngram",
+    }[draft_kind]()
+    cfg = fdecode.DecodeConfig(
+        **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": "eager", **changes}
+    )
     return fdecode.compile(target, draft, cfg), layers
 
 

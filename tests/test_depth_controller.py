@@ -11,12 +11,12 @@ import dataclasses
 
 import pytest
 import torch
-
-import fdecode
-from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, smoothed, step_costs
 from support.llama_models import fdecode_target, hf_greedy, independent_draft
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
+
+import fdecode
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, smoothed, step_costs
 
 K = 4
 COSTS = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a target, and a draft of 0.3 its bytes per proposal
@@ -164,8 +164,10 @@ def test_the_engine_times_each_launch_but_not_a_compile():
     launch, observe = controller.launch, controller.observe_cost
     controller.launch = lambda *ready: (lambda r: (launched.append(r[0]), r)[1])(launch(*ready))
     # (launch index, depth, seconds): observed in the `Engine.step` that launched it
-    controller.observe_cost = lambda depth, seconds: (timed.append((len(launched) - 1, depth, seconds)),
-                                                      observe(depth, seconds))
+    controller.observe_cost = lambda depth, seconds: (
+        timed.append((len(launched) - 1, depth, seconds)),
+        observe(depth, seconds),
+    )
     for p in PROMPTS:
         engine.add_request(list(p), max_new_tokens=30)
     engine.run()
@@ -183,16 +185,16 @@ def test_depth_zero_runs_the_target_alone_and_tries_the_drafts_again():
     controller = DepthController(K, costs, depths=range(K + 1), probe=4, max_probe=4)
     controller.admit(0)
     schedule = "".join(map(str, run(controller, lambda b, n: 0, 40)))
-    paused = schedule[schedule.index("0"):]  # once depth 0 is reached
+    paused = schedule[schedule.index("0") :]  # once depth 0 is reached
     assert "00001" * 4 in paused and "00000" not in paused and set(paused) == {"0", "1"}, schedule
     controller = DepthController(K, costs, depths=range(K + 1), probe=4, max_probe=16)
     controller.admit(0)
     schedule = "".join(map(str, run(controller, lambda b, n: 0, 60)))
-    paused = schedule[schedule.index("0"):]
+    paused = schedule[schedule.index("0") :]
     assert paused.startswith("0" * 4 + "1" + "0" * 8 + "1" + "0" * 16 + "1" + "0" * 16 + "1"), schedule
     controller.admit(1)  # a new prompt: its lane starts at the prior, then trials every 4 again
     later = "".join(map(str, run(controller, lambda b, n: 0, 30)))
-    assert "00001" in later[later.index("0"):], later
+    assert "00001" in later[later.index("0") :], later
     for bad in (dict(probe=0), dict(probe=8, max_probe=4), dict(catch_up=-1)):
         with pytest.raises(ValueError, match="probe|catch_up"):
             DepthController(K, COSTS, **bad)
@@ -216,7 +218,7 @@ def test_trials_wait_for_the_catch_up_the_step_runs_anyway():
             assert lag == 3, schedule  # a trial's own catch-up only where the step would force one
         counts = [1 for _ in verified]  # nothing accepted
         controller.observe_output(packed(counts), verified)
-    paused = " ".join(schedule[schedule.index("0"):]) + " "
+    paused = " ".join(schedule[schedule.index("0") :]) + " "
     catch_ups = paused.count("c ")
     assert catch_ups >= 8 and paused.count("0 0 0 ") >= catch_ups - 1, paused
     assert paused.count("1 ") >= 5, paused  # the trials still run, one every few runs
@@ -257,15 +259,22 @@ def test_costs_count_the_weights_each_depth_reads():
     costs = depth_costs(target, draft, cfg)
 
     def gb(model, *, embedding: bool) -> float:  # all weights, less the (untied) embedding table unless asked
-        return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                   if embedding or not n.startswith("embed_tokens")) / 1e9
+        return (
+            sum(
+                p.numel() * p.element_size()
+                for n, p in model.named_parameters()
+                if embedding or not n.startswith("embed_tokens")
+            )
+            / 1e9
+        )
 
     assert target.lm_head.weight is not target.embed_tokens.weight  # untied: a forward gathers a few rows
     # depth d reads the draft d times (0: it sits the step out, `DecodeConfig.draft_catch_up`), else at least once
     assert costs == pytest.approx([gb(target, embedding=False) + d * gb(draft, embedding=False) for d in range(4)])
     always = depth_costs(target, draft, dataclasses.replace(cfg, draft_catch_up=0))
-    assert always == pytest.approx([gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False)
-                                    for d in range(4)])
+    assert always == pytest.approx(
+        [gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False) for d in range(4)]
+    )
     assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target, embedding=False)] * 4)
     tied = fdecode_target(2)
     tied.lm_head.weight = tied.embed_tokens.weight  # a tied head reads the whole table
@@ -298,8 +307,9 @@ def test_tensor_parallel_ranks_cost_depths_by_their_weights_alone(monkeypatch):
 def adaptive(kind: str, *, warm: bool = True, **changes):
     """A step whose Engine chooses depths (the default), every depth's graph made (`warm`) so it may launch any."""
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": K, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
-                                  "backend": "eager", **changes})
+    cfg = fdecode.DecodeConfig(
+        **{"num_draft_tokens": K, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": "eager", **changes}
+    )
     step = fdecode.compile(target, independent_draft(kind, target), cfg)
     if warm:
         step.warmup(depths=step.depths, progress=False)
@@ -367,16 +377,27 @@ def run_tail(engine) -> set[int]:
 @pytest.mark.parametrize("draft_kind", ["self", "adversarial"])
 def test_random_lanes_follow_the_filtered_target_with_adaptive_depths(draft_kind):
     target = tiny_target()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=64, max_seq_len=12, block_size=4, backend="eager",
-                               adaptive_depth=True)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3, max_batch=64, max_seq_len=12, block_size=4, backend="eager", adaptive_depth=True
+    )
     step = fdecode.compile(target, tiny_draft(draft_kind, target), cfg)
     step.warmup(depths=step.depths, progress=False)  # every depth's graph made: the Engine may launch any
     params = dict(temperature=0.9, top_k=0, top_p=0.95, min_p=0.0)
-    samples = torch.cat([
-        torch.tensor(fdecode.generate(step, [PROMPT] * 64, max_new_tokens=3, seed=[1000 * b + i for i in range(64)],
-                                      progress=False, **params))
-        for b in range(40)
-    ])
+    samples = torch.cat(
+        [
+            torch.tensor(
+                fdecode.generate(
+                    step,
+                    [PROMPT] * 64,
+                    max_new_tokens=3,
+                    seed=[1000 * b + i for i in range(64)],
+                    progress=False,
+                    **params,
+                )
+            )
+            for b in range(40)
+        ]
+    )
     cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
     counts, expected = torch.bincount(cells, minlength=V**3), exact_distribution(target, params)
     assert chi2_pvalue(counts, expected) > ALPHA

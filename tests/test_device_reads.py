@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support.device_reads import DeviceReads, HostSync
 
 

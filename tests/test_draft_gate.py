@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.llama_models import hf_greedy
+from support.ngram_steps import NEW, grounded_prompts, ngram_step
+from support.tiny_vocab import LANES, check_follows_the_target, tiny_target
 
 import fdecode
 from fdecode.runtime.gate import DraftGate
-from support.llama_models import hf_greedy
-from support.ngram_steps import NEW, grounded_prompts, ngram_step
-from support.tiny_vocab import LANES, PROMPT, check_follows_the_target, tiny_target
 
 
 def test_first_row_steps_commit_the_target_only_tokens():
@@ -97,8 +97,9 @@ class Alternating:
 def test_random_lanes_with_first_row_steps_follow_the_filtered_target():
     params = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.0)
     target = tiny_target()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager",
-                               draft_gate=False)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager", draft_gate=False
+    )
     step = Alternating(fdecode.compile(target, fdecode.NgramDraft(max_n=2, min_n=1), cfg))
     check_follows_the_target(step, target, params)
     assert step.calls > 0
@@ -195,8 +196,11 @@ def test_the_engine_pauses_drafts_that_do_not_pay_and_stays_lossless():
             assert gate.first_row <= 1 and gate.rate > 1, gate
     off = fdecode.Engine(ngram_step(max_batch=1, backend="dynamo", draft_gate=False))
     assert off.gate is None and not off.step_fn.gated
-    assert "draft_gate" in str(pytest.raises(ValueError, fdecode.DecodeConfig, num_draft_tokens=1, max_batch=1,
-                                             max_seq_len=8, draft_gate=1).value)
+    assert "draft_gate" in str(
+        pytest.raises(
+            ValueError, fdecode.DecodeConfig, num_draft_tokens=1, max_batch=1, max_seq_len=8, draft_gate=1
+        ).value
+    )
 
 
 def test_the_first_row_graph_is_one_graph_without_host_syncs():

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import fdecode
-from fdecode.models import LlamaModel
 from support.llama_models import VOCAB, fdecode_target, hf_greedy, independent_draft
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import LANES, TINY, V, exact_distribution, sampled_sequences, tiny_target
+
+import fdecode
+from fdecode.models import LlamaModel
 
 PROMPTS = [(5, 17, 33, 2), (90, 91, 3), (95, 80, 81, 82)]  # ids 80 .. 95 are missing from the smaller draft
 

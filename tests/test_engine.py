@@ -10,15 +10,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.llama_models import VOCAB, fdecode_target, independent_draft
 
 import fdecode
 from fdecode.runtime.metrics import RequestMetrics
-from support.llama_models import VOCAB, fdecode_target, independent_draft
 
 K = 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def models():
     target = fdecode_target(2)
     return target, independent_draft("partial", target)
@@ -27,13 +27,17 @@ def models():
 def make_step(max_batch=3, num_blocks=None, max_seq_len=48, backend="eager"):
     target, draft = models()
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=K, max_batch=max_batch, max_seq_len=max_seq_len, block_size=4, num_blocks=num_blocks,
+        num_draft_tokens=K,
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        block_size=4,
+        num_blocks=num_blocks,
         backend=backend,
     )
     return fdecode.compile(target, draft, cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alone(prompt: tuple[int, ...], max_new_tokens: int, eos: int | None) -> list[int]:
     """One-request-at-a-time greedy decoding: the reference for every schedule."""
     return fdecode.generate(make_step(max_batch=1), [list(prompt)], max_new_tokens=max_new_tokens, eos_token_id=eos)[0]
@@ -210,7 +214,7 @@ def test_a_newcomer_never_takes_the_blocks_a_running_request_needs_next(newcomer
         late = engine.add_request(list(prompt), max_new_tokens=budget)
         events += list(engine.stream())
         assert not any(e.error for e in events), arrival
-        tokens = lambda rid: [t for e in events if e.request_id == rid for t in e.new_tokens]  # noqa: E731
+        tokens = lambda rid: [t for e in events if e.request_id == rid for t in e.new_tokens]
         assert tokens(running) == alone((1, 2, 3, 4), 20, None) and tokens(late) == alone(prompt, budget, None)
 
 

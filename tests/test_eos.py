@@ -12,17 +12,17 @@ import functools
 import pytest
 import torch
 import transformers
+from support.llama_models import hf_config, hf_greedy, hf_target, independent_draft
 
 import fdecode
 from fdecode.models import from_hf
-from support.llama_models import hf_config, hf_greedy, hf_target, independent_draft
 
 PROMPT = [1, 3]
 NEW = 20
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eos_ids() -> tuple[int, int]:
     """Two ids the greedy continuation reaches late enough to show a stop: the 4th and 6th new tokens
     (neither appears before)."""
@@ -42,11 +42,13 @@ def hf_with_eos(eos) -> transformers.LlamaForCausalLM:
 def reference(model) -> list[int]:
     ids = torch.tensor([PROMPT])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
-    return out[0, len(PROMPT):].tolist()
+    return out[0, len(PROMPT) :].tolist()
 
 
 def compiled(target, **changes) -> fdecode.Step:
-    draft = independent_draft("partial", from_hf(target) if not isinstance(target, fdecode.models.LlamaModel) else target)
+    draft = independent_draft(
+        "partial", from_hf(target) if not isinstance(target, fdecode.models.LlamaModel) else target
+    )
     return fdecode.compile(target, draft, fdecode.DecodeConfig(**{**CFG, **changes}))
 
 
@@ -91,8 +93,7 @@ def test_an_explicit_stop_overrides_and_ignore_eos_disables():
     model = hf_with_eos(first)
     step = compiled(model)
     full = hf_greedy(tuple(PROMPT), NEW)
-    assert fdecode.generate(step, [PROMPT], max_new_tokens=NEW, eos_token_id=second) == [
-        full[: full.index(second) + 1]]
+    assert fdecode.generate(step, [PROMPT], max_new_tokens=NEW, eos_token_id=second) == [full[: full.index(second) + 1]]
     assert fdecode.generate(step, [PROMPT], max_new_tokens=NEW, ignore_eos=True) == [full]
     assert fdecode.generate(step, [PROMPT], max_new_tokens=NEW, eos_token_id=[]) == [full]
     assert fdecode.generate(step, [PROMPT], fdecode.SamplingParams(max_new_tokens=NEW, ignore_eos=True)) == [full]

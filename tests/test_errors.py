@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
 from fdecode.models import LlamaModel, MTPHead
 from fdecode.models.parallel import TPGroup
 from fdecode.models.sharding import parallelize_pair
-from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=4, backend="eager")
 
@@ -147,7 +147,9 @@ def test_ineligible_backend_raises_or_falls_back(monkeypatch):
         fdecode.compile(target, independent_draft("random", target), cfg)
     step = fdecode.compile(target, independent_draft("random", target), cfg, fallback=True)
     assert step.backend == "eager" and "no compiler in this test" in step.fallback_reason
-    auto = fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "backend": "auto"}))
+    auto = fdecode.compile(
+        target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "backend": "auto"})
+    )
     assert auto.backend == "eager" and "inductor: no compiler" in auto.fallback_reason
 
 
@@ -178,10 +180,18 @@ BATCH_MESSAGES = [
     ([[1, 2], []], {}, ValueError, r"prompt 1 is empty"),
     ([[1, 2], [1.5]], {}, TypeError, r"prompt 1: token ids must be ints, got 1\.5"),
     ([[1, 2], "ab"], {}, TypeError, r"prompt 1: expected a sequence of token ids, got str"),
-    ([[1, 2], {"input_ids": [3]}], {}, TypeError,
-     r"prompt 1: expected a sequence of token ids, got dict \(pass its \['input_ids'\]\)"),
-    ([[1, 2], [1] * 20], {"max_new_tokens": 13}, ValueError,
-     r"prompt 1: 20 tokens \+ max_new_tokens 13 exceed max_seq_len 32"),
+    (
+        [[1, 2], {"input_ids": [3]}],
+        {},
+        TypeError,
+        r"prompt 1: expected a sequence of token ids, got dict \(pass its \['input_ids'\]\)",
+    ),
+    (
+        [[1, 2], [1] * 20],
+        {"max_new_tokens": 13},
+        ValueError,
+        r"prompt 1: 20 tokens \+ max_new_tokens 13 exceed max_seq_len 32",
+    ),
     ([[1, 2], [1] * 32], {}, ValueError, r"prompt 1 has 32 tokens; max_seq_len 32 leaves no room to generate"),
     ([[1, 2], [1] * 32], {"max_new_tokens": 0}, ValueError, r"max_new_tokens must be a positive int, got 0"),
     ([[1, 2]], {"max_new_tokens": 2.0}, ValueError, r"max_new_tokens must be a positive int, got 2\.0"),
@@ -226,7 +236,9 @@ def test_add_request_error_messages_carry_one_label(step, prompt, kwargs, error,
 
 def test_a_request_the_pool_can_never_hold_names_its_prompt_once():
     target = fdecode_target(2)
-    small = fdecode.compile(target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "num_blocks": 4}))
+    small = fdecode.compile(
+        target, independent_draft("random", target), fdecode.DecodeConfig(**{**CFG, "num_blocks": 4})
+    )
     capacity = r"needs 5 KV blocks \(10 tokens \+ max_new_tokens 10\) but the pool has 3: it could never be admitted"
     with pytest.raises(ValueError, match=f"^prompt 1 {capacity}$"):
         fdecode.generate(small, [[1, 2], [1] * 10], max_new_tokens=10, progress=False)
@@ -234,13 +246,17 @@ def test_a_request_the_pool_can_never_hold_names_its_prompt_once():
         fdecode.Engine(small).add_request([1] * 10, max_new_tokens=10)
 
 
-
 def test_compile_names_the_argument_that_is_wrong():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(**CFG)
-    with pytest.raises(TypeError, match=r"^draft must be .*an MTPHead, 'mtp' \(the target's own MTP head\), 'ngram' or an NgramDraft \(prompt lookup\), got NoneType$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^draft must be .*an MTPHead, 'mtp' \(the target's own MTP head\), 'ngram' or an NgramDraft \(prompt lookup\), got NoneType$",
+    ):
         fdecode.compile(target, None, cfg)
-    with pytest.raises(FileNotFoundError, match=r"^draft 'nonsense' is not a checkpoint folder \(no such folder\); .*'mtp'"):
+    with pytest.raises(
+        FileNotFoundError, match=r"^draft 'nonsense' is not a checkpoint folder \(no such folder\); .*'mtp'"
+    ):
         fdecode.compile(target, "nonsense", cfg)
     with pytest.raises(FileNotFoundError, match=r"^target 'nowhere' is not a checkpoint folder"):
         fdecode.compile("nowhere", "mtp", cfg)

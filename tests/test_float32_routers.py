@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from support.deepseek_models import hf_deepseek, random_mtp_state, save_with_mtp
+from support.glm_models import hf_glm, save_glm
 
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.layers.routing import SigmoidRouter
-from support.deepseek_models import hf_deepseek, random_mtp_state, save_with_mtp
-from support.glm_models import hf_glm, save_glm
 
 ROWS = 4096
 
@@ -71,8 +71,13 @@ def test_a_bf16_model_routes_as_transformers_bf16_model(kind, tmp_path):
 def test_a_step_in_bf16_over_a_float32_model_keeps_the_routers_unrounded():
     """`DecodeConfig(dtype=bf16)` converts a copy of a float32 model: every router keeps its float32 values."""
     model = from_hf(hf_glm())
-    step = fdecode.compile(model, model, fdecode.DecodeConfig(
-        num_draft_tokens=2, max_batch=1, max_seq_len=32, block_size=4, backend="eager", dtype=torch.bfloat16))
+    step = fdecode.compile(
+        model,
+        model,
+        fdecode.DecodeConfig(
+            num_draft_tokens=2, max_batch=1, max_seq_len=32, block_size=4, backend="eager", dtype=torch.bfloat16
+        ),
+    )
     assert step.target.embed_tokens.weight.dtype == torch.bfloat16
     for name, router in routers(step.target).items():
         assert torch.equal(router.weight, routers(model)[name].weight), name  # float32, equal values

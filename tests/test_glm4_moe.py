@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
+from support.glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
+from support.hybrid_models import assert_prefill_logits_match, compiled, run, staggered
 
 import fdecode
 from fdecode.models import from_hf
+from fdecode.models.families.glm4_moe import Glm4MoeModel, Glm4MoeMTPHead, config_from_hf
 from fdecode.models.loading.checkpoint import CheckpointTensors
-from fdecode.models.families.glm4_moe import Glm4MoeMTPHead, Glm4MoeModel, config_from_hf
-from support.glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompts, save_glm
-from support.hybrid_models import assert_prefill_logits_match, compiled, run, staggered
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -96,8 +96,11 @@ def test_a_sharded_folder_is_read_one_tensor_at_a_time(tmp_path, monkeypatch) ->
 def test_an_expert_missing_from_the_checkpoint_is_named_before_any_tensor_is_read(tmp_path, monkeypatch) -> None:
     save_glm(tmp_path, change=lambda t: t.pop("model.layers.3.mlp.experts.5.up_proj.weight"))
     monkeypatch.setattr(CheckpointTensors, "__getitem__", lambda self, key: pytest.fail(f"read {key}"))
-    with pytest.raises(ValueError, match=r"mtp.layers.0.layer.mlp.experts: expert 5 is missing from the checkpoint "
-                                         r"\(mtp.layers.0.layer.mlp.experts.5.up_proj.weight\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"mtp.layers.0.layer.mlp.experts: expert 5 is missing from the checkpoint "
+        r"\(mtp.layers.0.layer.mlp.experts.5.up_proj.weight\)",
+    ):
         from_hf(tmp_path)
 
 
@@ -106,15 +109,22 @@ def test_an_mtp_layer_whose_shapes_do_not_match_the_target_is_refused(tmp_path) 
         t["model.layers.3.self_attn.q_proj.weight"] = t["model.layers.3.self_attn.q_proj.weight"][:32].contiguous()
 
     save_glm(tmp_path, change=narrow)
-    with pytest.raises(ValueError, match=r"model.layers.3.self_attn.q_proj.weight \(mtp.layers.0.layer.self_attn.q_proj.weight\): shape "
-                                         r"\(32, 32\) in the checkpoint, the model expects \(64, 32\) \(the MTP layer must have"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.layers.3.self_attn.q_proj.weight \(mtp.layers.0.layer.self_attn.q_proj.weight\): shape "
+        r"\(32, 32\) in the checkpoint, the model expects \(64, 32\) \(the MTP layer must have",
+    ):
         from_hf(tmp_path)
 
     def expert_narrow(t):
-        t["model.layers.3.mlp.experts.2.down_proj.weight"] = t["model.layers.3.mlp.experts.2.down_proj.weight"][:, :4].contiguous()
+        t["model.layers.3.mlp.experts.2.down_proj.weight"] = t["model.layers.3.mlp.experts.2.down_proj.weight"][
+            :, :4
+        ].contiguous()
 
     save_glm(tmp_path, change=expert_narrow)
-    with pytest.raises(ValueError, match=r"experts.2.down_proj.weight: expert shape \(32, 4\), the model expects \(32, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"experts.2.down_proj.weight: expert shape \(32, 4\), the model expects \(32, 8\)"
+    ):
         from_hf(tmp_path)
 
 
@@ -123,7 +133,9 @@ def test_unsupported_configs_are_refused_before_any_weight_is_read(tmp_path) -> 
     assert config_from_hf(hf).moe.topk_method == "noaux_tc"
     with pytest.raises(ValueError, match="unsupported MoE routing method topk_method='group_limited_greedy'"):
         config_from_hf({**hf, "topk_method": "group_limited_greedy"})
-    assert config_from_hf({**hf, "num_nextn_predict_layers": 2}).mtp_num_layers == 2  # a 2-module head (test_mtp_layers)
+    assert (
+        config_from_hf({**hf, "num_nextn_predict_layers": 2}).mtp_num_layers == 2
+    )  # a 2-module head (test_mtp_layers)
     (tmp_path / "config.json").write_text(json.dumps({**hf, "topk_method": "softmax_topk"}))  # and no weights
     with pytest.raises(ValueError, match="topk_method='softmax_topk'"):
         from_hf(tmp_path)
@@ -162,9 +174,19 @@ def test_random_sampling_follows_the_filtered_target() -> None:
     from fdecode.models.moe_config import MoEConfig
 
     v = 5
-    cfg = Glm4MoeConfig(vocab_size=v, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2, num_kv_heads=1,
-                        head_dim=8, attention_bias=True, model_type="glm4_moe", mtp_num_layers=1,
-                        moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1))
+    cfg = Glm4MoeConfig(
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=24,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        attention_bias=True,
+        model_type="glm4_moe",
+        mtp_num_layers=1,
+        moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1),
+    )
     target = Glm4MoeModel.random(cfg, seed=11, std=0.6)
     target.mtp = Glm4MoeMTPHead.random(cfg, seed=12, std=0.6).bind(target)
     lanes, prompt, params = 128, [1, 3, 2], dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.0)

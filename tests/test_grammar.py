@@ -10,8 +10,6 @@ byte fallback, a few pieces). The Qwen2.5-Coder tokenizer (V = 151,936) and Smol
 from __future__ import annotations
 
 import codecs
-import functools
-import itertools
 import json
 
 import pytest
@@ -22,20 +20,23 @@ pytest.importorskip("outlines_core")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from support.tokenizers import byte_bpe, sentencepiece  # noqa: E402
+
 from fdecode.assets import qwen_coder, smollm2  # noqa: E402
 from fdecode.grammar import Grammar  # noqa: E402
 from fdecode.grammar.cache import CACHE  # noqa: E402
 from fdecode.grammar.lookup import allowed_tokens, next_state  # noqa: E402
 from fdecode.grammar.vocabulary import token_bytes  # noqa: E402
-from support.tokenizers import byte_bpe, sentencepiece  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def qwen():
     folder = qwen_coder.gguf_folder() / "qwen2.5-coder-0.5b-instruct"
     if not (folder / "tokenizer.json").is_file():
-        pytest.skip(f"no Qwen2.5-Coder tokenizer in {folder}: run {qwen_coder.SCRIPT} "
-                    "(then python -m fdecode.assets.qwen_coder)")
+        pytest.skip(
+            f"no Qwen2.5-Coder tokenizer in {folder}: run {qwen_coder.SCRIPT} "
+            "(then python -m fdecode.assets.qwen_coder)"
+        )
     return transformers.AutoTokenizer.from_pretrained(folder)
 
 
@@ -98,7 +99,7 @@ def assert_tables_match_oracle(grammar: Grammar, tokenizer, pattern: str, depth:
     frontier, checked = {b"": 0}, 0
     for level in range(depth + 1):
         states = torch.tensor(list(frontier.values()), dtype=torch.int64)
-        allowed = allowed_tokens(tables, states, V)                               # [N, V]
+        allowed = allowed_tokens(tables, states, V)  # [N, V]
         nexts = next_state(tables, states[:, None].expand(-1, V), torch.arange(V).expand(len(states), -1), V)
         grown = {}
         for (text, state), row, nxt in zip(frontier.items(), allowed.tolist(), nexts.tolist()):
@@ -184,14 +185,14 @@ def test_token_bytes_decode_like_the_tokenizer(which, request):
 
 
 PATTERNS = [  # small alphabets: the tree of valid prefixes stays small (digits 0..2, not 0..9)
-    r"[12]+(\.[12]+)?",     # outlines-core alone refuses '.' after '1' (a token past a complete match)
-    r"a|ab|abc",            # outlines-core alone refuses 'ab' (its DFA is leftmost-first)
-    r"(ab|b)+é?",           # é spelled whole or as two byte tokens
+    r"[12]+(\.[12]+)?",  # outlines-core alone refuses '.' after '1' (a token past a complete match)
+    r"a|ab|abc",  # outlines-core alone refuses 'ab' (its DFA is leftmost-first)
+    r"(ab|b)+é?",  # é spelled whole or as two byte tokens
     r"-?(0|[12][0-2]*)",
     r'"[a-c ]{0,3}"',
     r"(true|false) ?",
-    r"[αβ]é",               # two-byte characters only
-    r"",                    # the empty text alone: no transitions at all
+    r"[αβ]é",  # two-byte characters only
+    r"",  # the empty text alone: no transitions at all
 ]
 
 
@@ -234,11 +235,15 @@ def test_json_schema_as_dict_or_text_is_one_grammar(which, request):
     tok = TINY[which]() if which in TINY else request.getfixturevalue(which)
     grammar = Grammar.from_json_schema(SCHEMA, tok)
     assert Grammar.from_json_schema(json.dumps(SCHEMA, indent=2), tok) is grammar  # same JSON, same grammar
-    good = json.dumps({"name": "Ann \"A\" é", "age": -31, "ok": True}, ensure_ascii=False)
+    good = json.dumps({"name": 'Ann "A" é', "age": -31, "ok": True}, ensure_ascii=False)
     assert accepts(grammar, tok, good) and json.loads(good)["age"] == -31
     assert accepts(grammar, tok, '{"name":"Bo","age":0,"ok":false}')
-    for bad in ('{"name": "Ann", "ok": true}', '{"age": 3, "name": "Ann", "ok": true}', '{"name": "A", "age": 01, '
-                '"ok": true}', '{"name": "Ann", "age": 3, "ok": true} x'):
+    for bad in (
+        '{"name": "Ann", "ok": true}',
+        '{"age": 3, "name": "Ann", "ok": true}',
+        '{"name": "A", "age": 01, "ok": true}',
+        '{"name": "Ann", "age": 3, "ok": true} x',
+    ):
         assert not accepts(grammar, tok, bad), bad
     assert regex.fullmatch(grammar.pattern, good)
     other = dict(SCHEMA, properties=dict(reversed(SCHEMA["properties"].items())))  # key order is the output's
@@ -252,8 +257,12 @@ def test_building_the_same_grammar_twice_is_free():
     assert (CACHE.hits, CACHE.misses) == (0, 1)
     assert Grammar.from_regex(r"[0-9]+", tok) is first
     # Another load of the same vocabulary is the same tokenizer: same name, same bytes.
-    twin = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_bpe().backend_tokenizer, eos_token="<eos>",
-                                                pad_token="<pad>", name_or_path="tiny-byte-bpe")
+    twin = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=byte_bpe().backend_tokenizer,
+        eos_token="<eos>",
+        pad_token="<pad>",
+        name_or_path="tiny-byte-bpe",
+    )
     twin.add_tokens(["<tool>"])
     assert Grammar.from_regex(r"[0-9]+", twin) is first
     assert (CACHE.hits, CACHE.misses) == (2, 1)
@@ -305,17 +314,20 @@ def test_a_real_json_schema_fits_in_megabytes(qwen):
     assert "states" in repr(grammar) and "151,936" in repr(grammar)
 
 
-@pytest.mark.parametrize("pattern, why", [
-    (r"a(?=b)", "lookaround"),
-    (r"(a)\1", "backreference"),
-    (r"^ab", "anchor"),
-    (r"ab$", "anchor"),
-    (r"a)|(b", "unbalanced"),
-    (r"(ab", "unclosed"),
-    (r"[ab", "unclosed"),
-    ("ab\\", "lone backslash"),
-    (r"\bab", "word boundaries"),
-])
+@pytest.mark.parametrize(
+    "pattern, why",
+    [
+        (r"a(?=b)", "lookaround"),
+        (r"(a)\1", "backreference"),
+        (r"^ab", "anchor"),
+        (r"ab$", "anchor"),
+        (r"a)|(b", "unbalanced"),
+        (r"(ab", "unclosed"),
+        (r"[ab", "unclosed"),
+        ("ab\\", "lone backslash"),
+        (r"\bab", "word boundaries"),
+    ],
+)
 def test_unsupported_constructs_are_named_before_compiling(pattern, why):
     with pytest.raises(ValueError, match=why) as e:
         Grammar.from_regex(pattern, byte_bpe())
@@ -325,8 +337,12 @@ def test_unsupported_constructs_are_named_before_compiling(pattern, why):
 def test_invalid_schemas_and_full_pools_are_errors():
     tok = byte_bpe()
     anchored = {"type": "string", "pattern": "^a"}  # outlines-core drops a ^...$ pair, not a lone ^
-    for schema, why in (("{", "not valid JSON"), ('{"type": "frob"}', "not supported"), ("[1]", "a JSON object"),
-                        (anchored, "anchor")):
+    for schema, why in (
+        ("{", "not valid JSON"),
+        ('{"type": "frob"}', "not supported"),
+        ("[1]", "a JSON object"),
+        (anchored, "anchor"),
+    ):
         with pytest.raises(ValueError, match=why) as e:
             Grammar.from_json_schema(schema, tok)
         assert "JSON schema" in str(e.value)

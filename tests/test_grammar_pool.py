@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
+from support.hand_grammar import HandGrammar, Masked
+from support.llama_models import VOCAB, fdecode_target, hf_target
 
 import fdecode
 from fdecode import SamplingParams
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
-from support.hand_grammar import HandGrammar, Masked
-from support.llama_models import VOCAB, fdecode_target, hf_target
 
 EOS = VOCAB - 1
 
@@ -37,7 +37,9 @@ def ring(states: int, first: int, *, final: bool = True) -> HandGrammar:
 def pool_state(cfg: fdecode.DecodeConfig, lanes: int) -> SimpleNamespace:
     """The pool leaves of a state (what `GrammarPool` writes), with garbage in the rows and a lane leaf."""
     return SimpleNamespace(
-        grammar_allowed=torch.randint(-2**31, 2**31 - 1, (cfg.max_grammar_states, -(-VOCAB // 32)), dtype=torch.int32),
+        grammar_allowed=torch.randint(
+            -(2**31), 2**31 - 1, (cfg.max_grammar_states, -(-VOCAB // 32)), dtype=torch.int32
+        ),
         grammar_keys=torch.full((cfg.max_grammar_transitions,), FREE_KEY, dtype=torch.int64),
         grammar_next=torch.full((cfg.max_grammar_transitions,), -1, dtype=torch.int64),
         grammar_state=torch.full((lanes,), -1, dtype=torch.int64),
@@ -64,8 +66,15 @@ def test_the_pool_never_crashes_and_admits_as_soon_as_room_exists(seed):
     """Random arrivals and finishes of grammars of 1 .. 9 states in a 16-row pool: every admission that
     `fits` (total room) allows succeeds, fragmented or not, and every running lane keeps its grammar."""
     rng = random.Random(seed)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=32, block_size=4, backend="eager",
-                               max_grammar_states=16, max_grammar_transitions=40)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2,
+        max_batch=4,
+        max_seq_len=32,
+        block_size=4,
+        backend="eager",
+        max_grammar_states=16,
+        max_grammar_transitions=40,
+    )
     grammars = [ring(n, 0) for n in range(1, 10)] * 2  # twice: distinct objects of the same size
     pool, state = GrammarPool(cfg, VOCAB), pool_state(cfg, 4)
     running: dict[int, tuple[HandGrammar, int]] = {}  # lane -> (grammar, local automaton state)
@@ -104,16 +113,29 @@ def test_the_pool_never_crashes_and_admits_as_soon_as_room_exists(seed):
 
 def hf_masked(prompt: list[int], grammar: HandGrammar, new: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = hf_target(2).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                eos_token_id=EOS, pad_token_id=0,
-                                logits_processor=transformers.LogitsProcessorList([Masked(grammar, len(prompt))]))
+    out = hf_target(2).generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        logits_processor=transformers.LogitsProcessorList([Masked(grammar, len(prompt))]),
+    )
     return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
 def step():
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=3, max_seq_len=64, block_size=4, backend="eager",
-                               max_grammar_states=13, max_grammar_transitions=64)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3,
+        max_batch=3,
+        max_seq_len=64,
+        block_size=4,
+        backend="eager",
+        max_grammar_states=13,
+        max_grammar_transitions=64,
+    )
     return fdecode.compile(fdecode_target(2), "ngram", cfg)
 
 
@@ -125,8 +147,10 @@ def test_a_fragmented_pool_compacts_instead_of_crashing(step):
     prompt = [5, 17, 33, 2, 9]
     first, middle, last, five = (ring(n, t, final=False) for n, t in ((4, 0), (4, 10), (4, 20), (5, 40)))
     budgets = {first: 12, middle: 1, last: 12, five: 8}
-    ids = {g: engine.add_request(prompt, SamplingParams(grammar=g, eos_token_id=EOS, max_new_tokens=budgets[g]))
-           for g in (first, middle, last)}
+    ids = {
+        g: engine.add_request(prompt, SamplingParams(grammar=g, eos_token_id=EOS, max_new_tokens=budgets[g]))
+        for g in (first, middle, last)
+    }
     results: dict[int, list[int]] = {}
     while ids[middle] not in results or not results[ids[middle]]:
         for event in engine.step():
@@ -146,7 +170,7 @@ def test_grammars_churning_through_the_engine_each_equal_their_reference(step):
     engine = fdecode.Engine(step)
     grammars = [ring(n, 8 * n, final=n % 2 == 0) for n in (2, 3, 4, 5, 6)]
     requests = []
-    for i in range(12):
+    for _ in range(12):
         prompt = [rng.randrange(1, EOS) for _ in range(rng.randrange(2, 9))]
         grammar, budget = rng.choice(grammars), rng.randrange(1, 12)
         rid = engine.add_request(prompt, SamplingParams(grammar=grammar, eos_token_id=EOS, max_new_tokens=budget))

@@ -29,18 +29,35 @@ def setup():
     tokenizer = byte_bpe()
     vocab = len(tokenizer) + 3  # the model pads its vocabulary past the tokenizer's
     torch.manual_seed(3)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, initializer_range=0.2, tie_word_embeddings=False)).eval()
+    hf = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            initializer_range=0.2,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     grammar = fdecode.Grammar.from_regex(PATTERN, tokenizer, vocab_size=vocab)
     other = tokenizer.pad_token_id  # a stop id that is not the grammar's EOS
     assert tokenizer.eos_token_id in grammar.eos_ids and other not in grammar.eos_ids
 
     def compile_with(eos_default):
         target = fdecode.models.from_hf(hf)
-        cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager",
-                                   max_grammar_states=grammar.num_states + 4,
-                                   max_grammar_transitions=grammar.num_transitions + 8, eos_token_id=eos_default)
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=2,
+            max_batch=2,
+            max_seq_len=64,
+            block_size=4,
+            backend="eager",
+            max_grammar_states=grammar.num_states + 4,
+            max_grammar_transitions=grammar.num_transitions + 8,
+            eos_token_id=eos_default,
+        )
         return fdecode.compile(target, "ngram", cfg)
 
     return tokenizer, grammar, other, compile_with
@@ -70,8 +87,9 @@ def test_a_grammar_lane_ends_at_the_grammars_eos_whatever_its_stop_ids(setup, st
 def test_random_grammar_lanes_stay_in_the_language_too(setup):
     tokenizer, grammar, other, compile_with = setup
     step = compile_with(other)
-    params = [SamplingParams(grammar=grammar, max_new_tokens=NEW, ignore_eos=True, temperature=1.5, seed=s)
-              for s in range(8)]
+    params = [
+        SamplingParams(grammar=grammar, max_new_tokens=NEW, ignore_eos=True, temperature=1.5, seed=s) for s in range(8)
+    ]
     check_in_language(tokenizer, grammar, fdecode.generate(step, [PROMPTS[s % 2] for s in range(8)], params))
 
 
@@ -82,8 +100,11 @@ def test_the_grammars_eos_counts_toward_max_stop_ids_once(setup):
     with pytest.raises(ValueError, match=r"5 eos ids \(with the grammar's EOS ids"):
         fdecode.generate(step, PROMPTS, SamplingParams(grammar=grammar, max_new_tokens=NEW, eos_token_id=many))
     again = [other, 1, tokenizer.eos_token_id, other]  # duplicates, and the grammar's own EOS: 3 ids
-    check_in_language(tokenizer, grammar, fdecode.generate(
-        step, PROMPTS, SamplingParams(grammar=grammar, max_new_tokens=NEW, eos_token_id=again)))
+    check_in_language(
+        tokenizer,
+        grammar,
+        fdecode.generate(step, PROMPTS, SamplingParams(grammar=grammar, max_new_tokens=NEW, eos_token_id=again)),
+    )
 
 
 # --------------------------------------------------------------------------- constraints that mask every token
@@ -100,9 +121,18 @@ BANGS_THEN_YES = HandGrammar({0: {BANG: 0, YES: 1}}, final={1}, vocab_size=VOCAB
 
 @pytest.fixture(scope="module")
 def constrained_step():
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=3, max_seq_len=64, block_size=4, backend="eager",
-                               max_grammar_states=8, max_grammar_transitions=64, min_tokens=True, max_logit_bias=2,
-                               sampling=True)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3,
+        max_batch=3,
+        max_seq_len=64,
+        block_size=4,
+        backend="eager",
+        max_grammar_states=8,
+        max_grammar_transitions=64,
+        min_tokens=True,
+        max_logit_bias=2,
+        sampling=True,
+    )
     return fdecode.compile(fdecode_target(2), "ngram", cfg)
 
 
@@ -120,11 +150,18 @@ def test_min_tokens_a_grammar_can_never_reach_is_refused_up_front(constrained_st
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_lane_whose_row_allows_no_token_ends_with_an_error_and_no_masked_token(constrained_step, temperature):
-    """"yes" (pushed by a logit bias) ends the grammar's language while min_tokens still masks EOS: the
+    """ "yes" (pushed by a logit bias) ends the grammar's language while min_tokens still masks EOS: the
     next row allows nothing. The lane keeps what came before and ends with an error; the other lanes
     go on unharmed."""
-    stuck = SamplingParams(grammar=BANGS_THEN_YES, min_tokens=8, max_new_tokens=12, eos_token_id=EOS,
-                           logit_bias={YES: 60.0, BANG: 30.0}, temperature=temperature, seed=1)
+    stuck = SamplingParams(
+        grammar=BANGS_THEN_YES,
+        min_tokens=8,
+        max_new_tokens=12,
+        eos_token_id=EOS,
+        logit_bias={YES: 60.0, BANG: 30.0},
+        temperature=temperature,
+        seed=1,
+    )
     late = stuck.replace(logit_bias={BANG: 60.0, YES: 30.0})  # "!" first: reaches min_tokens, then may stop
     free = SamplingParams(max_new_tokens=12, eos_token_id=EOS, temperature=temperature, seed=2)
     got = fdecode.generate(constrained_step, [[5, 6, 7], [5, 6, 7], [9, 8]], [stuck, late, free], details=True)

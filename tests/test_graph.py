@@ -6,15 +6,25 @@ import re
 
 import pytest
 import torch
-
-import fdecode
-from fdecode.state import DecodeState
 from support.llama_models import fdecode_target, independent_draft, mtp_head
 from support.probes import largest_cpu_allocation
 
+import fdecode
+from fdecode.state import DecodeState
+
 # Writes through a view of the KV leaf (or the functional index_copy) make the compiled
 # step copy the whole cache every call; the cache must only ever be written by index_put.
-TORCH_RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "exponential", "multinomial", "bernoulli", "uniform", "normal"}
+TORCH_RANDOM_OPS = {
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "exponential",
+    "multinomial",
+    "bernoulli",
+    "uniform",
+    "normal",
+}
 WHOLE_CACHE_COPIES = ("aten::select_scatter", "aten::slice_scatter", "aten::as_strided_scatter", "aten::index_copy")
 
 
@@ -58,8 +68,13 @@ def test_no_recompile_over_steps_and_new_prompts(compiled):
         for _ in range(20):
             state, out = compiled(state)
         # A new batch: other lengths, other lane count, other budgets and a stop id.
-        state = compiled.prefill([[9] * 11, [3, 1], [2], [7, 7, 7]], max_new_tokens=30, eos_token_id=[5, 6],
-                                 temperature=[0.0, 0.0, 0.9, 0.0], top_k=[0, 0, 3, 0])
+        state = compiled.prefill(
+            [[9] * 11, [3, 1], [2], [7, 7, 7]],
+            max_new_tokens=30,
+            eos_token_id=[5, 6],
+            temperature=[0.0, 0.0, 0.9, 0.0],
+            top_k=[0, 0, 3, 0],
+        )
         for _ in range(5):
             state, out = compiled(state)
         # Sampling parameters and seeds are tensors too: new values (the same plan), no new graph.
@@ -168,12 +183,17 @@ def test_the_first_random_request_makes_one_graph_and_no_later_setting_another()
     from support.llama_models import fdecode_target, independent_draft
 
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="dynamo",
-                               context_buckets=(64,))
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=16, backend="dynamo", context_buckets=(64,)
+    )
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     made = []
-    for settings in (dict(), dict(temperature=0.7, top_k=20), dict(temperature=1.0, top_p=0.9, min_p=0.05),
-                     dict(temperature=[0.0, 1.2], top_k=[0, 3])):
+    for settings in (
+        dict(),
+        dict(temperature=0.7, top_k=20),
+        dict(temperature=1.0, top_p=0.9, min_p=0.05),
+        dict(temperature=[0.0, 1.2], top_k=[0, 3]),
+    ):
         fdecode.generate(step, [[5, 17, 33], [7, 3]], max_new_tokens=12, seed=1, **settings)
         made.append(len(step.plan_compile_seconds))
     assert made == [1, 2, 2, 2]

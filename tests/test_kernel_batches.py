@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.kernel_files import ENTRY, kernel_files
 
 from fdecode.backends.cpu import kernel_batches
 from fdecode.backends.cpu.kernel_batches import batch_source, batched_cpu_kernels, groups
-from support.kernel_files import ENTRY, kernel_files
 
 
 def several_kernels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,9 @@ def test_a_batch_renames_each_kernel_and_binds_it() -> None:
     assert source.count("#include <torch/csrc/inductor/cpp_prefix.h>") == 1
     assert ENTRY not in source
     assert 'extern "C" void kernel_0(' in source and 'extern "C" void kernel_1(' in source
-    assert "kernel_1(fdecode_arg<float*>(args, 0), fdecode_arg<float*>(args, 1), fdecode_arg<int64_t>(args, 2))" in source
+    assert (
+        "kernel_1(fdecode_arg<float*>(args, 0), fdecode_arg<float*>(args, 1), fdecode_arg<int64_t>(args, 2))" in source
+    )
     assert '{"kernel_0", kernel_0_py' in source and "PyInit_kernel" in source
 
 

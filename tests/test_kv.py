@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import torch
+from support.llama_models import fdecode_target, fresh_forward, independent_draft, mtp_head
 
 import fdecode
 from fdecode.ops import slot_of
-from support.llama_models import fdecode_target, fresh_forward, independent_draft, mtp_head
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
 
@@ -81,7 +81,9 @@ def test_finished_lanes_and_free_blocks_are_never_written():
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     # A generous pool: blocks nobody owns must stay zero; lane 1 finishes after 2 tokens.
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, num_blocks=64, backend="eager")
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3, max_batch=4, max_seq_len=48, block_size=4, num_blocks=64, backend="eager"
+    )
     step = fdecode.compile(target, draft, cfg)
     state = step.prefill(PROMPTS, max_new_tokens=30)
     state = state.replace(remaining=torch.tensor([30, 1, 30, 0]))  # lane 1: one more token, then done
@@ -178,8 +180,15 @@ def test_kv_pools_are_reused_only_when_no_state_holds_them():
 
 def test_warmup_hands_its_kv_pool_to_the_first_prefill():
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="dynamo",
-                               context_buckets=(32, 64), sampling=False)  # greedy only: one capture, not five
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2,
+        max_batch=2,
+        max_seq_len=64,
+        block_size=4,
+        backend="dynamo",
+        context_buckets=(32, 64),
+        sampling=False,
+    )  # greedy only: one capture, not five
     step = fdecode.compile(target, independent_draft("partial", target), cfg, warmup=True)
     (pool,) = step.kv_pools
     assert step.prefill(PROMPTS[:2], max_new_tokens=8).draft_kv.data_ptr() == pool.draft_kv.data_ptr()

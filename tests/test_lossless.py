@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import kernel_semantics
+from support.hand_grammar import parity
+from support.llama_models import VOCAB, fdecode_target, hf_greedy, independent_draft
+from support.processor_oracle import hf_processed
+from support.runs import NEW, PROMPTS, build, run
 
 import fdecode
 from fdecode import SamplingParams
 from fdecode.graphs import backends
 from fdecode.ops import kv
-from support import kernel_semantics
-from support.llama_models import VOCAB, fdecode_target, hf_greedy, independent_draft
-from support.hand_grammar import parity
-from support.processor_oracle import hf_processed
-from support.runs import NEW, PROMPTS, build, run
 
 
 def check_against_hf(step, layers, eos=None):
@@ -62,10 +62,13 @@ UNALIGNED = dict(max_seq_len=57, block_size=8, context_buckets=(16, 32), layer_r
 # Greedy lanes beside random ones (top-k): one graph runs both, the sampling plan that serves them all. Each
 # asks min_tokens=1, which changes nothing where no stop id is set, so that they run the plan's graph with the
 # logit processors: the graph PROCESSED's lanes run below, compiled once for both.
-MIXED = dict(max_new_tokens=None, params=[
-    SamplingParams(temperature=t, top_k=k, seed=s, min_tokens=1, max_new_tokens=NEW)
-    for t, k, s in ((0.0, 0, 3), (0.9, 20, 42), (0.0, 0, 8))
-])
+MIXED = dict(
+    max_new_tokens=None,
+    params=[
+        SamplingParams(temperature=t, top_k=k, seed=s, min_tokens=1, max_new_tokens=NEW)
+        for t, k, s in ((0.0, 0, 3), (0.9, 20, 42), (0.0, 0, 8))
+    ],
+)
 
 
 @pytest.mark.slow
@@ -96,20 +99,42 @@ def test_inductor_greedy_lanes_equal_transformers_and_random_lanes_equal_eager()
             assert got == want, params
             rows = torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
             if params.logprobs is not None:
-                assert [lp.logprob for lp in lps] == pytest.approx([rows[i, t].item() for i, t in enumerate(got)],
-                                                                   abs=1e-4)
+                assert [lp.logprob for lp in lps] == pytest.approx(
+                    [rows[i, t].item() for i, t in enumerate(got)], abs=1e-4
+                )
 
 
-FEATURES = dict(penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=2, max_grammar_states=8,
-                max_grammar_transitions=192)
+FEATURES = dict(
+    penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=2, max_grammar_states=8, max_grammar_transitions=192
+)
 _EOS = 48  # greedy decoding emits it third after PROMPTS[2]: min_tokens masks it
 PROCESSED = [
-    (PROMPTS[0], SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4,
-                                logit_bias={17: 1.0, 41: 2.0}, logprobs=2, max_new_tokens=NEW, eos_token_id=[])),
+    (
+        PROMPTS[0],
+        SamplingParams(
+            repetition_penalty=0.7,
+            frequency_penalty=-0.3,
+            presence_penalty=0.4,
+            logit_bias={17: 1.0, 41: 2.0},
+            logprobs=2,
+            max_new_tokens=NEW,
+            eos_token_id=[],
+        ),
+    ),
     (PROMPTS[2], SamplingParams(min_tokens=12, eos_token_id=_EOS, max_new_tokens=NEW, logprobs=0)),
     (PROMPTS[0], SamplingParams(grammar=parity(VOCAB, VOCAB - 1), eos_token_id=VOCAB - 1, max_new_tokens=NEW)),
-    (PROMPTS[1], SamplingParams(temperature=0.9, top_k=20, seed=42, repetition_penalty=1.3, frequency_penalty=0.2,
-                                max_new_tokens=45, eos_token_id=[])),  # >= 23 steps, the others <= 20: the plan stays
+    (
+        PROMPTS[1],
+        SamplingParams(
+            temperature=0.9,
+            top_k=20,
+            seed=42,
+            repetition_penalty=1.3,
+            frequency_penalty=0.2,
+            max_new_tokens=45,
+            eos_token_id=[],
+        ),
+    ),  # >= 23 steps, the others <= 20: the plan stays
 ]
 
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import functools
 
-import torch
+from support.device_reads import DeviceReads
+from support.llama_models import fdecode_target, independent_draft
+from support.ngram_steps import grounded_prompts
 from torch.utils._pytree import tree_leaves
 
 import fdecode
 from fdecode.runtime.metrics import RequestMetrics
-from support.device_reads import DeviceReads
-from support.llama_models import fdecode_target, independent_draft
-from support.ngram_steps import grounded_prompts
 
 K = 3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def step_with(draft_kind: str, max_batch: int = 4) -> fdecode.Step:
     """The 2-layer target with a draft LM ("self", "partial", "random") or n-gram drafts ("ngram")."""
     target = fdecode_target(2)
@@ -49,9 +48,14 @@ def counted(events: list[fdecode.Event]) -> RequestMetrics:
 
 
 def summed(metrics: list[RequestMetrics]) -> RequestMetrics:
-    return RequestMetrics(*(sum(column) for column in zip(*(
-        (m.drafts_proposed, m.drafts_accepted, m.verified_steps, m.first_row_steps) for m in metrics
-    ))))
+    return RequestMetrics(
+        *(
+            sum(column)
+            for column in zip(
+                *((m.drafts_proposed, m.drafts_accepted, m.verified_steps, m.first_row_steps) for m in metrics)
+            )
+        )
+    )
 
 
 def test_a_self_draft_accepts_every_draft():
@@ -94,7 +98,7 @@ def test_requests_admitted_mid_flight_count_their_own_steps():
     per draft position i the share of verified steps that accepted more than i drafts."""
     engine = fdecode.Engine(step_with("partial"))
     budgets = [5, 30, 9, 12, 3, 20, 8]
-    add = lambda i: engine.add_request([1 + i, 2 + i, 3], max_new_tokens=budgets[i], eos_token_id=[])  # noqa: E731
+    add = lambda i: engine.add_request([1 + i, 2 + i, 3], max_new_tokens=budgets[i], eos_token_id=[])
     ids = [add(i) for i in range(4)]
     events = engine.step() + engine.step() + engine.step()
     ids += [add(i) for i in range(4, 7)]
@@ -141,7 +145,9 @@ def check_against_launches(step: Recording, engine: fdecode.Engine, events: list
     (run to its budget) committed 1 + accepted + verified + first-row tokens."""
     rows = [(d, n) for d, n in step.rows if n]  # a launch after a request's end commits nothing
     want = RequestMetrics(
-        sum(d for d, _ in rows), sum(n - 1 for d, n in rows if d), sum(1 for d, _ in rows if d),
+        sum(d for d, _ in rows),
+        sum(n - 1 for d, n in rows if d),
+        sum(1 for d, _ in rows if d),
         sum(1 for d, _ in rows if not d),
     )
     requests = by_request(events)
@@ -172,8 +178,9 @@ def test_adaptive_depths_count_the_drafts_each_launch_verified():
     """A draft LM under `DecodeConfig(adaptive_depth=True)`: a launch of depth d verifies d drafts, so later
     draft positions are carried by fewer steps than the first."""
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=K, max_batch=1, max_seq_len=64, block_size=4, backend="eager",
-                               adaptive_depth=True)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=K, max_batch=1, max_seq_len=64, block_size=4, backend="eager", adaptive_depth=True
+    )
     compiled = fdecode.compile(target, independent_draft("partial", target), cfg)
     compiled.warmup(depths=compiled.depths, progress=False)  # every depth's graph made: the Engine may launch any
     step = Recording(compiled)

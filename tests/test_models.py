@@ -28,18 +28,45 @@ DECODE_STEPS = 3  # single-token calls, then one window of WINDOW tokens
 WINDOW = 3
 TOL = 1e-4
 
-TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+)
 CASES = {
     "llama": (transformers.LlamaConfig, {}),
     "qwen2": (transformers.Qwen2Config, {}),
     "qwen3": (transformers.Qwen3Config, {"head_dim": 32}),  # head_dim != hidden / heads
     "llama_tied": (transformers.LlamaConfig, {"tie_word_embeddings": True}),
-    "llama3_rope": (transformers.LlamaConfig, {"rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
-    "yarn_rope": (transformers.Qwen3Config, {"rope_parameters": {
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}}),
+    "llama3_rope": (
+        transformers.LlamaConfig,
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "yarn_rope": (
+        transformers.Qwen3Config,
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
 }
 
 
@@ -120,8 +147,16 @@ def test_config_parsing() -> None:
     assert cfg.rope_scaling_dict["rope_type"] == "llama3" and cfg.rope_theta == 10000.0
     assert cfg.model_type == "llama" and cfg.num_kv_heads == 2 and not cfg.tie_word_embeddings
     # transformers 4 style: rope_theta at the top, rope_scaling with "type"; missing head_dim / kv heads.
-    old = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 32, "intermediate_size": 8, "num_hidden_layers": 1,
-           "num_attention_heads": 4, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    old = {
+        "model_type": "qwen2",
+        "vocab_size": 8,
+        "hidden_size": 32,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "rope_theta": 5e5,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
     cfg = config_from_hf(old)
     assert (cfg.head_dim, cfg.num_kv_heads, cfg.attention_bias, cfg.rope_theta) == (8, 4, True, 5e5)
     assert cfg.rope_scaling == (("factor", 2.0), ("rope_type", "linear"))
@@ -166,8 +201,9 @@ def test_loads_folder_saved_by_transformers(tmp_path: Path, shard: str | None) -
     assert (tmp_path / "model.safetensors.index.json").is_file() == bool(shard)
     seqs, tables = sequences(), block_tables()
     ref, got = from_hf(hf), from_hf(tmp_path)
-    for (_, _, a), (_, _, b) in zip(run_paged(ref, seqs, tables, new_kv(ref.config)),
-                                    run_paged(got, seqs, tables, new_kv(got.config))):
+    for (_, _, a), (_, _, b) in zip(
+        run_paged(ref, seqs, tables, new_kv(ref.config)), run_paged(got, seqs, tables, new_kv(got.config))
+    ):
         assert torch.equal(a, b)
 
 
@@ -176,7 +212,9 @@ def test_compiled_forward_matches_eager() -> None:
     tables = block_tables()
     tokens = torch.tensor([[5, 6], [7, 8]])
     positions = torch.tensor([[4, 5], [2, 3]])
-    slots = torch.tensor([[slot_of(tables, 0, 4), slot_of(tables, 0, 5)], [slot_of(tables, 1, 2), slot_of(tables, 1, 3)]])
+    slots = torch.tensor(
+        [[slot_of(tables, 0, 4), slot_of(tables, 0, 5)], [slot_of(tables, 1, 2), slot_of(tables, 1, 3)]]
+    )
 
     def step(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return model(tokens, positions, slots, kv, tables, block_size=BLOCK)
@@ -191,8 +229,16 @@ def test_compiled_forward_matches_eager() -> None:
 
 
 def tiny_config(**changes: object) -> ModelConfig:
-    return ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=16, **changes)
+    return ModelConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        **changes,
+    )
 
 
 def test_mtp_head_shares_target_io_and_writes_only_its_slots() -> None:
@@ -204,7 +250,9 @@ def test_mtp_head_shares_target_io_and_writes_only_its_slots() -> None:
     kv = head.kv_config.new_kv((1 + 2 * MAX_BLOCKS) * BLOCK, dtype=torch.float32, device="cpu")
     tables = block_tables()
     tokens, positions = torch.tensor([[3, 4], [5, 6]]), torch.tensor([[0, 1], [0, 1]])
-    slots = torch.tensor([[slot_of(tables, 0, 0), slot_of(tables, 0, 1)], [slot_of(tables, 1, 0), slot_of(tables, 1, 1)]])
+    slots = torch.tensor(
+        [[slot_of(tables, 0, 0), slot_of(tables, 0, 1)], [slot_of(tables, 1, 0), slot_of(tables, 1, 1)]]
+    )
     hidden_in = torch.randn(2, 2, 64, generator=torch.Generator().manual_seed(5))
     logits, hidden = head(tokens, positions, slots, kv, tables, block_size=BLOCK, hidden_in=hidden_in)
     assert logits.shape == (2, 2, 128) and logits.dtype == torch.float32 and hidden.shape == (2, 2, 64)
@@ -229,16 +277,20 @@ def _relayout(key: str, layout: str, num_layers: int) -> str:
     """fdecode's MTP key (layout c) written in layout a (Qwen3-Next) or b (DeepSeek-V3)."""
     if not key.startswith("mtp."):
         return key
-    rest = key[len("mtp."):]
+    rest = key[len("mtp.") :]
     if layout == "a":
-        for ours, theirs in (("eh_proj.", "fc."), ("enorm.", "pre_fc_norm_embedding."),
-                             ("hnorm.", "pre_fc_norm_hidden."), ("layer.", "layers.0.")):
+        for ours, theirs in (
+            ("eh_proj.", "fc."),
+            ("enorm.", "pre_fc_norm_embedding."),
+            ("hnorm.", "pre_fc_norm_hidden."),
+            ("layer.", "layers.0."),
+        ):
             if rest.startswith(ours):
-                return "mtp." + theirs + rest[len(ours):]
+                return "mtp." + theirs + rest[len(ours) :]
         return key
     prefix = f"model.layers.{num_layers}."
     if rest.startswith("layer."):
-        return prefix + rest[len("layer."):]
+        return prefix + rest[len("layer.") :]
     return prefix + ("shared_head." + rest if rest.startswith("norm.") else rest)
 
 
@@ -277,21 +329,44 @@ def test_last_logits_are_the_last_rows_logits() -> None:
 
     cfg = tiny_config(qk_norm=True)
     target = LlamaModel.random(cfg, seed=0)
-    hybrid = HybridModel.random(HybridConfig(
-        vocab_size=128, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
-        model_type="qwen3_5_text", layer_types=(LINEAR, FULL), linear_num_key_heads=1, linear_num_value_heads=2,
-        linear_key_head_dim=4, linear_value_head_dim=4, partial_rotary_factor=0.5), seed=2, std=0.3)
+    hybrid = HybridModel.random(
+        HybridConfig(
+            vocab_size=128,
+            hidden_size=16,
+            intermediate_size=32,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=8,
+            model_type="qwen3_5_text",
+            layer_types=(LINEAR, FULL),
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=4,
+            linear_value_head_dim=4,
+            partial_rotary_factor=0.5,
+        ),
+        seed=2,
+        std=0.3,
+    )
     tables = block_tables()
     tokens, positions = torch.tensor([[3, 4, 9], [5, 6, 7]]), torch.tensor([[0, 1, 2], [0, 1, 2]])
     slots = torch.tensor([[slot_of(tables, b, p) for p in range(3)] for b in range(2)])
-    for model, extra in ((target, {}), (MTPHead.random(cfg, seed=1).bind(target),
-                                        {"hidden_in": torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(5))}),
-                         (hybrid, {})):
+    for model, extra in (
+        (target, {}),
+        (
+            MTPHead.random(cfg, seed=1).bind(target),
+            {"hidden_in": torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(5))},
+        ),
+        (hybrid, {}),
+    ):
         kv_config = getattr(model, "kv_config", model.config)
         kvs = [kv_config.new_kv((1 + 2 * MAX_BLOCKS) * BLOCK, dtype=torch.float32, device="cpu") for _ in range(2)]
         with torch.no_grad():
             full, hidden = model(tokens, positions, slots, kvs[0], tables, block_size=BLOCK, **extra)[:2]
-            last, same = model(tokens, positions, slots, kvs[1], tables, block_size=BLOCK, last_logits=True, **extra)[:2]
+            last, same = model(tokens, positions, slots, kvs[1], tables, block_size=BLOCK, last_logits=True, **extra)[
+                :2
+            ]
         assert last.shape == (2, 1, full.shape[-1]), type(model).__name__
         torch.testing.assert_close(last, full[:, -1:], rtol=0, atol=1e-6)  # a one-row matmul blocks differently
         torch.testing.assert_close(same, hidden, rtol=0, atol=0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fdecode.models.layers import moe as moe_module
 from fdecode.models.config import ModelConfig
+from fdecode.models.layers import moe as moe_module
 from fdecode.models.layers.moe import DeepseekMoE, QwenMoE, moe_block
 from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf, softmax_moe_from_hf
 
@@ -25,8 +25,12 @@ def _hidden(seed: int, rows: int = 24) -> torch.Tensor:
 
 
 def _ours(hf_block: torch.nn.Module, moe: MoEConfig) -> torch.nn.Module:
-    ours = moe_block(ModelConfig(vocab_size=8, hidden_size=H, intermediate_size=1, num_layers=1, num_heads=1,
-                                 num_kv_heads=1, head_dim=H), moe)
+    ours = moe_block(
+        ModelConfig(
+            vocab_size=8, hidden_size=H, intermediate_size=1, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=H
+        ),
+        moe,
+    )
     ours.load_state_dict(hf_block.state_dict(), strict=True)  # the same names and the same stacked layout
     return ours
 
@@ -34,8 +38,20 @@ def _ours(hf_block: torch.nn.Module, moe: MoEConfig) -> torch.nn.Module:
 def _deepseek_style(kind: str, **over):
     import transformers
 
-    fields = {**dict(hidden_size=H, moe_intermediate_size=8, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
-                     topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True), **over}
+    fields = {
+        **dict(
+            hidden_size=H,
+            moe_intermediate_size=8,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+        **over,
+    }
     if kind == "deepseek_v3":
         cfg = transformers.DeepseekV3Config(**fields)
         block = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE(cfg)
@@ -46,7 +62,9 @@ def _deepseek_style(kind: str, **over):
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v3", "glm4_moe"])
-@pytest.mark.parametrize("over", [{}, {"n_group": 1, "topk_group": 1}, {"norm_topk_prob": False, "n_shared_experts": 1}])
+@pytest.mark.parametrize(
+    "over", [{}, {"n_group": 1, "topk_group": 1}, {"norm_topk_prob": False, "n_shared_experts": 1}]
+)
 def test_sigmoid_moe_matches_transformers(kind, over):
     cfg, hf_block = _deepseek_style(kind, **over)
     _randomise_(hf_block, seed=1)  # e_score_correction_bias too: selection and weights differ
@@ -73,8 +91,14 @@ def test_grouped_routing_keeps_only_the_best_groups():
 
 
 def test_greedy_routing_is_plain_top_k_of_the_sigmoid_scores():
-    moe = MoEConfig(num_experts=8, top_k=3, moe_intermediate_size=4, topk_method="greedy", norm_topk_prob=False,
-                    routed_scaling_factor=2.0)
+    moe = MoEConfig(
+        num_experts=8,
+        top_k=3,
+        moe_intermediate_size=4,
+        topk_method="greedy",
+        norm_topk_prob=False,
+        routed_scaling_factor=2.0,
+    )
     router = moe_block(ModelConfig(8, H, 1, 1, 1, 1, H), moe).gate
     _randomise_(router, seed=5)  # a nonzero bias, which greedy does not use
     x = _hidden(6).view(-1, H)
@@ -88,8 +112,13 @@ def test_greedy_routing_is_plain_top_k_of_the_sigmoid_scores():
 def test_softmax_moe_matches_transformers(kind):
     import transformers
 
-    fields = dict(hidden_size=H, moe_intermediate_size=8, shared_expert_intermediate_size=12, num_experts=16,
-                  num_experts_per_tok=4)
+    fields = dict(
+        hidden_size=H,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=12,
+        num_experts=16,
+        num_experts_per_tok=4,
+    )
     if kind == "qwen3_next":
         cfg = transformers.Qwen3NextConfig(**fields, norm_topk_prob=False)
         hf_block = transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextSparseMoeBlock(cfg)
@@ -137,8 +166,17 @@ def test_moe_block_is_one_graph():
     ],
 )
 def test_bad_routing_configs_are_refused(fields, message):
-    hf = {"n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 8, "n_group": 4,
-          "topk_group": 2, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_shared_experts": 1, **fields}
+    hf = {
+        "n_routed_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 8,
+        "n_group": 4,
+        "topk_group": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "n_shared_experts": 1,
+        **fields,
+    }
     with pytest.raises(ValueError, match=message):
         sigmoid_moe_from_hf(hf, defaults={})
 

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import deepseek_models, glm_models, hybrid_models
+from support.hybrid_models import PROMPTS, compiled, run
 
 from fdecode.baseline import BeforeLoop
 from fdecode.models import from_hf
-from fdecode.models.loading.checkpoint import CheckpointTensors
 from fdecode.models.dense import dense_forward, shift_hidden
-from fdecode.models.mtp.hybrid import HybridMTPHead
+from fdecode.models.loading.checkpoint import CheckpointTensors
 from fdecode.models.mtp.head import MTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.mtp.nextn import NextNMTPHead
 from fdecode.ops.attention import paged_context
-from support import deepseek_models, glm_models, hybrid_models
-from support.hybrid_models import PROMPTS, compiled, run
 
 
 def save_deepseek(folder, *, layers: int, declared: int | None = None) -> None:

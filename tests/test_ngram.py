@@ -10,13 +10,13 @@ import random
 
 import pytest
 import torch
-
-import fdecode
-from fdecode.ops.ngram import lookup, lookup_list
 from support.llama_models import fdecode_target, hf_greedy
 from support.ngram_steps import NEW, grounded_prompts, ngram_step
 from support.runs import run
 from support.tiny_vocab import LANES, PROMPT, check_follows_the_target, tiny_target
+
+import fdecode
+from fdecode.ops.ngram import lookup, lookup_list
 
 
 @pytest.mark.parametrize(("max_n", "min_n"), [(3, 1), (2, 2), (4, 2), (1, 1)])
@@ -93,8 +93,11 @@ def test_ngram_settings_and_bad_ones():
         fdecode.NgramDraft(max_n=2, min_n=3)
     with pytest.raises(ValueError, match="max_n must be a positive int"):
         fdecode.NgramDraft(max_n=0)
-    other = fdecode.compile(fdecode_target(2), "ngram", fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"))
+    other = fdecode.compile(
+        fdecode_target(2),
+        "ngram",
+        fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"),
+    )
     with pytest.raises(ValueError, match="state.history is"):
         other(step.prefill([[1, 2]], max_new_tokens=2))
 

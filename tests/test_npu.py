@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.llama_models import fdecode_target, independent_draft, mtp_head
+from support.probes import steps_without_host_syncs
 
 import fdecode
 from fdecode.graphs import torchair as npu
-from support.llama_models import fdecode_target, independent_draft, mtp_head
-from support.probes import steps_without_host_syncs
 
 UNAVAILABLE = npu.availability_reason()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs an Ascend NPU: {UNAVAILABLE}")
@@ -23,8 +23,16 @@ def npu_step(backend: str, draft_kind: str = "model", **changes):
     target = fdecode_target(2)
     draft = independent_draft("partial", target) if draft_kind == "model" else mtp_head("partial", target)
     cfg = fdecode.DecodeConfig(
-        **{"num_draft_tokens": 3, "max_batch": 4, "max_seq_len": 160, "block_size": 16, "backend": backend,
-           "device": "npu", "dtype": torch.float16, **changes}
+        **{
+            "num_draft_tokens": 3,
+            "max_batch": 4,
+            "max_seq_len": 160,
+            "block_size": 16,
+            "backend": backend,
+            "device": "npu",
+            "dtype": torch.float16,
+            **changes,
+        }
     )
     return fdecode.compile(target, draft, cfg)
 
@@ -57,9 +65,18 @@ def test_ge_mode_without_the_kernel_is_refused_or_runs_the_acl_graph():
     with pytest.raises(ValueError, match="MtpPrepareNextDraft"):  # with the NPU attention kernel, only that is missing
         npu_step("torchair", torchair_mode="max-autotune", block_size=128, max_seq_len=512)
     step = fdecode.compile(
-        fdecode_target(2), independent_draft("random", fdecode_target(2)),
-        fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, block_size=16, backend="torchair",
-                             device="npu", dtype=torch.float16, torchair_mode="max-autotune"),
+        fdecode_target(2),
+        independent_draft("random", fdecode_target(2)),
+        fdecode.DecodeConfig(
+            num_draft_tokens=2,
+            max_batch=2,
+            max_seq_len=32,
+            block_size=16,
+            backend="torchair",
+            device="npu",
+            dtype=torch.float16,
+            torchair_mode="max-autotune",
+        ),
         fallback=True,
     )
     assert (step.backend, step.config.torchair_mode) == ("torchair", "reduce-overhead")
@@ -74,8 +91,16 @@ def test_ge_converter_registers_with_torchair():
     assert callable(tng.get_npu_backend)
     # fdecode's converter replaces torchair's (which raises NotImplementedError for aten.view.dtype): a GE graph
     # holding the filters' float-bits view compiles and runs.
-    cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=128, block_size=128, device="npu",
-                               dtype=torch.float16, backend="torchair", torchair_mode="max-autotune")
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=1,
+        max_batch=1,
+        max_seq_len=128,
+        block_size=128,
+        device="npu",
+        dtype=torch.float16,
+        backend="torchair",
+        torchair_mode="max-autotune",
+    )
 
     def bits(x):
         return x.view(torch.int32) + 1

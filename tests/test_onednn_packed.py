@@ -88,8 +88,9 @@ def test_a_compiled_forward_reads_the_packed_weight_and_follows_its_edits(monkey
 
     lin = torch.nn.Linear(512, 600)  # 1.2 MB: oneDNN's
     onednn_packed.pack(lin.weight)
-    compiled = torch.compile(lin, backend="inductor", fullgraph=True, dynamic=False,
-                             options={"post_grad_custom_pre_pass": weight_stationary})
+    compiled = torch.compile(
+        lin, backend="inductor", fullgraph=True, dynamic=False, options={"post_grad_custom_pre_pass": weight_stationary}
+    )
     calls, real = [], onednn_packed.linear
     monkeypatch.setattr(onednn_packed, "linear", lambda x, w, b: calls.append(x.shape) or real(x, w, b))
     with torch.no_grad():
@@ -105,15 +106,21 @@ def test_compile_packs_a_cpu_inductor_steps_large_linears_only():
     import fdecode
     from fdecode.models import LlamaModel, ModelConfig
 
-    cfg = ModelConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
-                      num_kv_heads=2, head_dim=16)
+    cfg = ModelConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16
+    )
     model = LlamaModel.random(cfg, seed=0)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears[-1] is model.lm_head  # 4096 x 64 float32: 1 MiB, the only weight oneDNN takes
     for backend, pack_weights, packs in (("eager", True, False), ("inductor", False, False), ("inductor", True, True)):
-        step = fdecode.compile(model, model, fdecode.DecodeConfig(
-            num_draft_tokens=2, max_batch=1, max_seq_len=32, backend=backend, pack_weights=pack_weights),
-            announce=False)
+        step = fdecode.compile(
+            model,
+            model,
+            fdecode.DecodeConfig(
+                num_draft_tokens=2, max_batch=1, max_seq_len=32, backend=backend, pack_weights=pack_weights
+            ),
+            announce=False,
+        )
         assert step.target.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()  # shared
         assert (onednn_packed.packed(model.lm_head.weight) is not None) == packs, (backend, pack_weights)
         assert not any(onednn_packed.packed(m.weight) is not None for m in linears[:-1])

@@ -13,10 +13,10 @@ import gc
 
 import pytest
 import torch
+from support.llama_models import fdecode_target, independent_draft
 from torch.utils import _pytree as pytree
 
 import fdecode
-from support.llama_models import fdecode_target, independent_draft
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
 OTHER = [[40, 41, 42, 43, 44, 45], [3, 3, 3], [90, 1]]
@@ -190,9 +190,11 @@ def test_a_state_over_another_steps_pool_is_refused(how):
     review's repro: B stepped it while an Engine of A took the same storage, and tokens went wrong); a
     clone of it, KV of its own, may be stepped by B, and equals A's own chain."""
     a, b = make_step(), make_step()
-    start = {"prefill": lambda: a.prefill(PROMPTS, max_new_tokens=20),
-             "concurrent": lambda: a.prefill(PROMPTS, max_new_tokens=20, concurrent=True),
-             "empty_state": a.empty_state}[how]
+    start = {
+        "prefill": lambda: a.prefill(PROMPTS, max_new_tokens=20),
+        "concurrent": lambda: a.prefill(PROMPTS, max_new_tokens=20, concurrent=True),
+        "empty_state": a.empty_state,
+    }[how]
     state = start()
     with pytest.raises(ValueError, match="another step's KV pool"):
         b(state)

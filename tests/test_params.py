@@ -9,12 +9,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
 
 import fdecode
 from fdecode import SamplingParams
 from fdecode.ops.filters import candidate_filter, full_filter
 from fdecode.seeds import derived
-from support.llama_models import fdecode_target, hf_greedy, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, backend="eager")
 PROMPTS = [[5, 6, 7], [9, 1], [3, 3, 4, 8]]
@@ -27,10 +27,24 @@ def step():
 
 
 def test_sampling_params_is_frozen_and_holds_python_values():
-    p = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(5), top_p=torch.tensor(0.9), min_p=np.float64(0.1),
-                       seed=torch.tensor(3), eos_token_id=np.array([2, 7]), max_new_tokens=np.int32(4))
+    p = SamplingParams(
+        temperature=np.float32(0.5),
+        top_k=np.int64(5),
+        top_p=torch.tensor(0.9),
+        min_p=np.float64(0.1),
+        seed=torch.tensor(3),
+        eos_token_id=np.array([2, 7]),
+        max_new_tokens=np.int32(4),
+    )
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.eos_token_id, p.max_new_tokens) == (
-        0.5, 5, pytest.approx(0.9), pytest.approx(0.1), 3, (2, 7), 4)
+        0.5,
+        5,
+        pytest.approx(0.9),
+        pytest.approx(0.1),
+        3,
+        (2, 7),
+        4,
+    )
     assert all(type(v) in (int, float, tuple) for v in (p.temperature, p.top_k, p.top_p, p.seed, p.eos_token_id))
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 1.0
@@ -62,7 +76,8 @@ def test_params_give_what_the_keywords_give(step):
     assert one == keywords
     same = [SamplingParams(temperature=t, seed=s, max_new_tokens=5) for t, s in ((0.0, 1), (1.0, 2), (0.7, 3))]
     assert fdecode.generate(step, PROMPTS, same) == fdecode.generate(
-        step, PROMPTS, max_new_tokens=5, temperature=[0.0, 1.0, 0.7], seed=[1, 2, 3])
+        step, PROMPTS, max_new_tokens=5, temperature=[0.0, 1.0, 0.7], seed=[1, 2, 3]
+    )
     per = [p.replace(max_new_tokens=n) for p, n in zip(same, (3, 5, 4))]
     got = fdecode.generate(step, PROMPTS, per)
     assert [len(o) for o in got] == [3, 5, 4]  # per-request budgets
@@ -76,7 +91,9 @@ def test_params_give_what_the_keywords_give(step):
 
 
 def test_params_and_keywords_are_not_mixed(step):
-    with pytest.raises(TypeError, match=r"either as params= or as keywords, not both \(got params and max_new_tokens\)"):
+    with pytest.raises(
+        TypeError, match=r"either as params= or as keywords, not both \(got params and max_new_tokens\)"
+    ):
         fdecode.generate(step, PROMPTS, SamplingParams(), max_new_tokens=4)
     with pytest.raises(ValueError, match=r"^params has 2 values for 3 prompts$"):
         step.prefill(PROMPTS, [SamplingParams()] * 2)
@@ -85,23 +102,39 @@ def test_params_and_keywords_are_not_mixed(step):
 
 
 def test_numpy_and_torch_numbers_wherever_a_number_goes(step):
-    plain = fdecode.generate(step, PROMPTS, max_new_tokens=5, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=4,
-                             eos_token_id=3)
+    plain = fdecode.generate(
+        step, PROMPTS, max_new_tokens=5, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=4, eos_token_id=3
+    )
     held = fdecode.generate(
-        step, PROMPTS, max_new_tokens=np.int64(5), temperature=np.float32(0.7), top_k=np.int64(5),
-        top_p=torch.tensor(0.9), min_p=np.float64(0.05), seed=torch.tensor(4), eos_token_id=np.int64(3),
+        step,
+        PROMPTS,
+        max_new_tokens=np.int64(5),
+        temperature=np.float32(0.7),
+        top_k=np.int64(5),
+        top_p=torch.tensor(0.9),
+        min_p=np.float64(0.05),
+        seed=torch.tensor(4),
+        eos_token_id=np.int64(3),
     )
     assert held == plain
     lists = fdecode.generate(step, PROMPTS, max_new_tokens=5, temperature=[0.0, 0.5, 1.0], seed=[1, 2, 3])
-    arrays = fdecode.generate(step, PROMPTS, max_new_tokens=5, temperature=np.array([0.0, 0.5, 1.0]),
-                              seed=torch.tensor([1, 2, 3]))
+    arrays = fdecode.generate(
+        step, PROMPTS, max_new_tokens=5, temperature=np.array([0.0, 0.5, 1.0]), seed=torch.tensor([1, 2, 3])
+    )
     assert arrays == lists
     engine = fdecode.Engine(step)
-    rid = engine.add_request(np.array(PROMPTS[0]), max_new_tokens=np.int64(4), temperature=np.float32(0.7),
-                             top_k=np.int64(5), seed=np.int64(9), eos_token_id=torch.tensor([3]))
+    rid = engine.add_request(
+        np.array(PROMPTS[0]),
+        max_new_tokens=np.int64(4),
+        temperature=np.float32(0.7),
+        top_k=np.int64(5),
+        seed=np.int64(9),
+        eos_token_id=torch.tensor([3]),
+    )
     again = fdecode.Engine(step)
-    rid2 = again.add_request(PROMPTS[0], max_new_tokens=4, temperature=float(np.float32(0.7)), top_k=5, seed=9,
-                             eos_token_id=[3])
+    rid2 = again.add_request(
+        PROMPTS[0], max_new_tokens=4, temperature=float(np.float32(0.7)), top_k=5, seed=9, eos_token_id=[3]
+    )
     assert engine.run()[rid] == again.run()[rid2]
 
 
@@ -166,10 +199,18 @@ def test_a_seed_for_the_call_gives_each_prompt_its_own_stream(step):
 
 
 def test_decode_config_takes_numpy_and_torch_integers():
-    held = fdecode.DecodeConfig(num_draft_tokens=np.int64(2), max_batch=torch.tensor(3), max_seq_len=np.int32(32),
-                                block_size=4, max_stop_ids=np.int64(4), eos_token_id=np.int64(2), backend="eager")
-    plain = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, eos_token_id=2,
-                                 backend="eager")
+    held = fdecode.DecodeConfig(
+        num_draft_tokens=np.int64(2),
+        max_batch=torch.tensor(3),
+        max_seq_len=np.int32(32),
+        block_size=4,
+        max_stop_ids=np.int64(4),
+        eos_token_id=np.int64(2),
+        backend="eager",
+    )
+    plain = fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, eos_token_id=2, backend="eager"
+    )
     assert held == plain and hash(held) == hash(plain) and type(held.max_batch) is int
 
 
@@ -188,9 +229,13 @@ def test_derived_seeds_are_the_same_in_every_process():
     import fdecode.seeds
 
     for hash_seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code, fdecode.seeds.__file__], capture_output=True, text=True,
-                             check=True,
-                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code, fdecode.seeds.__file__],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        ).stdout
         assert out.strip() == str([derived(3, i) for i in range(5)])
 
 

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.prepare_cases import COMBINATIONS
 
 

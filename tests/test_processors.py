@@ -14,13 +14,13 @@ import math
 
 import pytest
 import torch
-
-import fdecode
-from fdecode import SamplingParams
 from support.llama_models import fdecode_target, independent_draft, mtp_head
 from support.processor_oracle import hf_processed
 from support.stats import ALPHA, chi2_pvalue, reference_filter
 from support.tiny_vocab import PROMPT, TINY, V, logits_after, tiny_draft, tiny_target
+
+import fdecode
+from fdecode import SamplingParams
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60, 5, 17), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 11, 12)]
 NEW = 16
@@ -35,17 +35,26 @@ REQUESTS = {
     "repetition": SamplingParams(repetition_penalty=1.8),
     "frequency_presence": SamplingParams(frequency_penalty=0.9, presence_penalty=0.6),
     "logit_bias": SamplingParams(logit_bias={3: 2.5, 40: 1.5, 77: -9.0}),
-    "all": SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4,
-                          logit_bias={17: 1.0}),
+    "all": SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4, logit_bias={17: 1.0}),
 }
 
 
 def build(draft_kind: str, backend: str = "eager", **features):
     target = fdecode_target(2)
-    draft = {"model": lambda: independent_draft("partial", target), "mtp": lambda: mtp_head("partial", target),
-             "ngram": lambda: "ngram"}[draft_kind]()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=3, max_seq_len=64, block_size=4, backend=backend,
-                               eos_token_id=None, **(features or FEATURES))
+    draft = {
+        "model": lambda: independent_draft("partial", target),
+        "mtp": lambda: mtp_head("partial", target),
+        "ngram": lambda: "ngram",
+    }[draft_kind]()
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3,
+        max_batch=3,
+        max_seq_len=64,
+        block_size=4,
+        backend=backend,
+        eos_token_id=None,
+        **(features or FEATURES),
+    )
     return fdecode.compile(target, draft, cfg)
 
 
@@ -93,7 +102,7 @@ def test_logprobs_equal_transformers_logits_or_scores(mode):
     step = build("model", **{**FEATURES, "logprobs_mode": mode})
     params = REQUESTS["repetition"].replace(max_new_tokens=NEW, logprobs=2)
     engine = fdecode.Engine(step)
-    rid = engine.add_request(list(PROMPTS[0]), params)
+    engine.add_request(list(PROMPTS[0]), params)
     tokens, logprobs = [], []
     for event in engine.stream():
         assert event.logprobs is not None and len(event.logprobs) == len(event.new_tokens)
@@ -128,10 +137,15 @@ def test_lanes_without_processors_run_the_graph_without_them():
     assert not step.plan_for(mixed).unprocessed and "aten::scatter_add" in fdecode.inspect(step, mixed).op_counts
     assert fdecode.generate(step, prompts, plain) == [hf_generate(p, plain)[0] for p in PROMPTS]
 
+
 def test_features_the_step_was_not_compiled_for_are_refused():
     step = build("ngram", penalties=False)
-    for params, name in ((SamplingParams(repetition_penalty=1.2), "penalties"), (SamplingParams(min_tokens=2), "min_tokens"),
-                         (SamplingParams(logit_bias={1: 1.0}), "max_logit_bias"), (SamplingParams(logprobs=0), "max_logprobs")):
+    for params, name in (
+        (SamplingParams(repetition_penalty=1.2), "penalties"),
+        (SamplingParams(min_tokens=2), "min_tokens"),
+        (SamplingParams(logit_bias={1: 1.0}), "max_logit_bias"),
+        (SamplingParams(logprobs=0), "max_logprobs"),
+    ):
         with pytest.raises(ValueError, match=name):
             fdecode.generate(step, [[1, 2]], params=params)
     with pytest.raises(ValueError, match="not an id"):
@@ -143,8 +157,16 @@ def test_features_the_step_was_not_compiled_for_are_refused():
 # --------------------------------------------------------------------------- random lanes: exactness
 
 RANDOM = dict(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0)
-TINY_REQUEST = SamplingParams(**RANDOM, repetition_penalty=1.6, frequency_penalty=0.5, presence_penalty=0.4,
-                              logit_bias={4: 0.8}, min_tokens=2, eos_token_id=0, max_new_tokens=3)
+TINY_REQUEST = SamplingParams(
+    **RANDOM,
+    repetition_penalty=1.6,
+    frequency_penalty=0.5,
+    presence_penalty=0.4,
+    logit_bias={4: 0.8},
+    min_tokens=2,
+    eos_token_id=0,
+    max_new_tokens=3,
+)
 
 
 def reference_next(target, generated: list[int], p: SamplingParams) -> torch.Tensor:
@@ -164,8 +186,16 @@ def reference_next(target, generated: list[int], p: SamplingParams) -> torch.Ten
 @pytest.mark.parametrize("kind", ["random", "self"])
 def test_random_lanes_with_processors_follow_the_processed_target(kind):
     target = tiny_target()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=64, max_seq_len=16, block_size=4, backend="eager",
-                               penalties=True, min_tokens=True, max_logit_bias=2)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2,
+        max_batch=64,
+        max_seq_len=16,
+        block_size=4,
+        backend="eager",
+        penalties=True,
+        min_tokens=True,
+        max_logit_bias=2,
+    )
     step = fdecode.compile(target, tiny_draft(kind, target), cfg)
     samples = []
     for batch in range(30):
@@ -186,8 +216,9 @@ def test_random_lanes_with_processors_follow_the_processed_target(kind):
 
 def test_counts_memory_scales_with_the_vocabulary():
     """The penalty counts are 5 bytes per token per lane ([B, V] int32 counts + bool prompt marks)."""
-    cfg = fdecode.DecodeConfig(num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="eager",
-                               penalties=True)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=1, max_batch=2, max_seq_len=16, block_size=4, backend="eager", penalties=True
+    )
     state = fdecode.compile(tiny_target(), "ngram", cfg).empty_state()
     assert state.counts.shape == state.seen.shape == (2, TINY.vocab_size)
     assert state.counts.element_size() + state.seen.element_size() == 5
@@ -198,8 +229,10 @@ def test_counts_memory_scales_with_the_vocabulary():
 def test_every_feature_stays_in_the_one_graph():
     """With every feature compiled and used: one graph, no break, no host sync, one prepare op."""
     step = build("model", **FEATURES)
-    params = [REQUESTS["all"].replace(max_new_tokens=NEW, logprobs=3, min_tokens=4),
-              SamplingParams(temperature=0.8, top_k=5, seed=1, repetition_penalty=1.2, logprobs=1, max_new_tokens=NEW)]
+    params = [
+        REQUESTS["all"].replace(max_new_tokens=NEW, logprobs=3, min_tokens=4),
+        SamplingParams(temperature=0.8, top_k=5, seed=1, repetition_penalty=1.2, logprobs=1, max_new_tokens=NEW),
+    ]
     state = step.prefill([list(p) for p in PROMPTS[:2]], params=params)
     report = fdecode.inspect(step, state)
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
@@ -210,8 +243,11 @@ def test_every_feature_stays_in_the_one_graph():
 def test_generate_with_details_returns_logprobs_reasons_and_metrics(step):
     """`generate(..., details=True)`: the same tokens, with what the Engine's events carried."""
     prompts = [list(p) for p in PROMPTS]
-    params = [REQUESTS["repetition"].replace(max_new_tokens=NEW, logprobs=1), SamplingParams(max_new_tokens=5),
-              SamplingParams(max_new_tokens=NEW, eos_token_id=fdecode.generate(step, [prompts[2]], max_new_tokens=4)[0][3])]
+    params = [
+        REQUESTS["repetition"].replace(max_new_tokens=NEW, logprobs=1),
+        SamplingParams(max_new_tokens=5),
+        SamplingParams(max_new_tokens=NEW, eos_token_id=fdecode.generate(step, [prompts[2]], max_new_tokens=4)[0][3]),
+    ]
     done = fdecode.generate(step, prompts, params, details=True)
     assert [c.tokens for c in done] == fdecode.generate(step, prompts, params)
     assert [lp.token for lp in done[0].logprobs] == done[0].tokens and all(len(lp.top) == 1 for lp in done[0].logprobs)
@@ -225,9 +261,18 @@ def test_generate_with_details_returns_logprobs_reasons_and_metrics(step):
 def test_processed_logprobs_of_random_lanes_are_those_of_the_distribution_sampled_from():
     """A random lane's processed logprob is log p of the processed, filtered distribution (-inf outside it)."""
     target = tiny_target()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=8, max_seq_len=16, block_size=4, backend="eager",
-                               penalties=True, min_tokens=True, max_logit_bias=2, max_logprobs=V,
-                               logprobs_mode="processed")
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2,
+        max_batch=8,
+        max_seq_len=16,
+        block_size=4,
+        backend="eager",
+        penalties=True,
+        min_tokens=True,
+        max_logit_bias=2,
+        max_logprobs=V,
+        logprobs_mode="processed",
+    )
     step = fdecode.compile(target, tiny_draft("random", target), cfg)
     request = TINY_REQUEST.replace(top_k=3, logprobs=V)
     done = fdecode.generate(step, [PROMPT] * 8, [request.replace(seed=s) for s in range(8)], details=True)
@@ -236,4 +281,5 @@ def test_processed_logprobs_of_random_lanes_are_those_of_the_distribution_sample
             want = reference_next(target, completion.tokens[:i], request).log()
             assert lp.logprob == pytest.approx(want[lp.token].item(), abs=1e-4)
             assert sorted(lp.top) == sorted(range(V)) and all(
-                lp.top[t] == pytest.approx(want[t].item(), abs=1e-4) or want[t] == -math.inf for t in range(V))
+                lp.top[t] == pytest.approx(want[t].item(), abs=1e-4) or want[t] == -math.inf for t in range(V)
+            )

@@ -18,7 +18,9 @@ def test_the_notebook_bar_only_where_ipywidgets_is_installed(monkeypatch) -> Non
     assert progress._bar_class() is tqdm.std.tqdm
     with progress.bar(total=1, disable=True) as shown:
         assert type(shown) is tqdm.std.tqdm
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "ipywidgets" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "ipywidgets" else real(name, *a)
+    )
     assert progress._bar_class() is tqdm.auto.tqdm
 
 

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.hybrid_models import (
+    PATTERNS,
+    assert_prefill_logits_match,
+    hf_config,
+    hf_hybrid,
+    paged,
+    prompts,
+    save_with_mtp,
+)
 
 from fdecode.models import from_hf
+from fdecode.models.families.qwen3_5 import config_from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR
-from fdecode.models.families.qwen3_5 import config_from_hf
-from support.hybrid_models import (
-    PATTERNS, assert_prefill_logits_match, hf_config, hf_hybrid, paged, prompts, save_with_mtp,
-)
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -41,8 +47,9 @@ def test_incremental_decode_matches_transformers(chunk: int) -> None:
     start = 0
     for stop in [5, *range(5 + chunk, n, chunk), n]:
         pos = torch.arange(start, stop)[None]
-        logits, _, snaps = model(seq[None, start:stop], pos, slot(pos), kv, table, block_size=n, recurrent=state,
-                                 snapshots=True)
+        logits, _, snaps = model(
+            seq[None, start:stop], pos, slot(pos), kv, table, block_size=n, recurrent=state, snapshots=True
+        )
         torch.testing.assert_close(logits[0], expected[start:stop], rtol=0, atol=1e-4)
         state = (snaps[0][:, :, -1], snaps[1][:, :, -1])  # [B, L_lin, ...] after the last row
         start = stop
@@ -57,7 +64,9 @@ def test_mtp_layers_of_an_unexpected_shape_are_refused(tmp_path) -> None:
 def test_unsupported_layer_types_and_configs_are_refused() -> None:
     hf = hf_config().to_dict()
     with pytest.raises(ValueError, match=r"unsupported layer type\(s\) \['sliding_attention'\]"):
-        config_from_hf({**hf, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
+        config_from_hf(
+            {**hf, "layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]}
+        )
     assert config_from_hf({**hf, "mtp_num_hidden_layers": 2}).mtp_num_layers == 2  # no longer refused (issue 16)
     with pytest.raises(ValueError, match="layer_types names 3 layers"):
         config_from_hf({**hf, "layer_types": ["linear_attention"] * 3})

@@ -11,15 +11,25 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from support.hybrid_models import (
+    NEW,
+    PROMPTS,
+    VOCAB,
+    compiled,
+    hf_greedy,
+    hybrid_target,
+    near_copy,
+    run,
+    save_with_mtp,
+    scratch_states,
+    staggered,
+)
 
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.mtp.hybrid import HybridMTPHead
-from support.hybrid_models import (
-    NEW, PROMPTS, VOCAB, compiled, hf_greedy, hybrid_target, near_copy, run, save_with_mtp, scratch_states, staggered,
-)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -120,9 +130,20 @@ SAMPLING_V = 5
 
 
 TINY_HYBRID = HybridConfig(
-    vocab_size=SAMPLING_V, hidden_size=16, intermediate_size=32, num_layers=3, num_heads=2, num_kv_heads=1,
-    head_dim=8, model_type="qwen3_5_text", layer_types=(LINEAR, FULL, LINEAR), linear_num_key_heads=1,
-    linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4, partial_rotary_factor=0.5,
+    vocab_size=SAMPLING_V,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=3,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    model_type="qwen3_5_text",
+    layer_types=(LINEAR, FULL, LINEAR),
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    linear_key_head_dim=4,
+    linear_value_head_dim=4,
+    partial_rotary_factor=0.5,
 )
 
 
@@ -151,14 +172,20 @@ def test_inductor_partially_agreeing_draft_is_lossless() -> None:
 
 
 def test_backends_and_tensor_parallelism_refuse_hybrids_with_a_reason() -> None:
-    from fdecode.graphs.backends import ELIGIBILITY
+    from fdecode.graphs.backends import ELIGIBILITY, recurrent_reason
     from fdecode.models.parallel import TPGroup
     from fdecode.models.sharding import parallelize_pair
 
-    from fdecode.graphs.backends import recurrent_reason
-
-    target, llama = hybrid_target(), from_hf(transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)))
+    target, llama = (
+        hybrid_target(),
+        from_hf(
+            transformers.LlamaForCausalLM(
+                transformers.LlamaConfig(
+                    vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+                )
+            )
+        ),
+    )
     assert "recurrent-state leaves" in recurrent_reason(target, HybridMTPHead(target.config))
     assert "recurrent-state leaves" in recurrent_reason(llama, target)
     assert recurrent_reason(llama, llama) is None

@@ -12,18 +12,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.hybrid_models import (
+    PATTERNS,
+    PROMPTS,
+    compiled,
+    hf_config,
+    hf_greedy,
+    hf_hybrid,
+    paged,
+    prompts,
+    run,
+    save_with_mtp,
+)
 
 import fdecode
 from fdecode.models import from_hf
 from fdecode.models.dense import dense_forward
-from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
-from fdecode.models.mtp.hybrid import HybridMTPHead
-from fdecode.models.layers.moe import QwenMoE
 from fdecode.models.families.qwen3_5 import moe_config_from_hf
 from fdecode.models.families.qwen3_next import config_from_hf as next_config_from_hf
-from support.hybrid_models import (
-    PATTERNS, PROMPTS, compiled, hf_config, hf_greedy, hf_hybrid, paged, prompts, run, save_with_mtp,
-)
+from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
+from fdecode.models.layers.moe import QwenMoE
+from fdecode.models.mtp.hybrid import HybridMTPHead
 
 FAMILIES = ["qwen3_next", "qwen3_5_moe"]
 PATTERN = "full-lin-lin-full"
@@ -58,12 +67,18 @@ def test_the_text_part_of_a_multimodal_qwen3_5_moe_checkpoint_loads(tmp_path) ->
 
     hf = hf_hybrid(PATTERN, family="qwen3_5_moe")
     hf.save_pretrained(tmp_path)
-    weights = {k.replace("model.", "model.language_model.", 1): t for k, t in load_file(str(tmp_path / "model.safetensors")).items()}
+    weights = {
+        k.replace("model.", "model.language_model.", 1): t
+        for k, t in load_file(str(tmp_path / "model.safetensors")).items()
+    }
     weights["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     text = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": text,
-                                                       "vision_config": {}, "tie_word_embeddings": False}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model_type": "qwen3_5_moe", "text_config": text, "vision_config": {}, "tie_word_embeddings": False}
+        )
+    )
     assert any(".experts.0.gate_proj." in k for k in weights)  # save_pretrained wrote the experts apart
     model = from_hf(tmp_path)
     assert model.config.model_type == "qwen3_5_moe_text" and model.config.moe.router == "softmax"
@@ -84,8 +99,9 @@ def test_incremental_decode_matches_transformers(family: str) -> None:
     state, start = (conv[:, :, 0], rec[:, :, 0]), 0
     for stop in (5, 6, 9, 12, 13, n):
         pos = torch.arange(start, stop)[None]
-        logits, _, snaps = model(seq[None, start:stop], pos, slot(pos), kv, table, block_size=n, recurrent=state,
-                                 snapshots=True)
+        logits, _, snaps = model(
+            seq[None, start:stop], pos, slot(pos), kv, table, block_size=n, recurrent=state, snapshots=True
+        )
         torch.testing.assert_close(logits[0], expected[start:stop], rtol=0, atol=1e-4)
         state, start = (snaps[0][:, :, -1], snaps[1][:, :, -1]), stop
 
@@ -131,7 +147,9 @@ def test_engine_staggered_arrivals_equal_one_at_a_time_decoding() -> None:
     while tick <= max(arrivals) or engine.has_work():
         for prompt in arrivals.get(tick, []):
             budget = next(budgets)
-            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(prompt, PATTERN, family="qwen3_5_moe")[:budget]
+            want[engine.add_request(list(prompt), max_new_tokens=budget)] = hf_greedy(
+                prompt, PATTERN, family="qwen3_5_moe"
+            )[:budget]
         for event in engine.step():
             got[event.request_id] = got.get(event.request_id, []) + event.new_tokens
         tick += 1

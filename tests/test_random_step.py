@@ -14,14 +14,20 @@ import textwrap
 
 import pytest
 import torch
-
-import fdecode
 from support.llama_models import fdecode_target, hf_greedy, independent_draft
 from support.runs import partial_step, run_lanes
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import (
-    LANES, V, check_follows_the_target, exact_distribution, sampled_sequences, tiny_draft, tiny_target,
+    LANES,
+    V,
+    check_follows_the_target,
+    exact_distribution,
+    sampled_sequences,
+    tiny_draft,
+    tiny_target,
 )
+
+import fdecode
 
 CASES = [
     # (draft, K, sampling parameters)
@@ -57,8 +63,9 @@ def test_drafts_truncated_to_their_candidates_keep_the_target_distribution(draft
     """Drafts propose from their top `top_k_candidates` tokens only (`fdecode.step.propose`), here fewer
     than the target keeps: the committed tokens still follow the target's filtered distribution."""
     target = tiny_target()
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager",
-                               top_k_candidates=2)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k, max_batch=LANES, max_seq_len=12, block_size=4, backend="eager", top_k_candidates=2
+    )
     step = fdecode.compile(target, tiny_draft(draft_kind, target), cfg)
     check_follows_the_target(step, target, params)
 
@@ -67,7 +74,9 @@ def test_draft_equal_to_target_accepts_everything():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("self", target), cfg)
-    state = step.prefill([[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]], max_new_tokens=40, temperature=0.9, top_p=0.95, seed=3)
+    state = step.prefill(
+        [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]], max_new_tokens=40, temperature=0.9, top_p=0.95, seed=3
+    )
     for _ in range(6):
         state, out = step(state)
         assert out.num_tokens.tolist() == [4, 4, 4, 4]

@@ -29,7 +29,7 @@ def hf_greedy(hf, prompt: list[int]) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.slow
@@ -37,9 +37,16 @@ def test_smollm2_greedy_with_ngram_drafts_equals_transformers(real):
     hf, tokenizer, prompts = real
     prompts = [prompts[2], prompts[0]]  # the rewrite and a code edit
     assert hf.config.num_hidden_layers == 30 and hf.config.vocab_size == 49152  # the real model, not a stand-in
-    step = fdecode.compile(hf, "ngram", fdecode.DecodeConfig(
-        num_draft_tokens=4, max_batch=2, max_seq_len=max(map(len, prompts)) + NEW + 8, backend="eager",
-    ))
+    step = fdecode.compile(
+        hf,
+        "ngram",
+        fdecode.DecodeConfig(
+            num_draft_tokens=4,
+            max_batch=2,
+            max_seq_len=max(map(len, prompts)) + NEW + 8,
+            backend="eager",
+        ),
+    )
     assert step.config.eos_token_id == (2,)  # the model's own EOS, read from its generation config
     state = step.prefill(prompts, max_new_tokens=NEW)
     outs = [state.step_output.tokens[b, :1].tolist() for b in range(2)]
@@ -78,8 +85,11 @@ def oracle_greedy(hf, tokenizer, prompt: list[int], pattern: str, new: int) -> l
                     ok = regex.fullmatch(pattern, tokenizer.decode(out)) is not None
                 else:
                     text = tokenizer.decode(out + [token], clean_up_tokenization_spaces=False)
-                    ok = token not in tokenizer.all_special_ids and "\ufffd" not in text and \
-                        regex.fullmatch(pattern, text, partial=True) is not None
+                    ok = (
+                        token not in tokenizer.all_special_ids
+                        and "\ufffd" not in text
+                        and regex.fullmatch(pattern, text, partial=True) is not None
+                    )
                 if ok:
                     keep = torch.full_like(scores, float("-inf"))
                     keep[0, token] = scores[0, token]
@@ -88,8 +98,13 @@ def oracle_greedy(hf, tokenizer, prompt: list[int], pattern: str, new: int) -> l
 
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                          logits_processor=transformers.LogitsProcessorList([Prefix()]))
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            do_sample=False,
+            logits_processor=transformers.LogitsProcessorList([Prefix()]),
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -98,8 +113,7 @@ def shallow_draft(hf, layers: int):
     whose proposals the target sometimes rejects."""
     import transformers
 
-    draft = transformers.LlamaForCausalLM(hf.config.__class__(**{**hf.config.to_dict(),
-                                                                 "num_hidden_layers": layers}))
+    draft = transformers.LlamaForCausalLM(hf.config.__class__(**{**hf.config.to_dict(), "num_hidden_layers": layers}))
     draft.load_state_dict(hf.state_dict(), strict=False)
     return draft.eval()
 
@@ -112,16 +126,31 @@ def test_smollm2_regex_grammar_greedy_equals_the_regex_oracle(real, draft):
     keeps its unconstrained tokens."""
     pytest.importorskip("outlines_core")
     hf, tokenizer, _ = real
-    question = smollm2.chat_ids(tokenizer, ("Is the sea salty? Answer yes or no, then say why in one sentence.",
-                                            "Can a cat fly? Answer yes or no, then say why in one sentence."))
+    question = smollm2.chat_ids(
+        tokenizer,
+        (
+            "Is the sea salty? Answer yes or no, then say why in one sentence.",
+            "Can a cat fly? Answer yes or no, then say why in one sentence.",
+        ),
+    )
     grammar = fdecode.Grammar.from_regex(ANSWER, tokenizer, vocab_size=hf.config.vocab_size)
     new = 24
-    step = fdecode.compile(hf, "ngram" if draft == "ngram" else shallow_draft(hf, 6), fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=3, max_seq_len=max(map(len, question)) + new + 8, backend="eager",
-        max_grammar_states=grammar.num_states, max_grammar_transitions=grammar.num_transitions))
+    step = fdecode.compile(
+        hf,
+        "ngram" if draft == "ngram" else shallow_draft(hf, 6),
+        fdecode.DecodeConfig(
+            num_draft_tokens=3,
+            max_batch=3,
+            max_seq_len=max(map(len, question)) + new + 8,
+            backend="eager",
+            max_grammar_states=grammar.num_states,
+            max_grammar_transitions=grammar.num_transitions,
+        ),
+    )
     constrained = fdecode.SamplingParams(grammar=grammar, max_new_tokens=new)
-    got = fdecode.generate(step, question + question[:1],
-                           [constrained, constrained, fdecode.SamplingParams(max_new_tokens=new)])
+    got = fdecode.generate(
+        step, question + question[:1], [constrained, constrained, fdecode.SamplingParams(max_new_tokens=new)]
+    )
     for prompt, tokens in zip(question, got):
         assert tokens == oracle_greedy(hf, tokenizer, prompt, ANSWER, new), tokenizer.decode(tokens)
     import regex
@@ -130,9 +159,15 @@ def test_smollm2_regex_grammar_greedy_equals_the_regex_oracle(real, draft):
     assert got[2] == hf_greedy(hf, question[0])[:new]
 
 
-PERSON = {"type": "object", "required": ["name", "age", "likes_cats"],
-          "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"},
-                         "likes_cats": {"type": "boolean"}}}
+PERSON = {
+    "type": "object",
+    "required": ["name", "age", "likes_cats"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer"},
+        "likes_cats": {"type": "boolean"},
+    },
+}
 
 
 @pytest.mark.slow
@@ -143,9 +178,18 @@ def test_smollm2_json_schema_output_parses_and_validates(real):
     hf, tokenizer, _ = real
     prompt = smollm2.chat_ids(tokenizer, ("Describe a person called Ann, aged 31, who likes cats, as JSON.",))
     grammar = fdecode.Grammar.from_json_schema(PERSON, tokenizer, vocab_size=hf.config.vocab_size)
-    step = fdecode.compile(hf, "ngram", fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=1, max_seq_len=len(prompt[0]) + 72, backend="eager",
-        max_grammar_states=grammar.num_states, max_grammar_transitions=grammar.num_transitions))
+    step = fdecode.compile(
+        hf,
+        "ngram",
+        fdecode.DecodeConfig(
+            num_draft_tokens=3,
+            max_batch=1,
+            max_seq_len=len(prompt[0]) + 72,
+            backend="eager",
+            max_grammar_states=grammar.num_states,
+            max_grammar_transitions=grammar.num_transitions,
+        ),
+    )
     (tokens,) = fdecode.generate(step, prompt, fdecode.SamplingParams(grammar=grammar, max_new_tokens=64))
     assert tokens[-1] == 2, tokenizer.decode(tokens)  # stopped: a whole document
     value = json.loads(tokenizer.decode(tokens[:-1]))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from support.hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
 
 import fdecode
 from fdecode.assets import qwen_coder
-from support.hybrid_models import run  # (tokens per prompt, accepted length per live lane-step, last state)
 
 pytestmark = pytest.mark.skipif(qwen_coder.missing_reason() is not None, reason=str(qwen_coder.missing_reason()))
 
@@ -38,15 +38,29 @@ def test_truncated_real_pair_is_lossless_at_its_real_vocabulary(pair):
     target, draft, tokenizer = pair
     assert target.config.vocab_size == draft.config.vocab_size == 151936 and target.config.hidden_size == 1536
     prompts = [tokenizer(text)["input_ids"] for text in ("def fibonacci(n):\n", "for i in range(10):\n    print(")]
-    step = fdecode.compile(target, draft, fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=2, max_seq_len=64, backend="eager", eos_token_id=None,
-    ))
+    step = fdecode.compile(
+        target,
+        draft,
+        fdecode.DecodeConfig(
+            num_draft_tokens=3,
+            max_batch=2,
+            max_seq_len=64,
+            backend="eager",
+            eos_token_id=None,
+        ),
+    )
     outs, lengths, _ = run(step, prompts, NEW)
     for prompt, got in zip(prompts, outs):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            want = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+            want = target.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         assert got == want, (tokenizer.decode(got), tokenizer.decode(want))
     assert lengths and all(1 <= n <= 4 for n in lengths), lengths
 
@@ -61,16 +75,26 @@ def test_the_bench_workload_runs_every_system_on_the_truncated_pair(pair):
     target, draft, tokenizer = pair
     for model in (target, draft):
         model.generation_config.eos_token_id = None
-    rows = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager",
-                             prompts=("write",), batch4=False)
+    rows = run_pair_workload(
+        (target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager", prompts=("write",), batch4=False
+    )
     one = {r.system for r in rows}
-    assert one == {"hf-generate", "hf-assisted", "target-only", "before", "fdecode depth 1", "fdecode depth 2",
-                   "fdecode", "fdecode Engine depth 2"}
+    assert one == {
+        "hf-generate",
+        "hf-assisted",
+        "target-only",
+        "before",
+        "fdecode depth 1",
+        "fdecode depth 2",
+        "fdecode",
+        "fdecode Engine depth 2",
+    }
     assert len(rows) == len(one) and all(r.batch == 1 and r.tokens_per_s > 0 for r in rows)
     assert all(len(r.extra["round_seconds"]) == 1 for r in rows)  # for `goal_markdown`'s round-by-round ratios
     adaptive = [r for r in rows if r.system == "fdecode"]  # the default config: the Engine chooses depths
-    assert all(sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {0, 1, 2}
-               for r in adaptive)
+    assert all(
+        sum(r.extra["depths_launched"].values()) >= 1 and set(r.extra["depths_launched"]) <= {0, 1, 2} for r in adaptive
+    )
     alone = run_pair_workload((target, draft, tokenizer, target, draft), 2, 6, 1, backend="eager", prompts=())
     batch = {r.system: r for r in alone}
     assert {(r.batch, r.system) for r in alone} == {(4, "fdecode"), (4, "fdecode Engine depth 2"), (4, "hf-generate")}

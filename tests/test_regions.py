@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.hybrid_models import hybrid_target, near_copy
+from support.llama_models import fdecode_target, mtp_head, truncated
 
 import fdecode
 from fdecode.bench import deepseek_v3
-from fdecode.ops import kv
 from fdecode.models.regions import layer_copies
+from fdecode.ops import kv
 from fdecode.ops.attention import paged_context
-from support.hybrid_models import hybrid_target, near_copy
-from support.llama_models import fdecode_target, mtp_head, truncated
 
 K = 3
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
@@ -20,10 +20,17 @@ WORK_OPS = ("aten::mm", "aten::index_put", "aten::index", "aten::_scaled_dot_pro
 
 
 def step_of(target, draft, *, regions: bool | str, backend: str = "dynamo", **changes):
-    cfg = fdecode.DecodeConfig(**{
-        "num_draft_tokens": K, "max_batch": 2, "max_seq_len": 64, "block_size": 8, "backend": backend,
-        "layer_regions": regions, **changes,
-    })
+    cfg = fdecode.DecodeConfig(
+        **{
+            "num_draft_tokens": K,
+            "max_batch": 2,
+            "max_seq_len": 64,
+            "block_size": 8,
+            "backend": backend,
+            "layer_regions": regions,
+            **changes,
+        }
+    )
     return fdecode.compile(target, draft, cfg, announce=False)
 
 
@@ -129,8 +136,9 @@ def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(deep_pair, 
 
     slow = []
     original = invoke_subgraph.build_fingerprint_with_pytree
-    monkeypatch.setattr(invoke_subgraph, "build_fingerprint_with_pytree",
-                        lambda *args: slow.append(1) or original(*args))
+    monkeypatch.setattr(
+        invoke_subgraph, "build_fingerprint_with_pytree", lambda *args: slow.append(1) or original(*args)
+    )
     target, draft = deep_pair
     step = step_of(target, draft, regions=True)
     state = step.prefill(PROMPTS, max_new_tokens=30)

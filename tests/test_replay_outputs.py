@@ -7,11 +7,11 @@ from __future__ import annotations
 import importlib
 
 import torch
+from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
 from fdecode.graphs.replay_outputs import owned_outputs, owning_outputs
 from fdecode.state import DecodeState, StepOutput
-from support.llama_models import fdecode_target, independent_draft
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3]]
 compile_module = importlib.import_module("fdecode.graphs.compile")  # the package exports a function of that name

@@ -4,11 +4,11 @@ repr that looks like a constructor call it is not."""
 from __future__ import annotations
 
 import torch
+from support.llama_models import fdecode_target, independent_draft
 from torch.utils import _pytree as pytree
 
 import fdecode
 from fdecode.state import StepOutput
-from support.llama_models import fdecode_target, independent_draft
 
 CFG = dict(num_draft_tokens=2, max_batch=3, max_seq_len=32, block_size=4, backend="eager")
 
@@ -19,13 +19,11 @@ def make_step():
 
 
 def test_step_output_shows_the_committed_tokens_of_each_lane():
-    out = StepOutput.pack(torch.tensor([[12, 7, -1], [3, -1, -1], [-1, -1, -1]]), torch.tensor([2, 1, 0]),
-                          torch.tensor([0, 1, 1]))
+    out = StepOutput.pack(
+        torch.tensor([[12, 7, -1], [3, -1, -1], [-1, -1, -1]]), torch.tensor([2, 1, 0]), torch.tensor([0, 1, 1])
+    )
     assert repr(out) == (
-        "<StepOutput lanes=3 K+1=3 device=cpu\n"
-        "  lane 0: [12, 7]\n"
-        "  lane 1: [3] finished\n"
-        "  lane 2: [] finished>"
+        "<StepOutput lanes=3 K+1=3 device=cpu\n  lane 0: [12, 7]\n  lane 1: [3] finished\n  lane 2: [] finished>"
     )
     step = make_step()
     state = step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=6)

@@ -12,12 +12,11 @@ import math
 
 import pytest
 import torch
+from support.stats import ALPHA, chi2_pvalue, reference_filter
 
 from fdecode.ops.filters import filtered_probs, full_filter
 from fdecode.ops.random import philox, random_bits, uniform
 from fdecode.ops.sampling import sample, speculative_accept
-from support.stats import ALPHA, chi2_pvalue, reference_filter
-
 
 # ---------------------------------------------------------------- PRNG
 
@@ -38,8 +37,11 @@ def philox_reference(counter: tuple[int, ...], key: tuple[int, ...]) -> tuple[in
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -146,7 +148,14 @@ def test_sample_follows_the_distribution_at_a_large_vocabulary():
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p", "min_p"),
-    [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.2), (0.5, 5, 0.6, 0.05), (1.0, 100, 0.95, 0.0)],
+    [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 3, 1.0, 0.0),
+        (1.3, 0, 0.8, 0.0),
+        (1.0, 0, 1.0, 0.2),
+        (0.5, 5, 0.6, 0.05),
+        (1.0, 100, 0.95, 0.0),
+    ],
 )
 def test_filters_match_a_sort_based_reference(temperature, top_k, top_p, min_p):
     gen = torch.Generator().manual_seed(0)
@@ -228,7 +237,9 @@ def draw(k: int, accept_fn=speculative_accept, draft_q=None, seed=0):
     tokens = torch.cat([torch.zeros(N, 1, dtype=torch.int64), drafts], dim=1)
     p = P[: k + 1].expand(N, k + 1, V)
     noise = uniform(lanes, zero + 0, 2)
-    accepted, _ = accept_fn(tokens, q if draft_q is None else draft_q[:k].expand(N, k, V), p, uniform(lanes, zero + 1, k), noise)
+    accepted, _ = accept_fn(
+        tokens, q if draft_q is None else draft_q[:k].expand(N, k, V), p, uniform(lanes, zero + 1, k), noise
+    )
     return accepted
 
 

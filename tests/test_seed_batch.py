@@ -9,19 +9,30 @@ adaptive depth schedule changed tokens there.
 
 from __future__ import annotations
 
+from support.llama_models import fdecode_target, independent_draft
+
 import fdecode
 from fdecode import SamplingParams
-from support.llama_models import fdecode_target, independent_draft
 
 
 def test_a_seeded_request_decodes_the_same_alone_and_in_a_batch():
     target = fdecode_target(2)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager",
-                               sampling=True, adaptive_depth=False, context_buckets=(64,))
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3,
+        max_batch=4,
+        max_seq_len=64,
+        block_size=4,
+        backend="eager",
+        sampling=True,
+        adaptive_depth=False,
+        context_buckets=(64,),
+    )
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     prompts = [[5, 17, 33, 2, 9, 41, 60, 5, 17, 4, 4, 8, 30, 31, 2, 9, 41], [7, 3], [11, 12, 13, 14, 15, 80], [9] * 9]
-    params = [SamplingParams(temperature=t, top_p=p, seed=s, max_new_tokens=16, ignore_eos=True)
-              for t, p, s in ((0.8, 1.0, 1), (1.0, 0.9, 2), (0.5, 1.0, 3), (1.3, 1.0, 4))]
+    params = [
+        SamplingParams(temperature=t, top_p=p, seed=s, max_new_tokens=16, ignore_eos=True)
+        for t, p, s in ((0.8, 1.0, 1), (1.0, 0.9, 2), (0.5, 1.0, 3), (1.3, 1.0, 4))
+    ]
     alone = []
     for prompt, p in zip(prompts, params):
         engine = fdecode.Engine(step)

@@ -74,7 +74,12 @@ def test_uploads_never_overwrite_bytes_a_copy_may_still_read(fake_accelerator) -
     uploads(torch.arange(8))
     assert uploads._used == 128 and uploads._buffer is buffer  # the second took the next part
     uploads(torch.arange(32))  # 256 more bytes than are free: a bigger buffer, the old one kept
-    assert uploads._buffer is not buffer and uploads._buffer.numel() == 512 and len(uploads._retired) == 1 and uploads._retired[0] is buffer
+    assert (
+        uploads._buffer is not buffer
+        and uploads._buffer.numel() == 512
+        and len(uploads._retired) == 1
+        and uploads._retired[0] is buffer
+    )
     event.synchronize()  # the device passed every copy: the buffer is reused from the start
     uploads(torch.arange(8))
     assert uploads._used == 64 and uploads._retired == []
@@ -85,9 +90,15 @@ def test_uploads_never_overwrite_bytes_a_copy_may_still_read(fake_accelerator) -
 def test_the_code_path_follows_torch_accelerator(monkeypatch) -> None:
     assert not accelerated("cpu")  # this machine: no accelerator
     assert not host_buffer(3, torch.int64, "cpu").is_pinned() and Fence("cpu").passed()
-    for current, device, expected in (("cuda", "cuda:1", True), ("xpu", "xpu", True), ("xpu", "cuda", False),
-                                      ("cuda", "cpu", False)):
-        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device(current))
+    for current, device, expected in (
+        ("cuda", "cuda:1", True),
+        ("xpu", "xpu", True),
+        ("xpu", "cuda", False),
+        ("cuda", "cpu", False),
+    ):
+        monkeypatch.setattr(
+            torch.accelerator, "current_accelerator", lambda check_available=False: torch.device(current)
+        )
         assert accelerated(device) is expected, (current, device)
 
 
@@ -102,7 +113,9 @@ def test_engine_reads_through_pinned_buffers_and_one_event_on_any_accelerator(fa
     engine = fdecode.Engine(step)
     ready = engine._ready._event
     assert isinstance(ready, FakeEvent)
-    assert any(b is engine._out_host for b in fake_accelerator) and any(b is engine._prime_host for b in fake_accelerator)
+    assert any(b is engine._out_host for b in fake_accelerator) and any(
+        b is engine._prime_host for b in fake_accelerator
+    )
     assert any(b is engine._uploads._buffer for b in fake_accelerator)
     for prompt in ([1, 2, 3], [4, 5], [6]):
         engine.add_request(prompt, max_new_tokens=6)

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 import torch
+from support.kernel_files import kernel_files
 
 import fdecode
 from fdecode.bench import llama
 from fdecode.graphs.backends import capture
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
-from support.kernel_files import kernel_files
 
 # A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
 # of two lanes across windows; prints its tokens, the eager step's tokens, the graphs Dynamo traced and
@@ -51,8 +51,9 @@ print(json.dumps({"tokens": tokens, "eager": eager, "traced": counters["stats"][
 
 
 def run_child(seed: int, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -62,8 +63,12 @@ def test_a_second_process_loads_the_compiled_step_and_traces_nothing(tmp_path) -
     """The first process compiles the step and keeps its graphs; a second one, with other weights of the
     same layout, loads them: Dynamo traces nothing, no kernel is built again, and its tokens are the eager
     step's on its own weights."""
-    env = {**os.environ, "FDECODE_CACHE_DIR": str(tmp_path / "steps"),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "FDECODE_CACHE_DIR": str(tmp_path / "steps"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "OMP_NUM_THREADS": "1",
+    }
     first = run_child(0, env)
     built = kernel_files(tmp_path / "inductor")
     assert built["batched"] and not built["single"]  # its kernels built a few to a library
@@ -97,7 +102,8 @@ def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) 
     assert key() == base and len(base) == 32
     assert key(fdecode.compile(llama(512, 64, 2, seed=5), llama(512, 64, 1, seed=6), cfg)) == base
     others = [
-        key(blocks=4), key(depth=1),
+        key(blocks=4),
+        key(depth=1),
         key(fdecode.compile(target, draft, dataclasses.replace(cfg, max_batch=3))),
         key(fdecode.compile(llama(512, 64, 3, seed=0), draft, cfg)),
         key(fdecode.compile(llama(512, 64, 2, seed=0).double(), llama(512, 64, 1, seed=1).double(), cfg)),
@@ -110,7 +116,8 @@ def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) 
     # A weight of the same shape in another memory layout: compiled code reads it by its strides.
     strided = llama(512, 64, 2, seed=0)
     strided.layers[0].mlp.down_proj.weight = torch.nn.Parameter(
-        strided.layers[0].mlp.down_proj.weight.t().contiguous().t(), requires_grad=False)
+        strided.layers[0].mlp.down_proj.weight.t().contiguous().t(), requires_grad=False
+    )
     others.append(key(fdecode.compile(strided, draft, cfg)))
     assert len({base, *others}) == len(others) + 1
     fn = step._pure(8, plan)
@@ -126,20 +133,34 @@ def test_a_stored_graph_keeps_the_guards_the_key_does_not_cover() -> None:
     from torch._dynamo.types import GuardFilterEntry
 
     def entry(name: str, kind: str = "TENSOR_MATCH", is_global: bool = False) -> GuardFilterEntry:
-        return GuardFilterEntry(name=name, has_value=False, value=None, guard_type=kind, derived_guard_types=(),
-                                is_global=is_global, orig_guard=None)
+        return GuardFilterEntry(
+            name=name,
+            has_value=False,
+            value=None,
+            guard_type=kind,
+            derived_guard_types=(),
+            is_global=is_global,
+            orig_guard=None,
+        )
 
-    entries = [entry("state.tokens"), entry("target._modules['norm']._parameters['weight']"),
-               entry("draft._modules['lm_head']._parameters['weight']"), entry("target.config", "EQUALS_MATCH"),
-               entry("G['torch']", "MODULE_MATCH", is_global=True), entry("plan", "ID_MATCH"), entry("drafts.x")]
+    entries = [
+        entry("state.tokens"),
+        entry("target._modules['norm']._parameters['weight']"),
+        entry("draft._modules['lm_head']._parameters['weight']"),
+        entry("target.config", "EQUALS_MATCH"),
+        entry("G['torch']", "MODULE_MATCH", is_global=True),
+        entry("plan", "ID_MATCH"),
+        entry("drafts.x"),
+    ]
     assert serializable_guards(["target", "draft"])(entries) == [True, False, False, True, False, False, True]
 
 
 class Scale(torch.nn.Module):
     def __init__(self, seed: int):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(seed)),
-                                         requires_grad=False)
+        self.weight = torch.nn.Parameter(
+            torch.randn(8, 8, generator=torch.Generator().manual_seed(seed)), requires_grad=False
+        )
 
 
 def stored(path, model: Scale) -> StoredGraph:
@@ -180,8 +201,9 @@ def test_a_second_step_on_the_same_layout_says_it_loads_and_loads(monkeypatch, t
     """The compile notice names the file the graph is kept in; a second step of the same layout (in this
     process: its graph is a function of its own) says it loads that file, and loads it."""
     monkeypatch.setenv("FDECODE_CACHE_DIR", str(tmp_path))
-    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=32, block_size=8, sampling=False,
-                               context_buckets=(32,))
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=2, max_batch=1, max_seq_len=32, block_size=8, sampling=False, context_buckets=(32,)
+    )
 
     def first_step(seed: int):
         step = fdecode.compile(llama(256, 64, 1, seed=seed), llama(256, 64, 1, seed=seed + 1), cfg)
@@ -192,5 +214,5 @@ def test_a_second_step_on_the_same_layout_says_it_loads_and_loads(monkeypatch, t
     graph, err = first_step(0)
     assert not graph.loaded and f"then kept in {tmp_path}" in err and "loading" not in err
     graph, err = first_step(3)
-    assert graph.loaded and f"loading the compiled decode step (inductor, greedy sampling plan" in err
+    assert graph.loaded and "loading the compiled decode step (inductor, greedy sampling plan" in err
     assert str(graph.path) in err and "compiling the decode step" not in err

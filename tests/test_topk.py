@@ -26,7 +26,7 @@ def test_equals_torch_topk(vocab, k):
 
 def test_the_largest_entries_crowded_into_one_block_and_spread_over_many():
     x = distinct_rows(4, 151_936, seed=1)
-    x[0, 3 * BLOCK:4 * BLOCK] += 1e6  # row 0: every large entry in one block
+    x[0, 3 * BLOCK : 4 * BLOCK] += 1e6  # row 0: every large entry in one block
     x[1, ::BLOCK] += 1e6  # row 1: the largest entry of each block is the first
     x[2, :] = -float("inf")
     x[2, 7] = 1.0  # row 2: one finite entry; the rest tie at -inf

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
 
 import fdecode
 from fdecode.models.sharding import check_divides
-from support.tp_worker import CFG, GREEDY_NEW, STEPS, partial_draft, reference, run_rank, spawn_ranks, target_model
 
 WORKER_TIMEOUT_S = 400  # a collective one rank never joins would otherwise hang the suite
 
@@ -134,13 +134,18 @@ def test_errors_need_a_shardable_model_and_the_right_group(ranks):
 def test_tp_without_a_process_group_raises():
     target = target_model()
     with pytest.raises(ValueError, match="no process group"):
-        fdecode.compile(target, partial_draft(target), fdecode.DecodeConfig(
-            num_draft_tokens=2, max_batch=2, max_seq_len=32, backend="eager", tp_size=2
-        ))
+        fdecode.compile(
+            target,
+            partial_draft(target),
+            fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, backend="eager", tp_size=2),
+        )
     with pytest.raises(TypeError, match="ProcessGroup"):
-        fdecode.compile(target, partial_draft(target), fdecode.DecodeConfig(
-            num_draft_tokens=2, max_batch=2, max_seq_len=32, backend="eager", tp_size=2
-        ), tp_group="world")
+        fdecode.compile(
+            target,
+            partial_draft(target),
+            fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, backend="eager", tp_size=2),
+            tp_group="world",
+        )
 
 
 def test_config_checks_tp_options():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from support.tp_families_worker import CASES, reference, run_rank, run_rank_4, run_rank_inductor
 from support.tp_worker import spawn_ranks
 
@@ -79,8 +78,14 @@ def test_each_rank_holds_its_share_of_the_heads_and_about_half_the_weights(ranks
         if case.startswith(("qwen3_5", "qwen3_next")):
             assert leaves["target_kv"][3] == full.num_key_value_heads // 2
             assert leaves["target_rec"][3] == full.linear_num_value_heads // 2  # [B, L_lin, copies, Hv, dk, dv]
-            assert leaves["target_conv"][3] == (2 * full.linear_num_key_heads * full.linear_key_head_dim
-                                                + full.linear_num_value_heads * full.linear_value_head_dim) // 2
+            assert (
+                leaves["target_conv"][3]
+                == (
+                    2 * full.linear_num_key_heads * full.linear_key_head_dim
+                    + full.linear_num_value_heads * full.linear_value_head_dim
+                )
+                // 2
+            )
         if case == "deepseek_v3":  # the latent cache is replicated: one head of R + Dr per token
             assert leaves["target_kv"][3:] == (1, full.kv_lora_rank + full.qk_rope_head_dim)
         share = ranks[0][case]["bytes"] / ranks[0][case]["full_bytes"]

@@ -22,8 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.slow
@@ -43,8 +49,9 @@ def test_demo_tp2_on_the_bundled_model_streams_what_one_process_decodes():
     tokenizer = load_tokenizer(TINY)
     prompt = tokenizer(DEFAULT_PROMPT)["input_ids"]
     target = from_hf(TINY, dtype=torch.float32)
-    step = fdecode.compile(target, "mtp", fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=256,
-                                                              backend="eager"))
+    step = fdecode.compile(
+        target, "mtp", fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=256, backend="eager")
+    )
     alone = fdecode.generate(step, [prompt], max_new_tokens=24, eos_token_id=tokenizer.eos_token_id)[0]
     assert DEFAULT_PROMPT + tokenizer.decode(alone) in done.stdout
 

@@ -15,11 +15,18 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from support.tp_worker import (
+    PERTURBED_SEEDS,
+    PROMPTS,
+    SAMPLING,
+    accepted_per_step,
+    decode_config,
+    partial_draft,
+    spawn_ranks,
+    target_model,
+)
 
 import fdecode
-from support.tp_worker import (
-    PERTURBED_SEEDS, PROMPTS, SAMPLING, accepted_per_step, decode_config, partial_draft, spawn_ranks, target_model,
-)
 
 WORLD = 4
 GROUPS = ([0, 1], [2, 3])
@@ -35,7 +42,10 @@ def greedy(step) -> list[list[int]]:
 def run_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )
     groups = [dist.new_group(ranks) for ranks in GROUPS]  # every rank creates every group

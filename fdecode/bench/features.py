@@ -11,8 +11,13 @@ do not, and compiled for grammars (whose mask every lane runs), side by side in 
 from __future__ import annotations
 
 PROCESSORS = dict(penalties=True, min_tokens=True, max_logit_bias=4)
-USED = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1, min_tokens=4,
-            logit_bias={11: 0.5, 12: -0.5, 13: 1.0, 14: -1.0})
+USED = dict(
+    repetition_penalty=1.1,
+    frequency_penalty=0.2,
+    presence_penalty=0.1,
+    min_tokens=4,
+    logit_bias={11: 0.5, 12: -0.5, 13: 1.0, 14: -1.0},
+)
 # system: (DecodeConfig changes, SamplingParams of every lane); the first is the ratios' baseline.
 FEATURE_SYSTEMS = {
     "default config": ({}, {}),

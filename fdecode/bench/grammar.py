@@ -25,10 +25,16 @@ import torch
 import fdecode
 from fdecode.bench.sampling import run_sampling_workload
 
-SCHEMA = {"type": "object", "required": ["name", "age", "city", "languages"],
-          "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
-                         "city": {"type": "string", "maxLength": 24},
-                         "languages": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["name", "age", "city", "languages"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 24},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4},
+    },
+}
 PROMPTS = (
     "Describe a software engineer called Ann, 31, from Lisbon, who writes Python and Rust, as a JSON object "
     "with the fields name, age, city and languages.",
@@ -73,16 +79,27 @@ def run_grammar_cost(llama, size: tuple[int, int], batches, ks, steps: int, reps
     for vocab, (name, tokenizer) in tokenizers().items():
         grammar, seconds = built(tokenizer, vocab)
         pool = dict(max_grammar_states=grammar.num_states, max_grammar_transitions=grammar.num_transitions)
-        systems = {"default config": ({}, {}), "grammar pool, lanes use none": (pool, {}),
-                   "every lane under the JSON schema": (pool, dict(grammar=grammar))}
+        systems = {
+            "default config": ({}, {}),
+            "grammar pool, lanes use none": (pool, {}),
+            "every lane under the JSON schema": (pool, dict(grammar=grammar)),
+        }
         target, draft = llama(vocab, *size, seed=1), llama(vocab, size[0] // 2, 1, seed=2)
         for batch in batches:
             for k in ks:
                 print(f"... grammar V={vocab:,} B={batch} K={k}", file=sys.stderr, flush=True)
-                for row in run_sampling_workload(target, draft, batch, k, steps, reps, systems=systems,
-                                                 workload=f"grammar V={vocab}", **kwargs):
-                    rows.append(dict(row, tokenizer=name, grammar_states=grammar.num_states,
-                                     grammar_transitions=grammar.num_transitions, grammar_build_s=seconds))
+                for row in run_sampling_workload(
+                    target, draft, batch, k, steps, reps, systems=systems, workload=f"grammar V={vocab}", **kwargs
+                ):
+                    rows.append(
+                        dict(
+                            row,
+                            tokenizer=name,
+                            grammar_states=grammar.num_states,
+                            grammar_transitions=grammar.num_transitions,
+                            grammar_build_s=seconds,
+                        )
+                    )
     return rows
 
 
@@ -92,8 +109,11 @@ def acceptance(step, tokenizer, grammars: dict, new_tokens: int, model: str) -> 
     step, acceptance rate, parses}."""
     rows = []
     for index, text in enumerate(PROMPTS):
-        prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                    tokenize=True, return_dict=True)["input_ids"])
+        prompt = list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for label, grammar in {"none": None, **grammars}.items():
             constrained = grammar is not None
             params = fdecode.SamplingParams(max_new_tokens=new_tokens, grammar=grammar)
@@ -104,13 +124,28 @@ def acceptance(step, tokenizer, grammars: dict, new_tokens: int, model: str) -> 
                 parses = isinstance(json.loads(tokenizer.decode(body)), dict)
             except ValueError:
                 parses = False
-            rows.append(dict(workload="grammar acceptance", model=model, prompt=index, grammar=label,
-                             tokens=len(done.tokens), reason=done.reason, verified_steps=m.verified_steps,
-                             first_row_steps=m.first_row_steps, accepted_per_step=m.mean_accepted_length,
-                             tokens_per_forward=(len(done.tokens) - 1) / max(1, m.verified_steps + m.first_row_steps),
-                             acceptance_rate=m.acceptance_rate, parses=parses))
-            print(f"...   {model}[{index}] grammar={label}: {m.mean_accepted_length:.2f} tokens per verified "
-                  f"step, parses={parses}", file=sys.stderr, flush=True)
+            rows.append(
+                dict(
+                    workload="grammar acceptance",
+                    model=model,
+                    prompt=index,
+                    grammar=label,
+                    tokens=len(done.tokens),
+                    reason=done.reason,
+                    verified_steps=m.verified_steps,
+                    first_row_steps=m.first_row_steps,
+                    accepted_per_step=m.mean_accepted_length,
+                    tokens_per_forward=(len(done.tokens) - 1) / max(1, m.verified_steps + m.first_row_steps),
+                    acceptance_rate=m.acceptance_rate,
+                    parses=parses,
+                )
+            )
+            print(
+                f"...   {model}[{index}] grammar={label}: {m.mean_accepted_length:.2f} tokens per verified "
+                f"step, parses={parses}",
+                file=sys.stderr,
+                flush=True,
+            )
             if constrained and done.reason == "stop" and not parses:
                 raise RuntimeError(f"{model}[{index}]: a finished constrained output does not parse; no numbers")
     return rows
@@ -123,13 +158,15 @@ LAYOUTS = {"schema": None, "schema, newlines": r"[ \n]{0,12}"}
 
 def schema_step(target, draft, tokenizer, vocab_size: int, **cfg):
     """({label: SCHEMA's Grammar per LAYOUTS}, a step whose grammar pool holds the largest)."""
-    grammars = {label: fdecode.Grammar.from_json_schema(SCHEMA, tokenizer, vocab_size=vocab_size,
-                                                        whitespace_pattern=space)
-                for label, space in LAYOUTS.items()}
+    grammars = {
+        label: fdecode.Grammar.from_json_schema(SCHEMA, tokenizer, vocab_size=vocab_size, whitespace_pattern=space)
+        for label, space in LAYOUTS.items()
+    }
     states = max(g.num_states for g in grammars.values())
     transitions = max(g.num_transitions for g in grammars.values())
-    step = fdecode.compile(target, draft, fdecode.DecodeConfig(
-        **cfg, max_grammar_states=states, max_grammar_transitions=transitions))
+    step = fdecode.compile(
+        target, draft, fdecode.DecodeConfig(**cfg, max_grammar_states=states, max_grammar_transitions=transitions)
+    )
     return grammars, step
 
 
@@ -162,11 +199,16 @@ def run_grammar_acceptance(k: int, new_tokens: int) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | prompt | grammar | tokens (end) | verified + first-row steps | tokens / verified step | "
-             "tokens / step | acceptance | JSON |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | prompt | grammar | tokens (end) | verified + first-row steps | tokens / verified step | "
+        "tokens / step | acceptance | JSON |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['prompt']} | {r['grammar']} | {r['tokens']} ({r['reason']}) | "
-                     f"{r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
-                     f"{r['tokens_per_forward']:.2f} | {r['acceptance_rate']:.2f} | "
-                     f"{'parses' if r['parses'] else 'no'} |")
+        lines.append(
+            f"| {r['model']} | {r['prompt']} | {r['grammar']} | {r['tokens']} ({r['reason']}) | "
+            f"{r['verified_steps']} + {r['first_row_steps']} | {r['accepted_per_step']:.2f} | "
+            f"{r['tokens_per_forward']:.2f} | {r['acceptance_rate']:.2f} | "
+            f"{'parses' if r['parses'] else 'no'} |"
+        )
     return "\n".join(lines)

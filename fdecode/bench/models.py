@@ -19,8 +19,13 @@ from fdecode.models import LlamaModel, ModelConfig
 def llama(vocab: int, hidden: int, layers: int, seed: int) -> LlamaModel:
     heads = max(hidden // 64, 2)
     cfg = ModelConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_layers=layers,
-        num_heads=heads, num_kv_heads=max(heads // 2, 1), head_dim=hidden // heads,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=max(heads // 2, 1),
+        head_dim=hidden // heads,
     )
     return LlamaModel.random(cfg, seed=seed, std=0.05)
 
@@ -34,10 +39,20 @@ def qwen3_5(vocab: int, hidden: int, layers: int, seed: int):
 
     heads = max(hidden // 64, 2)
     cfg = HybridConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_layers=layers, num_heads=heads,
-        num_kv_heads=max(heads // 2, 1), head_dim=64, model_type="qwen3_5_text", partial_rotary_factor=0.25,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=max(heads // 2, 1),
+        head_dim=64,
+        model_type="qwen3_5_text",
+        partial_rotary_factor=0.25,
         layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(layers)),
-        linear_num_key_heads=heads, linear_num_value_heads=2 * heads, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_num_key_heads=heads,
+        linear_num_value_heads=2 * heads,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
     )
     target = HybridModel.random(cfg, seed=seed, std=0.05)
     target.mtp = HybridMTPHead.random(cfg, seed=seed + 1, std=0.05).bind(target)
@@ -55,11 +70,28 @@ def deepseek_v3(vocab: int, hidden: int, layers: int, seed: int):
 
     heads = max(hidden // 64, 2)
     cfg = DeepseekV3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_layers=layers, num_heads=heads,
-        num_kv_heads=heads, head_dim=32, model_type="deepseek_v3", q_lora_rank=hidden * 3 // 4,
-        kv_lora_rank=hidden // 2, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, first_k_dense_replace=1,
-        moe=MoEConfig(num_experts=16, top_k=4, moe_intermediate_size=hidden // 4, n_group=4, topk_group=2,
-                      routed_scaling_factor=2.5),
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=32,
+        model_type="deepseek_v3",
+        q_lora_rank=hidden * 3 // 4,
+        kv_lora_rank=hidden // 2,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        first_k_dense_replace=1,
+        moe=MoEConfig(
+            num_experts=16,
+            top_k=4,
+            moe_intermediate_size=hidden // 4,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+        ),
     )
     target = DeepseekV3Model.random(cfg, seed=seed, std=0.05)
     head = mtp_head(cfg)

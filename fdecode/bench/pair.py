@@ -31,8 +31,8 @@ from fdecode.ops.plan import GREEDY
 PROMPTS = {
     "write": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
     "edit": "Rename the variable x to counts in this function and reply with the whole function only.\n\n"
-            "def tally(words):\n    x = {}\n    for w in words:\n        x[w] = x.get(w, 0) + 1\n"
-            "    return x\n",
+    "def tally(words):\n    x = {}\n    for w in words:\n        x[w] = x.get(w, 0) + 1\n"
+    "    return x\n",
     "text": "In a short paragraph, explain to a new programmer why version control matters.",
 }
 # Batch 4: the prompts above and one more.
@@ -43,8 +43,9 @@ SEQ_LEN = 256  # every lane's capacity: the longest prompt + 64 new tokens + a w
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=False)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer(chat)["input_ids"]
 
 
@@ -79,14 +80,27 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, assistant=None
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kwargs = {} if assistant is None else {"assistant_model": assistant}
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=0, **kwargs)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        **kwargs,
+    )
     return out[:, width:].tolist()
 
 
 def _compiled(target, draft, k: int, batch: int, backend: str):
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=SEQ_LEN, context_buckets=(SEQ_LEN,),
-                               dtype=torch.float32, backend=backend)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k,
+        max_batch=batch,
+        max_seq_len=SEQ_LEN,
+        context_buckets=(SEQ_LEN,),
+        dtype=torch.float32,
+        backend=backend,
+    )
     return fdecode.compile(target, draft, cfg)
 
 
@@ -124,8 +138,16 @@ def compiled_pair(k: int) -> tuple | None:
     return _compiled(target, draft, k, 1, "auto"), tokenizer
 
 
-def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4: bool = True,
-                      backend: str = "auto", prompts: tuple[str, ...] | None = None) -> list:
+def run_pair_workload(
+    pair: tuple,
+    k: int,
+    new_tokens: int,
+    reps: int,
+    *,
+    batch4: bool = True,
+    backend: str = "auto",
+    prompts: tuple[str, ...] | None = None,
+) -> list:
     """The rows of the workload (`fdecode.bench.results.Result`) for `pair` (`load_pair`'s five; the
     transformers models may be None: no transformers rows). prompts: names in `PROMPTS` (None: all; (): none,
     batch 4 alone, whose B = 1 step then runs depth K only, for each prompt's tokens alone)."""
@@ -151,8 +173,10 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
         systems = {
             "target-only": lambda: _one((*target_only.generate([prompt], max_new_tokens=new_tokens), None)),
             "before": lambda: _one((*before.generate([prompt], max_new_tokens=new_tokens), None)),
-            **{f"fdecode depth {d}": (lambda d=d: (*fixed_depth(step, prompt, d, new_tokens), None))
-               for d in range(1, k + 1)},
+            **{
+                f"fdecode depth {d}": (lambda d=d: (*fixed_depth(step, prompt, d, new_tokens), None))
+                for d in range(1, k + 1)
+            },
             "fdecode": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=True)),
             f"fdecode Engine depth {k}": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=False)),
         }
@@ -167,9 +191,12 @@ def run_pair_workload(pair: tuple, k: int, new_tokens: int, reps: int, *, batch4
         wrong = [s for s, (*_, (tokens, _, _)) in timed.items() if tokens != reference]
         if wrong:
             raise RuntimeError(f"qwen-coder[{name}]: {wrong} disagree with target-only's greedy tokens; no numbers")
-        for system, (*seconds, (tokens, steps, info)) in timed.items():
-            extra = {"prompt": text, "compile_s": compile_s if system.startswith("fdecode") else None,
-                     "round_seconds": [round(t, 4) for t in rounds[system]]}
+        for system, (*seconds, (_tokens, steps, info)) in timed.items():
+            extra = {
+                "prompt": text,
+                "compile_s": compile_s if system.startswith("fdecode") else None,
+                "round_seconds": [round(t, 4) for t in rounds[system]],
+            }
             extra.update(info or {})
             rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
     if batch4:
@@ -185,8 +212,10 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
     step.warmup(plans=[GREEDY], depths=list(range(k + 1)))  # the adaptive Engine's depths, timed
     compile_s = time.perf_counter() - start
     alone = [fixed_depth(step1, p, k, new_tokens)[0] for p in prompts]  # each prompt's batch-1 tokens
-    systems = {"fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=True),
-               f"fdecode Engine depth {k}": lambda: engine_run(step, prompts, new_tokens, adaptive=False)}
+    systems = {
+        "fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=True),
+        f"fdecode Engine depth {k}": lambda: engine_run(step, prompts, new_tokens, adaptive=False),
+    }
     if hf_target is not None:
         systems["hf-generate"] = lambda: (hf_generate(hf_target, prompts, new_tokens), None, None)
     print(f"... qwen-coder[batch] B=4 K={k}", file=sys.stderr, flush=True)
@@ -215,8 +244,18 @@ def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
     total = new_tokens * batch
     med, fastest, slowest = seconds
     steps = steps or new_tokens
-    return Result(workload, system, batch, k, total / med, total / slowest, total / fastest,
-                  med / steps * 1e3, total / (steps * batch), extra=extra)
+    return Result(
+        workload,
+        system,
+        batch,
+        k,
+        total / med,
+        total / slowest,
+        total / fastest,
+        med / steps * 1e3,
+        total / (steps * batch),
+        extra=extra,
+    )
 
 
 def goal_markdown(rows: list) -> str:
@@ -246,6 +285,8 @@ def goal_markdown(rows: list) -> str:
         lines.append(f"| {workload} | {' | '.join(cells)} | {best or ''} |")
     if not lines:
         return ""
-    head = ("| prompt | default vs hf-assisted | vs target-only | vs best fixed depth | best fixed depth |\n"
-            "|---|---|---|---|---|\n")
+    head = (
+        "| prompt | default vs hf-assisted | vs target-only | vs best fixed depth | best fixed depth |\n"
+        "|---|---|---|---|---|\n"
+    )
     return "Ratios of medians (and the median of the rounds' ratios):\n\n" + head + "\n".join(lines)

@@ -21,8 +21,8 @@ import time
 import torch
 
 import fdecode
-from fdecode.ops.plan import plan_for
 from fdecode.bench.timing import synchronize
+from fdecode.ops.plan import plan_for
 
 VOCAB = 151_936
 # system: (DecodeConfig changes, SamplingParams of every lane)
@@ -35,23 +35,40 @@ SYSTEMS = {
 
 
 def run_sampling_workload(
-    target, draft, batch: int, k: int, steps: int, reps: int, *, device="cpu", dtype=torch.float32, backend="auto",
-    systems: dict[str, tuple[dict, dict]] = SYSTEMS, workload: str = "real-vocab",
+    target,
+    draft,
+    batch: int,
+    k: int,
+    steps: int,
+    reps: int,
+    *,
+    device="cpu",
+    dtype=torch.float32,
+    backend="auto",
+    systems: dict[str, tuple[dict, dict]] = SYSTEMS,
+    workload: str = "real-vocab",
 ) -> list[dict]:
     """Rows {system, batch, k, step_ms, min/max, ratio, plan, compile_s, tokens_per_step} for each system;
     the ratio is over the first system's median."""
     prompts = [list(range(1 + lane, 17 + lane)) for lane in range(batch)]
     budget = steps * (k + 1) + 1  # no lane finishes within the timed steps
-    base = dict(num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1),
-                device=device, dtype=dtype, backend=backend)
+    base = dict(
+        num_draft_tokens=k,
+        max_batch=batch,
+        max_seq_len=16 + batch + budget + 2 * (k + 1),
+        device=device,
+        dtype=dtype,
+        backend=backend,
+    )
     configs = {tuple(sorted(changes.items())) for changes, _ in systems.values()}
     steps_by_config = {c: fdecode.compile(target, draft, fdecode.DecodeConfig(**base, **dict(c))) for c in configs}
 
     def run(system: str) -> tuple[float, float, str, int]:
         changes, params = systems[system]
         step = steps_by_config[tuple(sorted(changes.items()))]
-        lanes = [fdecode.SamplingParams(**params, seed=lane, max_new_tokens=budget, eos_token_id=[])
-                 for lane in range(batch)]
+        lanes = [
+            fdecode.SamplingParams(**params, seed=lane, max_new_tokens=budget, eos_token_id=[]) for lane in range(batch)
+        ]
         state = step.prefill(prompts, params=lanes)
         plan = step.plan_for(state).name
         window = step.config.bucket_for(state.max_position) * step.config.block_size
@@ -70,8 +87,9 @@ def run_sampling_workload(
         changes, params = systems[system]  # not the general plan a step makes unasked: `Step.plan_for`)
         step = steps_by_config[tuple(sorted(changes.items()))]
         lanes = [fdecode.SamplingParams(**params).plan_inputs] * batch
-        step.warmup(plans=[plan_for(lanes, candidates=step.config.top_k_candidates,
-                                    processors=step.config.logit_processors)])
+        step.warmup(
+            plans=[plan_for(lanes, candidates=step.config.top_k_candidates, processors=step.config.logit_processors)]
+        )
         run(system)
     times: dict[str, list[float]] = {s: [] for s in systems}
     info = {}
@@ -85,12 +103,21 @@ def run_sampling_workload(
     for system, ts in times.items():
         committed, plan, window = info[system]
         step = steps_by_config[tuple(sorted(systems[system][0].items()))]
-        rows.append(dict(
-            workload=workload, system=system, batch=batch, k=k, step_ms=statistics.median(ts) * 1e3,
-            step_ms_min=min(ts) * 1e3, step_ms_max=max(ts) * 1e3, ratio=statistics.median(ts) / greedy,
-            plan=plan, tokens_per_step=committed,
-            compile_s=step.plan_compile_seconds.get((window, plan)),
-        ))
+        rows.append(
+            dict(
+                workload=workload,
+                system=system,
+                batch=batch,
+                k=k,
+                step_ms=statistics.median(ts) * 1e3,
+                step_ms_min=min(ts) * 1e3,
+                step_ms_max=max(ts) * 1e3,
+                ratio=statistics.median(ts) / greedy,
+                plan=plan,
+                tokens_per_step=committed,
+                compile_s=step.plan_compile_seconds.get((window, plan)),
+            )
+        )
     return rows
 
 

@@ -25,8 +25,22 @@ from fdecode.runtime.gate import DraftGate
 
 
 def run_workload(
-    name, target, draft, batch, k, new_tokens, reps, hf_pair, prompt_len=24, prompts=None, *, device="cpu",
-    dtype=torch.float32, backend="auto", baseline: dict | None = None, max_seq_len: int | None = None,
+    name,
+    target,
+    draft,
+    batch,
+    k,
+    new_tokens,
+    reps,
+    hf_pair,
+    prompt_len=24,
+    prompts=None,
+    *,
+    device="cpu",
+    dtype=torch.float32,
+    backend="auto",
+    baseline: dict | None = None,
+    max_seq_len: int | None = None,
 ):
     """prompts: a pool of real prompts (the first `batch` are used); None: random tokens.
     backend: what compiles the fdecode step and the baselines ("auto": cudagraphs on CUDA, else inductor).
@@ -37,7 +51,8 @@ def run_workload(
     if prompts is None:
         gen = torch.Generator().manual_seed(0)
         prompts = [
-            torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist() for i in range(batch)
+            torch.randint(0, target.config.vocab_size, (prompt_len + 3 * i,), generator=gen).tolist()
+            for i in range(batch)
         ]
     prompts = prompts[:batch]
     max_seq_len = max_seq_len or max(len(p) for p in prompts) + new_tokens + 2 * (k + 1)
@@ -70,7 +85,7 @@ def run_workload(
                 assistant.generation_config.assistant_confidence_threshold = 0.0
                 kwargs["assistant_model"] = assistant
             out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-            return [out[0, ids.shape[1]:].tolist()], None
+            return [out[0, ids.shape[1] :].tolist()], None
 
         systems["hf-generate"] = lambda: hf()
         if is_ngram(compiled.draft):
@@ -82,7 +97,9 @@ def run_workload(
     key = (batch, new_tokens, tuple(map(tuple, prompts)))  # what target-only's tokens and time depend on
     results, outputs = [], {}
     with torch.no_grad():
-        timed = interleaved_runs({s: fn for s, fn in systems.items() if s != "target-only" or key not in baseline}, reps)
+        timed = interleaved_runs(
+            {s: fn for s, fn in systems.items() if s != "target-only" or key not in baseline}, reps
+        )
     if "target-only" in timed:
         baseline[key] = timed["target-only"]
     timed["target-only"] = baseline[key]
@@ -91,16 +108,30 @@ def run_workload(
         outputs[system] = outs
         total = sum(len(o) for o in outs)
         steps = steps or new_tokens
-        results.append(Result(
-            name, system, batch, k, total / med, total / hi, total / lo, med / steps * 1e3, total / (steps * batch),
-        ))
+        results.append(
+            Result(
+                name,
+                system,
+                batch,
+                k,
+                total / med,
+                total / hi,
+                total / lo,
+                med / steps * 1e3,
+                total / (steps * batch),
+            )
+        )
     reference = outputs["target-only"]
     wrong = [s for s, o in outputs.items() if o != reference]
     if wrong:
-        raise RuntimeError(f"{name} B={batch} K={k}: {wrong} disagree with target-only greedy tokens; no numbers reported")
+        raise RuntimeError(
+            f"{name} B={batch} K={k}: {wrong} disagree with target-only greedy tokens; no numbers reported"
+        )
     floor = compute_floor(compiled, reps)
     for r in results:
-        r.extra["backend"] = {"fdecode-eager": "eager"}.get(r.system, "transformers" if r.system.startswith("hf") else compiled.backend)
+        r.extra["backend"] = {"fdecode-eager": "eager"}.get(
+            r.system, "transformers" if r.system.startswith("hf") else compiled.backend
+        )
         if r.system == "fdecode":
             r.floor_ms = floor * 1e3
             r.overhead = 1 - floor * 1e3 / r.step_ms

@@ -17,7 +17,6 @@ import torch
 
 from fdecode.bench.models import deepseek_v3, llama, qwen3_5
 
-
 WORKLOADS = ("random-draft", "draft=target", "bundled-mtp", "bundled-draft")
 HYBRID_WORKLOADS = ("qwen3_5-mtp", "qwen3_5-self")
 # The real model with prompt lookup: workload -> its prompts in `fdecode.assets.smollm2`, each run at batch 1.

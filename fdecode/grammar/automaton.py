@@ -28,11 +28,11 @@ END = "\U0010ffff"
 class Automaton(NamedTuple):
     """A token-level DFA with local states; transitions sorted by (state, token)."""
 
-    num_states: int         # S; state 0 is the initial state
-    src: np.ndarray         # [T] int64, the state each transition leaves
-    token: np.ndarray       # [T] int64, its token id (never an EOS id: EOS is no transition)
-    dst: np.ndarray         # [T] int64, the state it enters
-    final: np.ndarray       # [S] bool, accepting states
+    num_states: int  # S; state 0 is the initial state
+    src: np.ndarray  # [T] int64, the state each transition leaves
+    token: np.ndarray  # [T] int64, its token id (never an EOS id: EOS is no transition)
+    dst: np.ndarray  # [T] int64, the state it enters
+    final: np.ndarray  # [S] bool, accepting states
 
 
 def compile_regex(pattern: str, vocab: TokenBytes, eos_ids: tuple[int, ...]) -> Automaton:
@@ -49,8 +49,9 @@ def compile_regex(pattern: str, vocab: TokenBytes, eos_ids: tuple[int, ...]) -> 
     try:
         index = outlines.Index(f"(?:{pattern})" + r"\x{10FFFF}", outlines.Vocabulary(outlines_eos, by_text))
     except (ValueError, TypeError, RuntimeError) as e:
-        raise ValueError(f"regex {excerpt(pattern)} cannot be compiled over the vocabulary of "
-                         f"{vocab.name!r}: {e}") from None
+        raise ValueError(
+            f"regex {excerpt(pattern)} cannot be compiled over the vocabulary of {vocab.name!r}: {e}"
+        ) from None
     outlines_final = index.get_final_states()
     src, tok, dst, accepting, forward = [], [], [], set(), {}
     for state, moves in index.get_transitions().items():

@@ -27,40 +27,57 @@ from fdecode.grammar.vocabulary import token_bytes
 class Grammar:
     """A regular language over one tokenizer's tokens. Build with `from_regex` or `from_json_schema`."""
 
-    kind: str                   # "regex" or "json_schema"
-    source: str                 # the pattern, or the schema as compact JSON
-    pattern: str                # the regex compiled (the source itself for a regex)
-    tokenizer: str              # the tokenizer's name_or_path
-    vocab_size: int             # V: the model's vocabulary; ids from len(tokenizer) on are never allowed
-    eos_ids: tuple[int, ...]    # stop ids: allowed in accepting states only
+    kind: str  # "regex" or "json_schema"
+    source: str  # the pattern, or the schema as compact JSON
+    pattern: str  # the regex compiled (the source itself for a regex)
+    tokenizer: str  # the tokenizer's name_or_path
+    vocab_size: int  # V: the model's vocabulary; ids from len(tokenizer) on are never allowed
+    eos_ids: tuple[int, ...]  # stop ids: allowed in accepting states only
     _tables: GrammarTables
 
-    initial_state = 0           # local state ids run 0..S-1 from the initial state
+    initial_state = 0  # local state ids run 0..S-1 from the initial state
 
     @classmethod
-    def from_regex(cls, pattern: str, tokenizer, *, eos_token_id: int | Sequence[int] | None = None,
-                   vocab_size: int | None = None) -> Grammar:
+    def from_regex(
+        cls, pattern: str, tokenizer, *, eos_token_id: int | Sequence[int] | None = None, vocab_size: int | None = None
+    ) -> Grammar:
         """The texts `pattern` (Rust `regex` syntax, matched against the whole output) fully matches.
         `tokenizer` is a transformers tokenizer; `eos_token_id` adds stop ids to its eos_token_id;
         `vocab_size` is the model's vocabulary size when it pads past len(tokenizer)."""
         return cls._build("regex", pattern, tokenizer, eos_token_id, vocab_size, regex=lambda: pattern)
 
     @classmethod
-    def from_json_schema(cls, schema: str | dict, tokenizer, *, eos_token_id: int | Sequence[int] | None = None,
-                         vocab_size: int | None = None, whitespace_pattern: str | None = None) -> Grammar:
+    def from_json_schema(
+        cls,
+        schema: str | dict,
+        tokenizer,
+        *,
+        eos_token_id: int | Sequence[int] | None = None,
+        vocab_size: int | None = None,
+        whitespace_pattern: str | None = None,
+    ) -> Grammar:
         """The JSON documents `schema` (a dict, or its JSON text) admits, as outlines-core writes them:
         properties in the schema's order, whitespace per `whitespace_pattern` (default: at most one space)."""
         text = schema_text(schema)
-        return cls._build("json_schema", text, tokenizer, eos_token_id, vocab_size, options=whitespace_pattern,
-                          regex=lambda: schema_regex(text, whitespace_pattern=whitespace_pattern))
+        return cls._build(
+            "json_schema",
+            text,
+            tokenizer,
+            eos_token_id,
+            vocab_size,
+            options=whitespace_pattern,
+            regex=lambda: schema_regex(text, whitespace_pattern=whitespace_pattern),
+        )
 
     @classmethod
     def _build(cls, kind, source, tokenizer, eos_token_id, vocab_size, *, regex, options=None) -> Grammar:
         vocab = token_bytes(tokenizer)
         vocab_size = len(vocab) if vocab_size is None else int(vocab_size)
         if vocab_size < len(vocab):
-            raise ValueError(f"vocab_size={vocab_size} is below the tokenizer's {len(vocab)} ids: pass the "
-                             "model's vocabulary size (at least len(tokenizer))")
+            raise ValueError(
+                f"vocab_size={vocab_size} is below the tokenizer's {len(vocab)} ids: pass the "
+                "model's vocabulary size (at least len(tokenizer))"
+            )
         eos_ids = _eos_ids(tokenizer, eos_token_id, vocab_size)
         key = (kind, source, options, vocab.name, vocab.digest, eos_ids, vocab_size)
 
@@ -98,17 +115,22 @@ class Grammar:
         if self.num_states > max_states:
             over.append(f"{self.num_states:,} states (DecodeConfig.max_grammar_states is {max_states:,})")
         if self.num_transitions > max_transitions:
-            over.append(f"{self.num_transitions:,} transitions "
-                        f"(DecodeConfig.max_grammar_transitions is {max_transitions:,})")
+            over.append(
+                f"{self.num_transitions:,} transitions (DecodeConfig.max_grammar_transitions is {max_transitions:,})"
+            )
         if over:
-            raise ValueError(f"{self.kind} {excerpt(self.source)} does not fit the grammar pool: it has "
-                             f"{' and '.join(over)}; raise the limit or simplify the grammar")
+            raise ValueError(
+                f"{self.kind} {excerpt(self.source)} does not fit the grammar pool: it has "
+                f"{' and '.join(over)}; raise the limit or simplify the grammar"
+            )
 
     def __repr__(self) -> str:
         mb = self._tables.nbytes() / 2**20
-        return (f"Grammar({self.kind} {excerpt(self.source, 40)}, {self.num_states:,} states, "
-                f"{self.num_transitions:,} transitions, vocab {self.vocab_size:,} of {self.tokenizer!r}, "
-                f"eos {list(self.eos_ids)}, {mb:.2f} MB)")
+        return (
+            f"Grammar({self.kind} {excerpt(self.source, 40)}, {self.num_states:,} states, "
+            f"{self.num_transitions:,} transitions, vocab {self.vocab_size:,} of {self.tokenizer!r}, "
+            f"eos {list(self.eos_ids)}, {mb:.2f} MB)"
+        )
 
 
 def _eos_ids(tokenizer, extra: int | Sequence[int] | None, vocab_size: int) -> tuple[int, ...]:

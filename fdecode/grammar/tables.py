@@ -24,9 +24,9 @@ class GrammarTables(NamedTuple):
     """One grammar's tables, CPU tensors (S states, T transitions, V the model's vocabulary size)."""
 
     allowed: torch.Tensor  # [S, ceil(V / 32)] int32: bit v % 32 of word v // 32 set where token v may follow s
-    keys: torch.Tensor     # [T] int64 ascending: state * V + token of each transition (EOS is none)
-    next: torch.Tensor     # [T] int64: the state each key's token leads to
-    final: torch.Tensor    # [S] bool: accepting states, the only ones whose rows allow the EOS ids
+    keys: torch.Tensor  # [T] int64 ascending: state * V + token of each transition (EOS is none)
+    next: torch.Tensor  # [T] int64: the state each key's token leads to
+    final: torch.Tensor  # [S] bool: accepting states, the only ones whose rows allow the EOS ids
 
     def nbytes(self) -> int:
         """The tables' size in bytes."""

@@ -25,9 +25,9 @@ _METASPACE = "\u2581"  # ▁
 class TokenBytes:
     """The text of every id of one tokenizer."""
 
-    name: str                           # the tokenizer's name_or_path
-    tokens: tuple[bytes | None, ...]    # [len(tokenizer)] each id's bytes; None: special or empty (no text)
-    digest: str                         # sha256 of `tokens`: the vocabulary's identity in cache keys
+    name: str  # the tokenizer's name_or_path
+    tokens: tuple[bytes | None, ...]  # [len(tokenizer)] each id's bytes; None: special or empty (no text)
+    digest: str  # sha256 of `tokens`: the vocabulary's identity in cache keys
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -74,8 +74,10 @@ def _speller(tokenizer, name: str):
     """The function from a token string of `tokenizer`'s vocabulary to its bytes."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ValueError(f"tokenizer {name!r} ({type(tokenizer).__name__}) has no `tokenizers` backend: "
-                         "grammars read a fast tokenizer's decoder to know each token's bytes")
+        raise ValueError(
+            f"tokenizer {name!r} ({type(tokenizer).__name__}) has no `tokenizers` backend: "
+            "grammars read a fast tokenizer's decoder to know each token's bytes"
+        )
     decoders = _decoder_types(json.loads(backend.to_str()).get("decoder"))
     if "ByteLevel" in decoders:
         table = {c: b for b, c in _bytes_to_unicode().items()}
@@ -88,8 +90,10 @@ def _speller(tokenizer, name: str):
             return bytes([int(m.group(1), 16)]) if m else s.replace(_METASPACE, " ").encode("utf-8")
 
         return spell
-    raise ValueError(f"tokenizer {name!r}: its decoder ({', '.join(decoders) or 'none'}) is neither byte-level "
-                     "BPE nor SentencePiece-style (▁ and <0xNN>), the two vocabularies grammars read")
+    raise ValueError(
+        f"tokenizer {name!r}: its decoder ({', '.join(decoders) or 'none'}) is neither byte-level "
+        "BPE nor SentencePiece-style (▁ and <0xNN>), the two vocabularies grammars read"
+    )
 
 
 def _decoder_types(decoder: dict | None) -> list[str]:

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import torch
 
+from fdecode.backends import cpu
 from fdecode.config import BACKENDS, DecodeConfig
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.replay_outputs import owning_outputs
-from fdecode.backends import cpu
 from fdecode.state.recurrent import is_hybrid
 
 # "auto" tries these in order; `fallback=True` tries the ones after the requested backend.
@@ -58,7 +58,9 @@ def parameters_reason(models: tuple[torch.nn.Module, ...], device_type: str) -> 
     for model in models:
         for name, param in model.named_parameters():
             if param.device.type != device_type:
-                return f"parameter {name} of {type(model).__name__} is on {param.device}, the step runs on {device_type}"
+                return (
+                    f"parameter {name} of {type(model).__name__} is on {param.device}, the step runs on {device_type}"
+                )
             if not param.is_contiguous():
                 return f"parameter {name} of {type(model).__name__} is not contiguous (stride {param.stride()})"
     return None
@@ -330,5 +332,7 @@ def choose_attention(
     if reason is None:
         return cfg.attention, None
     if not fallback:
-        raise ValueError(f"attention {cfg.attention!r} cannot run this step: {reason} (pass fallback=True to use 'torch')")
+        raise ValueError(
+            f"attention {cfg.attention!r} cannot run this step: {reason} (pass fallback=True to use 'torch')"
+        )
     return "torch", f"{cfg.attention}: {reason}"

@@ -9,25 +9,30 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import (
-    DYNAMIC_WINDOW, STATIC_KV, capture, choose_attention, device_reason, latent_reason,
+    DYNAMIC_WINDOW,
+    STATIC_KV,
+    capture,
+    choose_attention,
+    device_reason,
+    latent_reason,
     resolve_backend,
 )
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 from fdecode.models.idle import idles_draft, missed_width
 from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group
-from fdecode.models.sharding import check_divides, parallelize_pair
 from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import config_of, resolve_config, resolve_draft, resolve_target
-from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, covering, exact, plan_for, rank
+from fdecode.models.sharding import check_divides, parallelize_pair
+from fdecode.ops.plan import SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, new_kv, prefill, prime
 from fdecode.progress import bar, notice
@@ -59,14 +64,16 @@ def pure_step(
     if blocks is None:
 
         def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
-            return decode_step(target, draft, config, state, context_blocks=width, plan=plan, depth=depth,
-                               draft_regions=draft_regions)
+            return decode_step(
+                target, draft, config, state, context_blocks=width, plan=plan, depth=depth, draft_regions=draft_regions
+            )
 
         return fresh_code(any_window, f"fdecode_step_any_window_{name}")
 
     def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth,
-                           draft_regions=draft_regions)
+        return decode_step(
+            target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth, draft_regions=draft_regions
+        )
 
     return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
 
@@ -142,8 +149,16 @@ class Step:
     """
 
     def __init__(
-        self, target, draft, config: DecodeConfig, *, draft_kind: str, backend: str, fallback_reason: str | None,
-        attention_reason: str | None = None, announce: bool = True,
+        self,
+        target,
+        draft,
+        config: DecodeConfig,
+        *,
+        draft_kind: str,
+        backend: str,
+        fallback_reason: str | None,
+        attention_reason: str | None = None,
+        announce: bool = True,
     ):
         self.target = target
         self.draft = draft
@@ -271,7 +286,10 @@ class Step:
             return capture(self.backend, fn, self.config)
         models = {"target": self.target, "draft": self.draft}  # by their names in `pure_step`'s closure
         return StoredGraph(
-            fn, path, models, ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards(models)),
+            fn,
+            path,
+            models,
+            ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards(models)),
             fallback=lambda: capture(self.backend, fn, self.config),
         )
 
@@ -289,7 +307,8 @@ class Step:
         if self.backend == "eager":
             return
         windows = (
-            f"one graph for every window up to {self.config.max_seq_len} tokens" if self.graph_window(blocks) is None
+            f"one graph for every window up to {self.config.max_seq_len} tokens"
+            if self.graph_window(blocks) is None
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
         what = f"({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, {windows})"
@@ -348,8 +367,10 @@ class Step:
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
-            raise ValueError(f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
-                             f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)")
+            raise ValueError(
+                f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
+                f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)"
+            )
         return depth
 
     def _run(
@@ -380,7 +401,10 @@ class Step:
         return new_state, out
 
     def warmup(
-        self, plans: Sequence[SamplingPlan] | None = None, *, progress: bool | None = None,
+        self,
+        plans: Sequence[SamplingPlan] | None = None,
+        *,
+        progress: bool | None = None,
         depths: Sequence[int] | None = None,
     ) -> dict[int, float]:
         """Capture every window's graph for each of `plans` and `depths` now, on a throwaway all-inactive state;
@@ -408,8 +432,10 @@ class Step:
         if self.idles_draft and 0 in depths:  # the graph that ends a run of depth-0 steps
             depths.append(CATCH_UP)
         runs = [
-            (blocks, plan, depth) for plan in (self.covering_plans if plans is None else plans)
-            for depth in depths for blocks in cfg.bucket_blocks
+            (blocks, plan, depth)
+            for plan in (self.covering_plans if plans is None else plans)
+            for depth in depths
+            for blocks in cfg.bucket_blocks
         ]
         show = (self.announce if progress is None else progress) and self.backend != "eager"
         state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
@@ -428,7 +454,7 @@ class Step:
                     state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
                     out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
                     times[plan, depth].append(time.perf_counter() - start)
-            for (plan, depth), seconds in times.items():
+            for (_plan, depth), seconds in times.items():
                 seconds = statistics.median(seconds)
                 self.depth_seconds[depth] = min(seconds, self.depth_seconds.get(depth, seconds))
         return dict(self.compile_seconds)
@@ -471,11 +497,24 @@ class Step:
         a chain that runs alongside the others instead: in a pool of its own while any of its states
         is alive, which no later prefill takes over.
         """
+
         def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
             return prefill(
-                self.target, self.draft, self.config, prompts, params=params, max_new_tokens=max_new_tokens,
-                eos_token_id=eos_token_id, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
-                top_p=top_p, min_p=min_p, seed=seed, kv=(target_kv, draft_kv), seeds=self.seeds,
+                self.target,
+                self.draft,
+                self.config,
+                prompts,
+                params=params,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos_token_id,
+                ignore_eos=ignore_eos,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=seed,
+                kv=(target_kv, draft_kv),
+                seeds=self.seeds,
             )
 
         return self._kv.start(build, take_over=not concurrent)
@@ -532,7 +571,7 @@ class Step:
         )
 
 
-def compile(  # noqa: A001 - mirrors torch.compile
+def compile(
     target,
     draft,
     config: DecodeConfig,
@@ -580,11 +619,19 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if cpu.packs_weights(config, backend):
         added = cpu.pack_linears(target_model, draft_model)
         if announce and added:
-            notice(f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
-                   "(DecodeConfig.pack_weights=False: none)")
+            notice(
+                f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
+                "(DecodeConfig.pack_weights=False: none)"
+            )
     step = Step(
-        target_model, draft_model, config, draft_kind=kind, backend=backend,
-        fallback_reason=reason, attention_reason=attention_reason, announce=announce,
+        target_model,
+        draft_model,
+        config,
+        draft_kind=kind,
+        backend=backend,
+        fallback_reason=reason,
+        attention_reason=attention_reason,
+        announce=announce,
     )
     if warmup:
         step.warmup()

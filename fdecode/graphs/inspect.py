@@ -30,8 +30,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fdecode.graphs.compile import fresh_code, graph_name, pure_step, requested_depth, window_width
-from fdecode.state import DecodeState
 from fdecode.ops.plan import SamplingPlan
+from fdecode.state import DecodeState
 
 # ATen ops whose kernels read a device value on the host (scalar reads, data-dependent output shapes).
 SYNC_OPS = frozenset(
@@ -125,8 +125,20 @@ class GraphReport:
         return dict(counts)
 
     def __repr__(self) -> str:
-        shown = ("backend", "context", "dynamic_window", "plan", "graph_count", "graph_break_count", "host_syncs",
-                 "regions", "aten_ops", "custom_ops", "recompiles", "cudagraph_skips")
+        shown = (
+            "backend",
+            "context",
+            "dynamic_window",
+            "plan",
+            "graph_count",
+            "graph_break_count",
+            "host_syncs",
+            "regions",
+            "aten_ops",
+            "custom_ops",
+            "recompiles",
+            "cudagraph_skips",
+        )
         # Not a constructor call (aten_ops and custom_ops are properties): <GraphReport name=value ...>.
         return f"<GraphReport {' '.join(f'{name}={getattr(self, name)!r}' for name in shown)}>"
 
@@ -173,8 +185,13 @@ def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
 
 
 def inspect(
-    step, state: DecodeState, *, context: int | None = None, plan: SamplingPlan | str | None = None,
-    speculate: bool = True, depth: int | None = None,
+    step,
+    state: DecodeState,
+    *,
+    context: int | None = None,
+    plan: SamplingPlan | str | None = None,
+    speculate: bool = True,
+    depth: int | None = None,
 ) -> GraphReport:
     """Trace `step` on fake tensors of `state`'s leaves and report what it captures and what the step's
     real backend did (see `GraphReport`). Copies nothing: `state` is neither written nor consumed.

@@ -67,8 +67,10 @@ def source_digest() -> str:
 def platform() -> str:
     """What the compiled code depends on beyond the graph: torch, Python, the CPU's architecture and vector
     ISA (ATen's dispatch level, which is what Inductor's own pick, slower to ask, builds on)."""
-    return (f"torch {torch.__version__}; python {sys.version}; {sysconfig.get_platform()}; "
-            f"isa {torch.backends.cpu.get_cpu_capability()}")
+    return (
+        f"torch {torch.__version__}; python {sys.version}; {sysconfig.get_platform()}; "
+        f"isa {torch.backends.cpu.get_cpu_capability()}"
+    )
 
 
 def inductor_config() -> str:
@@ -87,7 +89,8 @@ def model_layout(model: torch.nn.Module) -> list:
     for name, module in model.named_modules(remove_duplicate=False):
         tensors.append((name, type(module).__module__, type(module).__qualname__))
         members = [
-            *module._parameters.items(), *module._buffers.items(),
+            *module._parameters.items(),
+            *module._buffers.items(),
             *((k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor)),
         ]
         for attr, tensor in members:
@@ -95,8 +98,17 @@ def model_layout(model: torch.nn.Module) -> list:
                 continue
             full = f"{name}.{attr}" if name else attr
             alias = first.setdefault(id(tensor), full)
-            tensors.append((full, tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), str(tensor.dtype),
-                            str(tensor.device), alias))
+            tensors.append(
+                (
+                    full,
+                    tuple(tensor.shape),
+                    tensor.stride(),
+                    tensor.storage_offset(),
+                    str(tensor.dtype),
+                    str(tensor.device),
+                    alias,
+                )
+            )
     return [repr(getattr(model, "config", None)), tensors]
 
 
@@ -149,8 +161,9 @@ class StoredGraph:
     their parameters are the graph's inputs, given again at load); ahead: `fn` under `torch.compile` with
     `serializable_guards`; fallback: makes the plain capture."""
 
-    def __init__(self, fn: Callable, path: Path, models: dict[str, object], ahead: Callable,
-                 fallback: Callable[[], Callable]):
+    def __init__(
+        self, fn: Callable, path: Path, models: dict[str, object], ahead: Callable, fallback: Callable[[], Callable]
+    ):
         self.fn = fn
         self.path = path
         self.models = models
@@ -191,9 +204,11 @@ class StoredGraph:
         if self.path.exists():
             try:
                 return self._load()
-            except Exception as error:  # noqa: BLE001 - a stale or damaged file is compiled afresh
-                notice(f"could not load the stored step graph {self.path} ({type(error).__name__}: {error}); "
-                       "compiling it afresh")
+            except Exception as error:
+                notice(
+                    f"could not load the stored step graph {self.path} ({type(error).__name__}: {error}); "
+                    "compiling it afresh"
+                )
         return self._compile(args)
 
     def _compile(self, args: tuple) -> Callable:
@@ -201,14 +216,14 @@ class StoredGraph:
         self._ahead_of_time = True
         try:
             compiled = self._ahead.aot_compile((args, {}))
-        except Exception as error:  # noqa: BLE001 - e.g. a guard Dynamo cannot serialize
+        except Exception as error:
             notice(f"this step graph cannot be stored ({type(error).__name__}: {error}); compiling it as usual")
             self._ahead_of_time = False
             return self._fallback()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             compiled.save_compiled_function(str(self.path), external_data=self.models)
-        except Exception as error:  # noqa: BLE001 - runs from memory all the same
+        except Exception as error:
             notice(f"could not store the step graph in {self.path} ({type(error).__name__}: {error})")
         return compiled
 

@@ -37,11 +37,24 @@ KERNEL_ALIGN_BYTES = 32
 # the step was measured to contain (amax, view.dtype). Not exhaustive: torchair leaves ~1100 overloads unconverted.
 GE_UNCONVERTED = frozenset(
     {
-        "aten.index_put.default", "aten.index_put_.default", "aten.index_copy.default", "aten.index_copy_.default",
-        "aten.scatter.src", "aten.scatter.value", "aten.scatter_.src", "aten.scatter_.value",
-        "aten.cumprod.default", "aten.exponential.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar",
-        "aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor",
-        "aten.amax.default", "aten.view.dtype", "aten.scatter_reduce.two", "aten.scatter_reduce_.two",
+        "aten.index_put.default",
+        "aten.index_put_.default",
+        "aten.index_copy.default",
+        "aten.index_copy_.default",
+        "aten.scatter.src",
+        "aten.scatter.value",
+        "aten.scatter_.src",
+        "aten.scatter_.value",
+        "aten.cumprod.default",
+        "aten.exponential.default",
+        "aten.bitwise_xor.Tensor",
+        "aten.bitwise_xor.Scalar",
+        "aten.bitwise_left_shift.Tensor",
+        "aten.bitwise_right_shift.Tensor",
+        "aten.amax.default",
+        "aten.view.dtype",
+        "aten.scatter_reduce.two",
+        "aten.scatter_reduce_.two",
     }
 )
 # Overloads in that set for which fdecode registers a converter of its own (`register_ge_converters`).
@@ -69,7 +82,7 @@ def torch_npu_reason() -> str | None:
         return "torch_npu is not installed (pip install fdecode[npu])"
     try:
         import torch_npu  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - a broken CANN install raises all sorts
+    except Exception as err:
         return f"torch_npu failed to import: {err}"
     npu = getattr(torch, "npu", None)
     if npu is None or not npu.is_available():
@@ -118,7 +131,10 @@ def kernel_io_names(entry: dict) -> tuple[list[str], list[str]]:
     """Input and output names of an ops-info entry (`input0`, `input1`, ... and `output0`, ...)."""
 
     def names(prefix: str) -> list[str]:
-        keys = sorted((k for k in entry if k.startswith(prefix) and k[len(prefix) :].isdigit()), key=lambda k: int(k[len(prefix) :]))
+        keys = sorted(
+            (k for k in entry if k.startswith(prefix) and k[len(prefix) :].isdigit()),
+            key=lambda k: int(k[len(prefix) :]),
+        )
         return [entry[k]["name"] for k in keys]
 
     return names("input"), names("output")
@@ -151,7 +167,9 @@ def ge_reason(cfg: DecodeConfig, *, hidden_size: int) -> str | None:
         )
     blockers = GE_BLOCKERS[cfg.sampling]
     if blockers:  # empty today; kept so that a new unconvertible op in the step is refused, not a GE build error
-        return f"torchair's GE mode has no converter for {', '.join(blockers)}, which the step uses (see docs/backends.md)"
+        return (
+            f"torchair's GE mode has no converter for {', '.join(blockers)}, which the step uses (see docs/backends.md)"
+        )
     return None
 
 
@@ -193,7 +211,9 @@ def ge_call(*args: object, **kwargs: object) -> GeCall:
         else:
             raise TypeError(f"{schema.name}: no GE mapping for argument {arg.name}: {kind}")
     if len(schema.returns) != len(GE_OUTPUTS):
-        raise TypeError(f"{schema.name} returns {len(schema.returns)} tensors, the kernel has {len(GE_OUTPUTS)} outputs")
+        raise TypeError(
+            f"{schema.name} returns {len(schema.returns)} tensors, the kernel has {len(GE_OUTPUTS)} outputs"
+        )
     return GeCall(inputs, attrs, GE_OUTPUTS)
 
 

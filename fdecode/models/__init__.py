@@ -13,10 +13,20 @@ from __future__ import annotations
 from fdecode.models.config import ModelConfig
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading.hf import from_hf, save_hf
 from fdecode.models.mtp.head import MTPHead
+from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.ngram import NgramDraft
 
-__all__ = ["HybridConfig", "HybridMTPHead", "HybridModel", "LlamaModel", "MTPHead", "ModelConfig", "NgramDraft", "from_hf", "save_hf"]
+__all__ = [
+    "HybridConfig",
+    "HybridMTPHead",
+    "HybridModel",
+    "LlamaModel",
+    "MTPHead",
+    "ModelConfig",
+    "NgramDraft",
+    "from_hf",
+    "save_hf",
+]

@@ -58,8 +58,9 @@ class ModelConfig:
         """Refuse a model_type that none of this class's families loads (`fdecode.models.registry`)."""
         allowed = model_types(*self.families)
         if self.model_type not in allowed:
-            raise ValueError(f"unsupported model_type {self.model_type!r} for {type(self).__name__}; "
-                             f"fdecode implements {allowed}")
+            raise ValueError(
+                f"unsupported model_type {self.model_type!r} for {type(self).__name__}; fdecode implements {allowed}"
+            )
 
     @property
     def rope_scaling_dict(self) -> dict[str, object] | None:

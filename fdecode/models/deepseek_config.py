@@ -22,7 +22,6 @@ from fdecode.models.moe_config import MoEConfig
 from fdecode.ops.latent_kv import latent_kv_shape
 
 
-
 @dataclass(frozen=True)
 class DeepseekV3Config(ModelConfig):
     q_lora_rank: int | None = None
@@ -45,12 +44,18 @@ class DeepseekV3Config(ModelConfig):
                 f"a DeepseekV3Config has head_dim = qk_rope_head_dim ({self.qk_rope_head_dim}) and num_kv_heads = "
                 f"num_heads ({self.num_heads}), got head_dim={self.head_dim}, num_kv_heads={self.num_kv_heads}"
             )
-        sizes = {"kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim, "v_head_dim": self.v_head_dim}
+        sizes = {
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "v_head_dim": self.v_head_dim,
+        }
         if self.q_lora_rank is not None:
             sizes["q_lora_rank"] = self.q_lora_rank
         bad = {k: v for k, v in sizes.items() if v < 1}
         if bad or self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
-            raise ValueError(f"MLA sizes must be positive and qk_rope_head_dim even, got {bad or sizes} and {self.qk_rope_head_dim}")
+            raise ValueError(
+                f"MLA sizes must be positive and qk_rope_head_dim even, got {bad or sizes} and {self.qk_rope_head_dim}"
+            )
 
     @property
     def latent_width(self) -> int:

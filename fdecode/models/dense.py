@@ -67,7 +67,9 @@ def sequence_losses(target: LlamaModel, draft: LlamaModel | MTPHead, tokens: tor
 
 
 @torch.no_grad()
-def heldout_losses(target: LlamaModel, draft: LlamaModel, windows: torch.Tensor, *, chunk: int = 16) -> dict[str, float]:
+def heldout_losses(
+    target: LlamaModel, draft: LlamaModel, windows: torch.Tensor, *, chunk: int = 16
+) -> dict[str, float]:
     """`sequence_losses` averaged over `windows` [N, T], evaluated `chunk` windows at a time."""
     totals: dict[str, float] = {}
     for part in windows.split(chunk):

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from fdecode.models.decoder_lm import DecoderLM
-from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
-from fdecode.models.layers.gated_attention import GatedAttention
 from fdecode.models.hybrid_config import FULL, HybridConfig
 from fdecode.models.layers.decoder_layer import MLP, init_random_
+from fdecode.models.layers.deltanet import FusedGatedDeltaNet, GatedDeltaNet
+from fdecode.models.layers.gated_attention import GatedAttention
 from fdecode.models.layers.moe import moe_block
 from fdecode.models.layers.norms import OffsetRMSNorm
 from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
@@ -50,14 +50,26 @@ class AttentionBlock(_Block):
         self.self_attn = GatedAttention(cfg)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: nn.Module,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: nn.Module,
     ) -> torch.Tensor:
         return self._finish(x, self.self_attn(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary))
 
     def write_kv(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: nn.Module,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: nn.Module,
     ) -> None:
         """Write the keys and values `forward` would write, and nothing else (`HybridMTPHead`)."""
         self.self_attn.write(self.input_layernorm(x), positions, slots, kv, layer, ctx, rotary)
@@ -150,7 +162,9 @@ class HybridModel(DecoderLM):
         ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
-        kv_indices = layer_indices(sum(isinstance(layer, AttentionBlock) for layer in self.layers), ctx.regions, x.device)
+        kv_indices = layer_indices(
+            sum(isinstance(layer, AttentionBlock) for layer in self.layers), ctx.regions, x.device
+        )
         for layer, index in zip(self.layers, self.mixer_index):  # index: rank among layers of its kind
             if isinstance(layer, AttentionBlock):
                 x = call_layer(layer, ctx.regions, x, positions, slots, kv, kv_indices[index], ctx, self.rotary)
@@ -166,6 +180,9 @@ class HybridModel(DecoderLM):
             return logits, hidden
         if not convs:  # no linear-attention layer: the (empty) states pass through, one per row if asked
             rows = tokens.shape[1]
-            return logits, hidden, tuple(t.unsqueeze(2).expand(-1, -1, rows, *t.shape[2:]) if snapshots else t
-                                         for t in recurrent)
+            return (
+                logits,
+                hidden,
+                tuple(t.unsqueeze(2).expand(-1, -1, rows, *t.shape[2:]) if snapshots else t for t in recurrent),
+            )
         return logits, hidden, (torch.stack(convs, dim=1), torch.stack(recs, dim=1))

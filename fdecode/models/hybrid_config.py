@@ -59,15 +59,21 @@ class HybridConfig(ModelConfig):
         if self.moe is None and self.intermediate_size <= 0:
             raise ValueError("a hybrid model without MoE layers needs intermediate_size > 0")
         if self.decoder_sparse_step < 1 or self.mtp_num_layers < 0:
-            raise ValueError(f"decoder_sparse_step ({self.decoder_sparse_step}) must be >= 1 and mtp_num_hidden_layers "
-                             f"({self.mtp_num_layers}) >= 0")
+            raise ValueError(
+                f"decoder_sparse_step ({self.decoder_sparse_step}) must be >= 1 and mtp_num_hidden_layers "
+                f"({self.mtp_num_layers}) >= 0"
+            )
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}")
+            raise ValueError(
+                f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}"
+            )
 
     def sparse_mlp(self, layer: int) -> bool:
         """Whether layer `layer` (of the decoder, or of the MTP head: vLLM numbers those from 0 too) has
         the MoE feed-forward: transformers' Qwen3-Next rule, every layer for Qwen3.5-MoE."""
-        return self.moe is not None and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        return (
+            self.moe is not None and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def rotary_dim(self) -> int:
@@ -76,7 +82,10 @@ class HybridConfig(ModelConfig):
     @property
     def conv_dim(self) -> int:
         """Channels of the causal conv: q | k | v."""
-        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+        return (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )
 
     @property
     def full_layers(self) -> tuple[int, ...]:

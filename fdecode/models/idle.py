@@ -11,8 +11,7 @@ def idles_draft(draft, config) -> bool:
     """Whether `draft` sits out depth-0 steps under `config` (a `DecodeConfig`): a draft LM, not an MTP head
     (whose rows read the target's hidden states of their step), an n-gram draft (nothing to skip) or a
     recurrent draft (its ring of states), with `draft_catch_up` > 0."""
-    return (config.draft_catch_up > 0 and not is_ngram(draft) and not is_hybrid(draft)
-            and not isinstance(draft, MTPHead))
+    return config.draft_catch_up > 0 and not is_ngram(draft) and not is_hybrid(draft) and not isinstance(draft, MTPHead)
 
 
 def missed_width(draft, config) -> int:

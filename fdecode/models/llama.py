@@ -19,8 +19,8 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm
-from fdecode.models.regions import call_layer, layer_indices
 from fdecode.models.layers.rope import RotaryEmbedding
+from fdecode.models.regions import call_layer, layer_indices
 from fdecode.ops.attention import paged_context
 
 if TYPE_CHECKING:

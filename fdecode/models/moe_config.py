@@ -45,7 +45,9 @@ class MoEConfig:
                 f"unsupported MoE routing method topk_method={self.topk_method!r}; fdecode implements {TOPK_METHODS}"
             )
         if not 0 < self.top_k <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be in 1 .. n_routed_experts ({self.num_experts})")
+            raise ValueError(
+                f"num_experts_per_tok ({self.top_k}) must be in 1 .. n_routed_experts ({self.num_experts})"
+            )
         if self.num_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
             raise ValueError(
                 f"n_group ({self.n_group}) must divide the {self.num_experts} experts and topk_group "

@@ -41,7 +41,7 @@ def _compile_region(fn):
 def _region(layer: nn.Module, ctx_at: int, *args, **kwargs):
     if ctx_at >= 0:  # the layer's `PagedContext` came in as its fields (`call_layer`)
         size = len(PagedContext._fields)
-        args = (*args[:ctx_at], PagedContext(*args[ctx_at:ctx_at + size]), *args[ctx_at + size:])
+        args = (*args[:ctx_at], PagedContext(*args[ctx_at : ctx_at + size]), *args[ctx_at + size :])
     return layer(*args, **kwargs)
 
 
@@ -91,7 +91,7 @@ def call_layer(layer: nn.Module, regions: bool, *args, **kwargs):
     if compiling_regions(regions):
         for at, arg in enumerate(args):  # a loop, not a generator: Dynamo traces it at every call
             if isinstance(arg, PagedContext):
-                return _region(layer, at, *args[:at], *arg, *args[at + 1:], **kwargs)
+                return _region(layer, at, *args[:at], *arg, *args[at + 1 :], **kwargs)
         return _region(layer, -1, *args, **kwargs)
     return layer(*args, **kwargs)
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.models.loading.eos import eos_token_ids
-from fdecode.models.layers.float32 import dtype_in
-from fdecode.models.hybrid import HybridModel
-from fdecode.models.llama import LlamaModel
 from fdecode.models.config import ModelConfig
+from fdecode.models.hybrid import HybridModel
+from fdecode.models.layers.float32 import dtype_in
+from fdecode.models.llama import LlamaModel
+from fdecode.models.loading.eos import eos_token_ids
 from fdecode.models.loading.hf import from_hf, read_config
 from fdecode.models.mtp.head import MTPHead
 from fdecode.models.ngram import NgramDraft
@@ -103,7 +103,9 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
             new = copy.copy(m)  # shares m's attribute dicts: replace the ones holding tensors and submodules
             modules[id(m)] = new
             own = dtype_in(m, dtype)  # float32 for the MoE routers (`Float32Module`)
-            new.__dict__["_parameters"] = {k: None if p is None else parameter(p, own) for k, p in m._parameters.items()}
+            new.__dict__["_parameters"] = {
+                k: None if p is None else parameter(p, own) for k, p in m._parameters.items()
+            }
             new.__dict__["_buffers"] = {k: None if b is None else buffer(b) for k, b in m._buffers.items()}
             new.__dict__["_non_persistent_buffers_set"] = set(m._non_persistent_buffers_set)
             new.__dict__["_modules"] = {k: None if c is None else tree(c) for k, c in m._modules.items()}
@@ -122,7 +124,7 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
 KINDS = {
     "target": "a transformers causal LM, a checkpoint folder or a fdecode LlamaModel",
     "draft": "a transformers causal LM, a checkpoint folder, a fdecode LlamaModel, an MTPHead, 'mtp' (the "
-             "target's own MTP head), 'ngram' or an NgramDraft (prompt lookup)",
+    "target's own MTP head), 'ngram' or an NgramDraft (prompt lookup)",
 }
 
 
@@ -140,7 +142,9 @@ def config_of(obj: object) -> ModelConfig:
 def _check_folder(obj: object, role: str) -> None:
     if isinstance(obj, (str, os.PathLike)) and not (Path(obj) / "config.json").is_file():
         where = "no such folder" if not Path(obj).is_dir() else "it has no config.json"
-        raise FileNotFoundError(f"{role} {str(obj)!r} is not a checkpoint folder ({where}); the {role} must be {KINDS[role]}")
+        raise FileNotFoundError(
+            f"{role} {str(obj)!r} is not a checkpoint folder ({where}); the {role} must be {KINDS[role]}"
+        )
 
 
 def resolve_target(obj: object, cfg: DecodeConfig, role: str = "target") -> LlamaModel:
@@ -166,8 +170,10 @@ def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[t
         return obj.bound(target), "ngram"
     if isinstance(obj, str) and obj == "mtp":
         if target.mtp is None:
-            raise ValueError("draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint): pass "
-                             "draft='ngram' (prompt lookup, no second model) or a draft model")
+            raise ValueError(
+                "draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint): pass "
+                "draft='ngram' (prompt lookup, no second model) or a draft model"
+            )
         return target.mtp, "mtp"
     if isinstance(obj, MTPHead):
         if obj.config.hidden_size != target.config.hidden_size or obj.config.vocab_size != target.config.vocab_size:

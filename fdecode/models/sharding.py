@@ -41,7 +41,11 @@ from fdecode.models.layers.mla import MLAttention
 from fdecode.models.layers.moe import DeepseekMoE, Experts, QwenMoE
 from fdecode.models.mtp.head import MTPHead
 from fdecode.models.parallel import (
-    RowParallelLinear, TPGroup, VocabParallelEmbedding, VocabParallelLMHead, vocab_shard,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+    vocab_shard,
 )
 
 
@@ -148,8 +152,7 @@ def _deltanet_(net: GatedDeltaNet, tp: TPGroup) -> None:
         for name in ("in_proj_z", "in_proj_b", "in_proj_a"):
             _columns_(getattr(net, name), tp)
     conv = _segments(net.conv1d.weight, (key_dim, key_dim, value_dim), 0, tp)  # the regrouped q | k | v channels
-    net.conv1d = nn.Conv1d(conv.shape[0], conv.shape[0], conv.shape[2], groups=conv.shape[0], bias=False,
-                           device="meta")
+    net.conv1d = nn.Conv1d(conv.shape[0], conv.shape[0], conv.shape[2], groups=conv.shape[0], bias=False, device="meta")
     net.conv1d.weight = _param(conv)
     net.A_log, net.dt_bias = _param(_chunk(net.A_log, 0, tp)), _param(_chunk(net.dt_bias, 0, tp))
     net.out_proj = _row_parallel(net.out_proj, tp)
@@ -244,8 +247,9 @@ def shard_model(model: nn.Module, tp: TPGroup) -> nn.Module:
         sharded.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp=tp)
         sharded.lm_head = VocabParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp=tp)
     sharded.embed_tokens.weight = _param(vocab_shard(model.embed_tokens.weight, tp))
-    sharded.lm_head.weight = (sharded.embed_tokens.weight if cfg.tie_word_embeddings
-                              else _param(vocab_shard(model.lm_head.weight, tp)))
+    sharded.lm_head.weight = (
+        sharded.embed_tokens.weight if cfg.tie_word_embeddings else _param(vocab_shard(model.lm_head.weight, tp))
+    )
     sharded.rank_config = rank_config(cfg, tp.size)
     if mtp is not None:
         sharded.mtp = shard_head(mtp, tp).bind(sharded)

@@ -42,7 +42,11 @@ class PagedContext(NamedTuple):
 
 
 def paged_context(
-    block_tables: torch.Tensor, positions: torch.Tensor, block_size: int, *, kernel: str = "torch",
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    *,
+    kernel: str = "torch",
     regions: bool = False,
 ) -> PagedContext:
     """block_tables: [B, nb] int64; positions: [B, Q] int64. regions: run layers as compile regions where

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 
 
-def next_states(keys: torch.Tensor, nxt: torch.Tensor, state: torch.Tensor, token: torch.Tensor,
-                vocab: int) -> torch.Tensor:
+def next_states(
+    keys: torch.Tensor, nxt: torch.Tensor, state: torch.Tensor, token: torch.Tensor, vocab: int
+) -> torch.Tensor:
     """Where `token` leads from `state` (both [...] int64): the pool's next state, -2 where the token is no
     transition (not allowed there, an EOS id, or -1: nothing proposed); states < 0 stay as they are."""
     key = state.clamp_min(0) * vocab + token.clamp_min(0)
@@ -23,8 +24,14 @@ def next_states(keys: torch.Tensor, nxt: torch.Tensor, state: torch.Tensor, toke
     return torch.where(state < 0, state, torch.where(found, nxt[at], torch.full_like(state, -2)))
 
 
-def walk(keys: torch.Tensor, nxt: torch.Tensor, state: torch.Tensor, tokens: torch.Tensor, vocab: int,
-         upto: torch.Tensor | None = None) -> torch.Tensor:
+def walk(
+    keys: torch.Tensor,
+    nxt: torch.Tensor,
+    state: torch.Tensor,
+    tokens: torch.Tensor,
+    vocab: int,
+    upto: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[B, A + 1]: the state before `tokens` [B, A] and after each of them, from `state` [B]; with `upto` [B],
     tokens from index upto on are not walked (the state stays)."""
     states = [state]

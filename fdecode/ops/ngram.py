@@ -29,13 +29,11 @@ def write_history(history: torch.Tensor, base_pos: torch.Tensor, accepted: torch
     history: [B, S] int64 with S >= a lane's blocks' positions + W (room for the -1 padding past the last position);
     accepted: [B, W] int64, -1 padded. The padding lands past the lane's new last position, where
     nothing is committed; positions up to base_pos are never touched."""
-    positions = (base_pos[:, None] + 1 + torch.arange(accepted.shape[1], device=accepted.device))
+    positions = base_pos[:, None] + 1 + torch.arange(accepted.shape[1], device=accepted.device)
     history.scatter_(1, positions.clamp(0, history.shape[1] - 1), accepted)
 
 
-def lookup(
-    history: torch.Tensor, last_pos: torch.Tensor, k: int, max_n: int, min_n: int
-) -> torch.Tensor:
+def lookup(history: torch.Tensor, last_pos: torch.Tensor, k: int, max_n: int, min_n: int) -> torch.Tensor:
     """The K proposed tokens of each lane [B, K] int64, -1 where nothing is proposed.
 
     history: [B, S] int64 (only these S positions are searched: a context window holding every

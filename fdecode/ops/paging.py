@@ -28,7 +28,6 @@ def slot_of(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int
     return torch.where(ok, block * block_size + positions % block_size, torch.zeros_like(positions))
 
 
-
 def window_columns(block_tables: torch.Tensor, blocks: int | torch.Tensor | None) -> torch.Tensor:
     """The first `blocks` columns of the block tables, [B, blocks]: the attention window (None: all).
 

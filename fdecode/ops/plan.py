@@ -86,8 +86,9 @@ def plan_for(lanes: Sequence[tuple], *, candidates: int, processors: bool = Fals
         return SamplingPlan(unprocessed=True) if unprocessed else GREEDY
     if candidates and all(1 <= k <= candidates for k, _ in random):
         return SamplingPlan(random=True, candidates=candidates, unprocessed=unprocessed)
-    return SamplingPlan(random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random),
-                        unprocessed=unprocessed)
+    return SamplingPlan(
+        random=True, top_k=any(k > 0 for k, _ in random), top_p=any(p < 1 for _, p in random), unprocessed=unprocessed
+    )
 
 
 def general(sampling: bool) -> SamplingPlan:

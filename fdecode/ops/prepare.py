@@ -85,4 +85,3 @@ def _(accepted, hidden, placeholder, base_pos, base_kv, block_tables, block_size
         base_kv.new_empty(batch),
         base_pos.new_empty(rows),
     )
-

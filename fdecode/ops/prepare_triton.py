@@ -35,11 +35,29 @@ if triton is not None:
 
     @triton.jit
     def _prepare_kernel(
-        accepted, hidden, placeholder, base_pos, base_kv, tables,  # inputs
-        out_tokens, out_hidden, out_positions, out_kv_lens, out_slots,  # outputs
-        width, max_blocks, block_size,
-        stride_ab, stride_aw, stride_hb, stride_hw, stride_hh, stride_tb,
-        W: tl.constexpr, W_P2: tl.constexpr, BLOCK: tl.constexpr,
+        accepted,
+        hidden,
+        placeholder,
+        base_pos,
+        base_kv,
+        tables,  # inputs
+        out_tokens,
+        out_hidden,
+        out_positions,
+        out_kv_lens,
+        out_slots,  # outputs
+        width,
+        max_blocks,
+        block_size,
+        stride_ab,
+        stride_aw,
+        stride_hb,
+        stride_hw,
+        stride_hh,
+        stride_tb,
+        W: tl.constexpr,
+        W_P2: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, W_P2)
@@ -79,7 +97,12 @@ def unsupported_reason(accepted, hidden, placeholder, base_pos, base_kv, block_t
     """Why the kernel does not take these inputs (the reference runs instead), or None."""
     if triton is None:
         return "triton is not importable"
-    for name, t in (("accepted", accepted), ("base_pos", base_pos), ("base_kv", base_kv), ("block_tables", block_tables)):
+    for name, t in (
+        ("accepted", accepted),
+        ("base_pos", base_pos),
+        ("base_kv", base_kv),
+        ("block_tables", block_tables),
+    ):
         if t.dtype != torch.int64:
             return f"{name} is {t.dtype}, the kernel reads int64"
     if placeholder.dtype != hidden.dtype:
@@ -113,12 +136,29 @@ def prepare_next_draft_triton(
     slots = base_pos.new_empty(2 * batch)
     if batch:
         _prepare_kernel[(batch,)](
-            accepted, hidden, placeholder, base_pos, base_kv, tables,
-            tokens, rows, positions, kv_lens, slots,
-            width, tables.shape[1], block_size,
-            accepted.stride(0), accepted.stride(1), hidden.stride(0), hidden.stride(1), hidden.stride(2),
+            accepted,
+            hidden,
+            placeholder,
+            base_pos,
+            base_kv,
+            tables,
+            tokens,
+            rows,
+            positions,
+            kv_lens,
+            slots,
+            width,
+            tables.shape[1],
+            block_size,
+            accepted.stride(0),
+            accepted.stride(1),
+            hidden.stride(0),
+            hidden.stride(1),
+            hidden.stride(2),
             tables.stride(0),  # contiguous: column stride 1
-            W=window, W_P2=triton.next_power_of_2(window), BLOCK=min(BLOCK_H, triton.next_power_of_2(width)),
+            W=window,
+            W_P2=triton.next_power_of_2(window),
+            BLOCK=min(BLOCK_H, triton.next_power_of_2(width)),
         )
     return tokens, rows, positions, kv_lens, slots
 

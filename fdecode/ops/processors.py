@@ -38,8 +38,19 @@ class Processors(NamedTuple):
 
 def processors(state) -> Processors:
     """The `Processors` of a `DecodeState` (or of anything with those leaves)."""
-    return Processors(state.penalties, state.counts, state.seen, state.min_left, state.bias_ids, state.bias,
-                      state.stop_ids, state.grammar_state, state.grammar_allowed, state.grammar_keys, state.grammar_next)
+    return Processors(
+        state.penalties,
+        state.counts,
+        state.seen,
+        state.min_left,
+        state.bias_ids,
+        state.bias,
+        state.stop_ids,
+        state.grammar_state,
+        state.grammar_allowed,
+        state.grammar_keys,
+        state.grammar_next,
+    )
 
 
 def _scatter_count(ids: torch.Tensor, weight: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
@@ -73,13 +84,23 @@ def lane_vectors(lanes: Processors, vocab: int, *, bias: bool, min_tokens: bool,
     return LaneVectors(
         _scatter_count(lanes.bias_ids, lanes.bias, vocab, torch.float32)[:, None] if bias else None,
         (_scatter_count(lanes.stop_ids, torch.ones_like(lanes.stop_ids), vocab, torch.int32) > 0)[:, None]
-        if min_tokens else None,
+        if min_tokens
+        else None,
     )
 
 
-def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None = None, before: int = 0,
-            *, penalties: bool, min_tokens: bool, bias: bool, grammars: bool = False,
-            vectors: LaneVectors | None = None) -> torch.Tensor:
+def process(
+    logits: torch.Tensor,
+    lanes: Processors,
+    prior: torch.Tensor | None = None,
+    before: int = 0,
+    *,
+    penalties: bool,
+    min_tokens: bool,
+    bias: bool,
+    grammars: bool = False,
+    vectors: LaneVectors | None = None,
+) -> torch.Tensor:
     """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
     `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
     step was compiled with (off: nothing is computed for them); `vectors`: `lane_vectors(lanes, ...)`
@@ -117,8 +138,15 @@ def process(logits: torch.Tensor, lanes: Processors, prior: torch.Tensor | None 
     return logits
 
 
-def tally(lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, *, penalties: bool,
-          grammars: bool = False, vocab: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def tally(
+    lanes: Processors,
+    accepted: torch.Tensor,
+    length: torch.Tensor,
+    *,
+    penalties: bool,
+    grammars: bool = False,
+    vocab: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Count a transition's committed tokens (`accepted` [B, W], -1 padded): the counts leaf is updated in
     place (like the KV) where penalties are on. Returns the next `min_left` [B] and the lanes' automaton
     states after the tokens [B]."""

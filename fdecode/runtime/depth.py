@@ -94,10 +94,23 @@ class DepthController:
     depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`). A trial due
     waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own."""
 
-    def __init__(self, num_draft_tokens: int, costs: Sequence[float], *, depths: Sequence[int] | None = None,
-                 weight: float = 0.05, prior: float = 0.9, strength: float = 2.0, hysteresis: float = 0.05,
-                 horizon: int = 8, probe: int = 8, max_probe: int = 64, cost_weight: float = 0.25,
-                 learn_costs: bool = True, catch_up: int = 0):
+    def __init__(
+        self,
+        num_draft_tokens: int,
+        costs: Sequence[float],
+        *,
+        depths: Sequence[int] | None = None,
+        weight: float = 0.05,
+        prior: float = 0.9,
+        strength: float = 2.0,
+        hysteresis: float = 0.05,
+        horizon: int = 8,
+        probe: int = 8,
+        max_probe: int = 64,
+        cost_weight: float = 0.25,
+        learn_costs: bool = True,
+        catch_up: int = 0,
+    ):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
             raise ValueError(f"DepthController needs K + 1 = {k + 1} positive costs, got {list(costs)!r}")
@@ -110,8 +123,12 @@ class DepthController:
             raise ValueError(f"DepthController strength must be > 0, got {strength!r}")
         if not hysteresis >= 0:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
-        for name, value, least in (("horizon", horizon, 1), ("probe", probe, 1), ("max_probe", max_probe, probe),
-                                   ("catch_up", catch_up, 0)):
+        for name, value, least in (
+            ("horizon", horizon, 1),
+            ("probe", probe, 1),
+            ("max_probe", max_probe, probe),
+            ("catch_up", catch_up, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"DepthController {name} must be an int >= {least}, got {value!r}")
         self.hysteresis, self.horizon, self.strength, self.probe = hysteresis, horizon, strength, probe
@@ -192,8 +209,10 @@ class DepthController:
         # Where the draft sits out depth 0, a trial waits for a catch-up the step runs anyway: the one it forces
         # once the draft missed `catch_up` steps (this launch), or the one just run, whose draft it verifies.
         aligned = self.catch_up == 0 or self.lag >= self.catch_up or self.caught_up
-        self.trying = best == 0 and bool(drafting) and (
-            self.caught_up and self.on_trial or self.paused >= self.probe_every and aligned
+        self.trying = (
+            best == 0
+            and bool(drafting)
+            and (self.caught_up and self.on_trial or self.paused >= self.probe_every and aligned)
         )
         return min(drafting) if self.trying else best  # a trial: what the drafts are worth now
 
@@ -241,4 +260,6 @@ class DepthController:
     def __repr__(self) -> str:
         rates = ", ".join(f"{b}: {self.rate(b):.2f}" for b in sorted(self.lanes))
         costs = ", ".join(f"{c:.3g}" for c in self.costs)
-        return f"DepthController(K={self.num_draft_tokens}, rates={{{rates}}}, costs=[{costs}], launches={self.launches})"
+        return (
+            f"DepthController(K={self.num_draft_tokens}, rates={{{rates}}}, costs=[{costs}], launches={self.launches})"
+        )

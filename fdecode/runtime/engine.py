@@ -86,9 +86,7 @@ class Engine:
     results = engine.run()                   # {request_id: tokens}, runs until idle
     """
 
-    def __init__(
-        self, step, *, callbacks: Sequence[Callable[[Event], None]] = (), overcommit: bool = False
-    ) -> None:
+    def __init__(self, step, *, callbacks: Sequence[Callable[[Event], None]] = (), overcommit: bool = False) -> None:
         self.step_fn = step
         self.overcommit = overcommit
         cfg = self.config = step.config
@@ -155,9 +153,21 @@ class Engine:
         cfg, vocab = self.config, self.step_fn.target.config.vocab_size
         ids = check_prompt(prompt, vocab, "prompt")
         (resolved,) = request_params(
-            1, cfg, vocab, params=params, seeds=self.step_fn.seeds, labels=[None], per_prompt=False,
-            max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, ignore_eos=ignore_eos,
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+            1,
+            cfg,
+            vocab,
+            params=params,
+            seeds=self.step_fn.seeds,
+            labels=[None],
+            per_prompt=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            ignore_eos=ignore_eos,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
         )
         return self.add_resolved(ids, resolved)
 
@@ -350,9 +360,7 @@ class Engine:
         """`SamplingParams.plan_inputs` of each lane's request, None for a free lane: the step picks its
         sampling plan from it, so a batch that has no random request left runs the greedy graph, and one
         with no request using a logit processor the graph without them."""
-        return tuple(
-            None if r is None else r.params.plan_inputs for r in self._lanes
-        )
+        return tuple(None if r is None else r.params.plan_inputs for r in self._lanes)
 
     def _retire(self, request: Request) -> None:
         if self.grammars is not None:
@@ -419,8 +427,14 @@ class Engine:
             self._lanes[request.lane] = request
         lanes = [r.lane for r in admitted]
         self.state = self.step_fn.prime(
-            self.state, lanes, [r.prompt for r in admitted], block_tables=table, budgets=[r.budget for r in admitted],
-            params=[r.params for r in admitted], uploads=self._uploads, grammars=self.grammars,
+            self.state,
+            lanes,
+            [r.prompt for r in admitted],
+            block_tables=table,
+            budgets=[r.budget for r in admitted],
+            params=[r.params for r in admitted],
+            uploads=self._uploads,
+            grammars=self.grammars,
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes
@@ -430,4 +444,3 @@ class Engine:
             f"Engine(active={self.num_active}/{self.config.max_batch}, waiting={self.num_waiting}, "
             f"steps={self.steps}, {self.allocator})"
         )
-

@@ -47,7 +47,9 @@ class RequestMetrics:
             return replace(self, first_row_steps=self.first_row_steps + 1)
         accepted = min(num_tokens - 1, num_drafts)
         return RequestMetrics(
-            self.drafts_proposed + num_drafts, self.drafts_accepted + accepted, self.verified_steps + 1,
+            self.drafts_proposed + num_drafts,
+            self.drafts_accepted + accepted,
+            self.verified_steps + 1,
             self.first_row_steps,
         )
 

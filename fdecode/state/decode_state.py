@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 
 from fdecode.state.ownership import KVTicket, storage_of
 
-
 # Why a lane was stopped with an error, by its status in the packed output (the host's message).
 ERRORS = {
     2: "ran out of KV blocks (pool exhausted while the request grew)",
@@ -90,12 +89,15 @@ class StepOutput:
             return None
         rows = columns.reshape(columns.shape[0], w, -1)
         n = (rows.shape[2] - 1) // 2
-        as_float = lambda x: x.to(torch.int32).view(torch.float32)  # noqa: E731 - the packed bit patterns
+        as_float = lambda x: x.to(torch.int32).view(torch.float32)
         return as_float(rows[..., 0]), rows[..., 1 : 1 + n], as_float(rows[..., 1 + n :])
 
     @staticmethod
     def pack(
-        tokens: torch.Tensor, num_tokens: torch.Tensor, status: torch.Tensor, drafts: torch.Tensor | None = None,
+        tokens: torch.Tensor,
+        num_tokens: torch.Tensor,
+        status: torch.Tensor,
+        drafts: torch.Tensor | None = None,
         logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> StepOutput:
         """status: [B] int64 or bool, 0 running, 1 finished, >= 2 stopped with an error (`ERRORS`);
@@ -106,7 +108,7 @@ class StepOutput:
         columns = [tokens, drafts[:, None].long()]
         if logprobs is not None:
             token_lp, top_ids, top_lp = logprobs
-            bits = lambda x: x.float().contiguous().view(torch.int32).long()  # noqa: E731 - exact bit patterns
+            bits = lambda x: x.float().contiguous().view(torch.int32).long()
             columns.append(torch.cat([bits(token_lp)[..., None], top_ids.long(), bits(top_lp)], dim=-1).reshape(b, -1))
         columns += [num_tokens[:, None], status[:, None].long()]
         return StepOutput(torch.cat(columns, dim=1), w)
@@ -201,7 +203,9 @@ class DecodeState:
     seed: torch.Tensor  # [B] int64 in [0, 2**63): the lane's PRNG key (Philox, `fdecode.ops.random`)
     counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
     draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from
-    output: torch.Tensor  # [B, DecodeConfig.output_width] int64: packed StepOutput of the transition that made this state
+    output: (
+        torch.Tensor
+    )  # [B, DecodeConfig.output_width] int64: packed StepOutput of the transition that made this state
 
     @property
     def step_output(self) -> StepOutput:

@@ -61,8 +61,10 @@ class GrammarPool:
     def fits(self, grammars: list) -> bool:
         """Whether `grammars` (with the resident ones still used by a lane) can be resident at once."""
         used = {id(g): g for g in self._lanes.values()} | {id(g): g for g in grammars if g is not None}
-        return (sum(g.num_states for g in used.values()) <= self.states
-                and sum(g.num_transitions for g in used.values()) <= self.transitions)
+        return (
+            sum(g.num_states for g in used.values()) <= self.states
+            and sum(g.num_transitions for g in used.values()) <= self.transitions
+        )
 
     def release(self, lane: int) -> None:
         """The lane's request is gone: its grammar may be evicted when room is needed."""
@@ -78,7 +80,8 @@ class GrammarPool:
             raise ValueError(
                 f"the grammars of these requests and of the running ones need more than the pool's "
                 f"{self.states} states / {self.transitions} transitions (DecodeConfig.max_grammar_states / "
-                f"max_grammar_transitions)")
+                f"max_grammar_transitions)"
+            )
         changed, lane_states = False, state.grammar_state
         # Kept resident while placing: the running lanes' grammars and every one of this call (placing the
         # second must not evict the first).
@@ -117,8 +120,10 @@ class GrammarPool:
     def _room(self, grammar) -> bool:
         """Whether the pool's free rows and transitions, in total, hold `grammar` beside the resident ones."""
         resident = self._resident.values()
-        return (sum(r.states for r in resident) + grammar.num_states <= self.states
-                and sum(r.transitions for r in resident) + grammar.num_transitions <= self.transitions)
+        return (
+            sum(r.states for r in resident) + grammar.num_states <= self.states
+            and sum(r.transitions for r in resident) + grammar.num_transitions <= self.transitions
+        )
 
     def _compact(self, state, lane_states: torch.Tensor) -> torch.Tensor:
         """Move every resident grammar's rows to the pool's start, in row order (device copies; the keys are

@@ -114,9 +114,7 @@ class KVPools:
         self._allocate = allocate
         self.pools: list[KVPool] = []
 
-    def start(
-        self, build: Callable[[torch.Tensor, torch.Tensor], DecodeState], *, take_over: bool
-    ) -> DecodeState:
+    def start(self, build: Callable[[torch.Tensor, torch.Tensor], DecodeState], *, take_over: bool) -> DecodeState:
         """The state `build(target_kv, draft_kv)` makes over a pool, as the first of a new chain.
 
         take_over (a plain prefill): the pool of the live chain the previous plain prefill started, if

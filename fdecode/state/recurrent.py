@@ -34,8 +34,14 @@ def empty_leaves(model: torch.nn.Module, batch: int, copies: int, *, dtype: torc
     return torch.zeros(empty, dtype=dtype, device=device), torch.zeros((*empty, 0), dtype=torch.float32, device=device)
 
 
-def forward_rows(model: torch.nn.Module, *args, recurrent: State | None = None, valid: torch.Tensor | None = None,
-                 snapshots: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor, State | None]:
+def forward_rows(
+    model: torch.nn.Module,
+    *args,
+    recurrent: State | None = None,
+    valid: torch.Tensor | None = None,
+    snapshots: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor, State | None]:
     """`model(*args, **kwargs)` as (logits, hidden, states after the rows); states are None (and
     `recurrent` unused) for a model without a recurrent state, whose call is left exactly as it was."""
     if not is_hybrid(model):
@@ -80,8 +86,9 @@ def commit_ring(leaves: State, ring: list[State], live: torch.Tensor) -> None:
 LEAVES = ("target_conv", "target_rec", "draft_conv", "draft_rec")
 
 
-def zero_leaves(target: torch.nn.Module, draft: torch.nn.Module, batch: int, *, copies: int, dtype: torch.dtype,
-                device) -> dict[str, torch.Tensor]:
+def zero_leaves(
+    target: torch.nn.Module, draft: torch.nn.Module, batch: int, *, copies: int, dtype: torch.dtype, device
+) -> dict[str, torch.Tensor]:
     """The four `DecodeState` leaves of `batch` lanes at zero: target R = 1, draft R = `copies` (K)."""
     target_conv, target_rec = empty_leaves(target, batch, 1, dtype=dtype, device=device)
     draft_conv, draft_rec = empty_leaves(draft, batch, copies, dtype=dtype, device=device)
@@ -93,7 +100,9 @@ def first_copy(leaves: dict[str, torch.Tensor], model: str) -> State:
     return leaves[f"{model}_conv"][:, :, 0], leaves[f"{model}_rec"][:, :, 0]
 
 
-def after_prompts(leaves: dict[str, torch.Tensor], target_states: State | None, draft_states: State | None) -> dict[str, torch.Tensor]:
+def after_prompts(
+    leaves: dict[str, torch.Tensor], target_states: State | None, draft_states: State | None
+) -> dict[str, torch.Tensor]:
     """`leaves` holding the states after the prompts: the target's in its copy, the draft's in every copy."""
     out = dict(leaves)
     for model, states in (("target", target_states), ("draft", draft_states)):

@@ -20,17 +20,46 @@ import fdecode
 from fdecode.models import from_hf
 
 VOCAB = 97
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
-        "mscale": 0.7, "mscale_all_dim": 0.9, "beta_fast": 32, "beta_slow": 1}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "mscale": 0.7,
+    "mscale_all_dim": 0.9,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 
 
 def hf_config(**overrides) -> transformers.DeepseekV3Config:
     base = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=12,
-        qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10, max_position_embeddings=512, rope_parameters=YARN,
-        tie_word_embeddings=False, num_nextn_predict_layers=0, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=16,
+        q_lora_rank=12,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=12,
+        v_head_dim=10,
+        max_position_embeddings=512,
+        rope_parameters=YARN,
+        tie_word_embeddings=False,
+        num_nextn_predict_layers=0,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     base.update(overrides)
     return transformers.DeepseekV3Config(**base)
@@ -40,7 +69,7 @@ def _freeze(overrides: dict) -> tuple:
     return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in overrides.items()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf(seed: int, frozen: tuple) -> transformers.DeepseekV3ForCausalLM:
     overrides = {k: json.loads(v) for k, v in frozen}
     torch.manual_seed(seed)
@@ -69,16 +98,26 @@ PROMPTS = prompts()
 NEW = 10
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_greedy(prompt: tuple[int, ...], new: int = NEW, seed: int = 0) -> list[int]:
-    out = hf_deepseek(seed).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
-                                     eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = hf_deepseek(seed).generate(
+        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def compiled(target, draft, k: int, backend: str = "eager", **changes):
-    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
-                                  "backend": backend, "dtype": torch.float32, **changes})
+    cfg = fdecode.DecodeConfig(
+        **{
+            "num_draft_tokens": k,
+            "max_batch": 4,
+            "max_seq_len": 64,
+            "block_size": 4,
+            "backend": backend,
+            "dtype": torch.float32,
+            **changes,
+        }
+    )
     return fdecode.compile(target, draft, cfg)
 
 
@@ -87,8 +126,13 @@ def generate(step, prompts=PROMPTS, new: int = NEW) -> list[list[int]]:
 
 
 # fdecode MTP-module names -> DeepSeek's names under model.layers.{num_hidden_layers + k}.
-_DEEPSEEK_MTP = {"enorm.": "enorm.", "hnorm.": "hnorm.", "eh_proj.": "eh_proj.", "norm.": "shared_head.norm.",
-                 "layer.": ""}
+_DEEPSEEK_MTP = {
+    "enorm.": "enorm.",
+    "hnorm.": "hnorm.",
+    "eh_proj.": "eh_proj.",
+    "norm.": "shared_head.norm.",
+    "layer.": "",
+}
 
 
 def deepseek_checkpoint_names(head_state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
@@ -99,7 +143,7 @@ def deepseek_checkpoint_names(head_state: dict[str, torch.Tensor], num_layers: i
     for name, tensor in head_state.items():
         _, k, rest = name.split(".", 2)
         prefix = next(p for p in _DEEPSEEK_MTP if rest.startswith(p))
-        key = f"model.layers.{num_layers + int(k)}." + _DEEPSEEK_MTP[prefix] + rest[len(prefix):]
+        key = f"model.layers.{num_layers + int(k)}." + _DEEPSEEK_MTP[prefix] + rest[len(prefix) :]
         if key.endswith("mlp.experts.gate_up_proj"):
             for n, fused in enumerate(tensor):
                 gate, up = fused.chunk(2)

@@ -24,9 +24,28 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 # Host reads of values, and ops whose output shape depends on the values.
 READS = {
-    "item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "__complex__",
-    "__repr__", "__str__", "__format__", "__array__", "nonzero", "argwhere", "masked_select", "unique",
-    "unique_consecutive", "equal", "allclose", "is_nonzero", "repeat_interleave",
+    "item",
+    "tolist",
+    "numpy",
+    "cpu",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "__repr__",
+    "__str__",
+    "__format__",
+    "__array__",
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "equal",
+    "allclose",
+    "is_nonzero",
+    "repeat_interleave",
 }
 UPLOADS = {"tensor", "as_tensor", "asarray", "new_tensor"}  # host data -> a tensor on `device`
 
@@ -60,8 +79,10 @@ class DeviceReads(TorchFunctionMode):
         non_blocking = kwargs.get("non_blocking", False) or any(a is True for a in args[1:])
         if device_in and name in READS:
             raise HostSync(f"{name}() reads a device tensor on the host")
-        if device_in and name in ("__getitem__", "__setitem__", "index_put", "index_put_") and any(
-            t.dtype == torch.bool for t in tree_leaves(args[1]) if isinstance(t, torch.Tensor)
+        if (
+            device_in
+            and name in ("__getitem__", "__setitem__", "index_put", "index_put_")
+            and any(t.dtype == torch.bool for t in tree_leaves(args[1]) if isinstance(t, torch.Tensor))
         ):
             raise HostSync(f"{name} with a boolean mask: the result's shape depends on device values")
         if name in UPLOADS and (kwargs.get("device") is not None or (name == "new_tensor" and device_in)):
@@ -82,7 +103,9 @@ class DeviceReads(TorchFunctionMode):
         if device_in and name != "to":
             host = [t for t in tensors if not self.on_device(t) and t.dim() > 0]
             if host:
-                raise HostSync(f"{name} mixes device tensors with a host tensor {tuple(host[0].shape)} (an implicit upload)")
+                raise HostSync(
+                    f"{name} mixes device tensors with a host tensor {tuple(host[0].shape)} (an implicit upload)"
+                )
         out = func(*args, **kwargs)
         if device_in or kwargs.get("device") is not None:
             self._marked(out)

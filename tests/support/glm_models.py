@@ -24,24 +24,38 @@ VARIANTS = {
     # q/k/v bias + q/k norm, grouped routing (1 of 2 groups), a dense first layer
     "bias-qknorm-grouped": dict(attention_bias=True, use_qk_norm=True, n_group=2, topk_group=1),
     # no bias, no q/k norm, one group, no renormalisation, two dense layers
-    "plain": dict(attention_bias=False, use_qk_norm=False, n_group=1, topk_group=1, norm_topk_prob=False,
-                  first_k_dense_replace=2),
+    "plain": dict(
+        attention_bias=False, use_qk_norm=False, n_group=1, topk_group=1, norm_topk_prob=False, first_k_dense_replace=2
+    ),
 }
 
 
 def hf_config(**overrides) -> transformers.Glm4MoeConfig:
     base = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16,  # GQA 2:1; partial_rotary_factor 0.5 (GLM's default): 8 of 16 rotate
-        moe_intermediate_size=8, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
-        first_k_dense_replace=1, routed_scaling_factor=1.5, max_position_embeddings=512, tie_word_embeddings=False,
-        eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,  # GQA 2:1; partial_rotary_factor 0.5 (GLM's default): 8 of 16 rotate
+        moe_intermediate_size=8,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     base.update(overrides)
     return transformers.Glm4MoeConfig(**base)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_glm(variant: str = "bias-qknorm-grouped", seed: int = 0, **overrides) -> transformers.Glm4MoeForCausalLM:
     torch.manual_seed(seed)
     config = hf_config(**{**VARIANTS[variant], **overrides})
@@ -62,11 +76,12 @@ PROMPTS = [tuple(p.tolist()) for p in prompts()]
 NEW = 10
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_greedy(prompt: tuple[int, ...], variant: str = "bias-qknorm-grouped", new: int = NEW) -> list[int]:
-    out = hf_glm(variant).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = hf_glm(variant).generate(
+        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def mtp_tensors(num_layers: int, *, seed: int = 3, layers: int = 1) -> dict[str, torch.Tensor]:

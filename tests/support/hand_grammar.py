@@ -56,8 +56,10 @@ class HandGrammar:
 
     def check_capacity(self, max_states: int, max_transitions: int) -> None:
         if self.num_states > max_states or self.num_transitions > max_transitions:
-            raise ValueError(f"needs {self.num_states} states / {self.num_transitions} transitions: "
-                             "DecodeConfig.max_grammar_states / max_grammar_transitions")
+            raise ValueError(
+                f"needs {self.num_states} states / {self.num_transitions} transitions: "
+                "DecodeConfig.max_grammar_states / max_grammar_transitions"
+            )
 
 
 def mask_logits(grammar: HandGrammar, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
@@ -75,13 +77,18 @@ class Masked(transformers.LogitsProcessor):
         self.grammar, self.start = grammar, prompt_length
 
     def __call__(self, input_ids, scores):
-        return torch.stack([mask_logits(self.grammar, ids[self.start :].tolist(), row)
-                            for ids, row in zip(input_ids, scores)])
+        return torch.stack(
+            [mask_logits(self.grammar, ids[self.start :].tolist(), row) for ids, row in zip(input_ids, scores)]
+        )
 
 
 def parity(vocab: int, eos: int) -> HandGrammar:
     """Even, odd, even, then odd / even alternating (ids below eos); it may stop after an even token from
     the third on."""
     even, odd = range(0, eos, 2), range(1, eos, 2)
-    return HandGrammar({0: {t: 1 for t in even}, 1: {t: 2 for t in odd}, 2: {t: 3 for t in even},
-                        3: {t: 2 for t in odd}}, final={3}, vocab_size=vocab, eos=(eos,))
+    return HandGrammar(
+        {0: {t: 1 for t in even}, 1: {t: 2 for t in odd}, 2: {t: 3 for t in even}, 3: {t: 2 for t in odd}},
+        final={3},
+        vocab_size=vocab,
+        eos=(eos,),
+    )

@@ -21,7 +21,6 @@ from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR
 from fdecode.models.mtp.hybrid import HybridMTPHead
 
-
 VOCAB = 97
 
 
@@ -35,12 +34,24 @@ SMALL_PATTERNS = {"lin-full": (LINEAR, FULL)}
 
 def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], config_class=None, **overrides):
     base = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # GQA 2:1, rotary dim 4 of 16
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        layer_types=list(layer_types), max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,  # GQA 2:1, rotary dim 4 of 16
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=list(layer_types),
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     base.update(overrides)
     return (config_class or transformers.Qwen3_5TextConfig)(**base)
@@ -51,19 +62,24 @@ def hf_config(layer_types=PATTERNS["lin-lin-lin-full"], config_class=None, **ove
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
 FAMILIES = {
     "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, {}),
-    "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
-                   {**MOE, "mlp_only_layers": [1], "norm_topk_prob": True}),
+    "qwen3_next": (
+        transformers.Qwen3NextConfig,
+        transformers.Qwen3NextForCausalLM,
+        {**MOE, "mlp_only_layers": [1], "norm_topk_prob": True},
+    ),
     "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM, MOE),
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, family: str = "qwen3_5", **overrides):
     """A random Qwen3.5 (or Qwen3-Next, Qwen3.5-MoE: `FAMILIES`) whose every weight is drawn afresh
     (transformers' init zeroes the norms)."""
     config_class, model_class, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    model = model_class(hf_config({**PATTERNS, **SMALL_PATTERNS}[pattern], config_class, **{**extra, **dict(overrides)})).eval()
+    model = model_class(
+        hf_config({**PATTERNS, **SMALL_PATTERNS}[pattern], config_class, **{**extra, **dict(overrides)})
+    ).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -90,12 +106,14 @@ def paged(model: HybridModel, length: int):
 NEW = 12
 
 
-@functools.lru_cache(maxsize=None)
-def hf_greedy(prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW,
-              family: str = "qwen3_5") -> list[int]:
-    out = hf_hybrid(pattern, family=family).generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+@functools.cache
+def hf_greedy(
+    prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW, family: str = "qwen3_5"
+) -> list[int]:
+    out = hf_hybrid(pattern, family=family).generate(
+        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def hybrid_target(pattern: str = "full-lin-lin-full") -> HybridModel:
@@ -132,7 +150,6 @@ def run(step, prompts, new=NEW, **kwargs):
 PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4))]
 
 
-
 def assert_prefill_logits_match(model, hf, seqs) -> None:
     """fdecode's whole-sequence logits of each sequence equal transformers' (fp32, 1e-4), and are not near zero."""
     from fdecode.models.dense import dense_forward
@@ -142,6 +159,7 @@ def assert_prefill_logits_match(model, hf, seqs) -> None:
         logits, _ = dense_forward(model, seq[None])
         assert expected.abs().max() > 1.0  # the comparison is not between near-zero logits
         torch.testing.assert_close(logits[0], expected, rtol=0, atol=1e-4)
+
 
 def staggered(engine, arrivals, budgets, greedy) -> tuple[dict, dict]:
     """Feed `engine` the requests `arrivals` ({tick: [prompt, ...]}) with the budgets `budgets` (in arrival
@@ -161,8 +179,9 @@ def staggered(engine, arrivals, budgets, greedy) -> tuple[dict, dict]:
 
 
 def compiled(target, draft, k: int, backend: str = "eager", **changes):
-    cfg = fdecode.DecodeConfig(**{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4,
-                                  "backend": backend, **changes})
+    cfg = fdecode.DecodeConfig(
+        **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": backend, **changes}
+    )
     return fdecode.compile(target, draft, cfg)
 
 
@@ -172,13 +191,19 @@ def scratch_states(model: HybridModel, tokens: list[int]) -> tuple[torch.Tensor,
     kv, table, slot = paged(model, n)
     conv, rec = model.new_recurrent(1, 1, dtype=torch.float32, device="cpu")
     pos = torch.arange(n)[None]
-    _, _, (conv, rec) = model(torch.tensor([tokens]), pos, slot(pos), kv, table, block_size=n,
-                              recurrent=(conv[:, :, 0], rec[:, :, 0]))
+    _, _, (conv, rec) = model(
+        torch.tensor([tokens]), pos, slot(pos), kv, table, block_size=n, recurrent=(conv[:, :, 0], rec[:, :, 0])
+    )
     return conv[0], rec[0]
 
 
-CHECKPOINT_MTP = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.",
-                  "layers.": "layers.", "norm.": "norm."}
+CHECKPOINT_MTP = {
+    "eh_proj.": "fc.",
+    "enorm.": "pre_fc_norm_embedding.",
+    "hnorm.": "pre_fc_norm_hidden.",
+    "layers.": "layers.",
+    "norm.": "norm.",
+}
 
 
 def checkpoint_names(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -186,19 +211,29 @@ def checkpoint_names(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]
     experts split per expert (`mtp.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`), as real checkpoints
     and transformers' save_pretrained write them."""
     prefix = next(p for p in CHECKPOINT_MTP if name.startswith(p))
-    name = "mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix):]
+    name = "mtp." + CHECKPOINT_MTP[prefix] + name[len(prefix) :]
     if name.endswith("experts.gate_up_proj"):
         base = name[: -len("gate_up_proj")]
-        return {f"{base}{e}.{proj}.weight": part.contiguous() for e, expert in enumerate(tensor)
-                for proj, part in zip(("gate_proj", "up_proj"), expert.chunk(2))}
+        return {
+            f"{base}{e}.{proj}.weight": part.contiguous()
+            for e, expert in enumerate(tensor)
+            for proj, part in zip(("gate_proj", "up_proj"), expert.chunk(2))
+        }
     if name.endswith("experts.down_proj"):
         base = name[: -len("down_proj")]
         return {f"{base}{e}.down_proj.weight": expert.contiguous() for e, expert in enumerate(tensor)}
     return {name: tensor.contiguous()}
 
 
-def save_with_mtp(folder, *, fc_columns: int | None = None, layers: int = 1, declared: int | None = None,
-                  family: str = "qwen3_5", drop: str | None = None) -> None:
+def save_with_mtp(
+    folder,
+    *,
+    fc_columns: int | None = None,
+    layers: int = 1,
+    declared: int | None = None,
+    family: str = "qwen3_5",
+    drop: str | None = None,
+) -> None:
     """transformers' save_pretrained of the target, plus `mtp.*` tensors of a random head of `layers`
     layers (Qwen3.5 names) and its depth (`declared`, default `layers`) in config.json, named as the
     family's checkpoints name it. fc_columns: give `mtp.fc` another input width (a bad head); drop: leave

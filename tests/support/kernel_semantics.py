@@ -31,9 +31,7 @@ def attend_lane(q, k_cache, v_cache, table, n: int, scale: float, masked) -> tor
     return out
 
 
-def flash_attn_with_kvcache_as_documented(
-    q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale, causal
-):
+def flash_attn_with_kvcache_as_documented(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale, causal):
     """flash-attn's documented semantics: q [B, Sq, Hq, D]; paged caches [num_blocks, page, Hk, D]; key j of
     lane b is k_cache[block_table[b, j // page], j % page]; lane b has cache_seqlens[b] keys; with causal,
     query row i sees keys j <= cache_seqlens[b] - Sq + i (the mask aligned to the bottom right); Hq / Hk
@@ -43,7 +41,9 @@ def flash_attn_with_kvcache_as_documented(
     # The kernel trusts the lengths: one past the table's capacity reads past the block table (out of
     # bounds on the device; here, say so).
     capacity = block_table.shape[1] * page
-    assert int(cache_seqlens.max()) <= capacity, f"cache_seqlens {cache_seqlens.tolist()} read past a {capacity}-token block table"
+    assert int(cache_seqlens.max()) <= capacity, (
+        f"cache_seqlens {cache_seqlens.tolist()} read past a {capacity}-token block table"
+    )
     out = torch.empty_like(q)
     for lane in range(q.shape[0]):
         n = int(cache_seqlens[lane])
@@ -53,8 +53,20 @@ def flash_attn_with_kvcache_as_documented(
 
 
 def npu_fused_infer_attention_score_as_documented(
-    query, key, value, *, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
-    num_heads, num_key_value_heads, scale, input_layout, sparse_mode,
+    query,
+    key,
+    value,
+    *,
+    atten_mask,
+    actual_seq_lengths,
+    actual_seq_lengths_kv,
+    block_table,
+    block_size,
+    num_heads,
+    num_key_value_heads,
+    scale,
+    input_layout,
+    sparse_mode,
 ):
     """torch_npu's documented semantics for paged KV: BSND query [B, S, N, D]; key/value caches in the BnBsH
     layout [num_blocks, block_size, Hkv * D]; key j of lane b is cache[block_table[b, j // bs], j % bs], for

@@ -45,7 +45,7 @@ def hf_config(num_layers: int = 2, **overrides) -> transformers.LlamaConfig:
     return transformers.LlamaConfig(**base)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_target(num_layers: int = 2, seed: int = 0) -> transformers.LlamaForCausalLM:
     """A random Llama whose embedding rows have unit RMS (so MTP heads can mimic it exactly)."""
     torch.manual_seed(seed)
@@ -56,7 +56,7 @@ def hf_target(num_layers: int = 2, seed: int = 0) -> transformers.LlamaForCausal
     return model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_greedy(prompt: tuple[int, ...], max_new_tokens: int, eos: int | None = None, num_layers: int = 2) -> list[int]:
     """transformers' greedy continuation of one prompt (new tokens only, stop id included)."""
     model = hf_target(num_layers)
@@ -75,7 +75,9 @@ def hf_greedy(prompt: tuple[int, ...], max_new_tokens: int, eos: int | None = No
 def truncated(model: LlamaModel, num_layers: int) -> LlamaModel:
     """`model` with only its first `num_layers` decoder layers (same embedding, final norm and head)."""
     small = LlamaModel(model.config.replace(num_layers=num_layers))
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+    state = {
+        k: v for k, v in model.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers
+    }
     small.load_state_dict(state)
     return small.eval()
 
@@ -120,5 +122,7 @@ def fresh_forward(model, seq: list[int], *, block_size: int = 4, hidden_in=None)
     positions = torch.arange(n)[None]
     slots = slot_of(table, positions, block_size)
     with torch.no_grad():
-        logits, hidden = model(torch.tensor([seq]), positions, slots, kv, table, block_size=block_size, hidden_in=hidden_in)
+        logits, hidden = model(
+            torch.tensor([seq]), positions, slots, kv, table, block_size=block_size, hidden_in=hidden_in
+        )
     return logits, hidden, kv[:, :, slots[0]]

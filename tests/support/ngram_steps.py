@@ -14,8 +14,9 @@ BASE = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 
 
 
 def ngram_step(k=3, max_batch=4, backend="eager", draft="ngram", **changes):
-    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=max_batch, max_seq_len=96, block_size=4, backend=backend,
-                               **changes)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k, max_batch=max_batch, max_seq_len=96, block_size=4, backend=backend, **changes
+    )
     return fdecode.compile(fdecode_target(2), draft, cfg)
 
 

@@ -38,9 +38,17 @@ def hf_processed(prompt, params: SamplingParams, new: int, eos=None, num_layers:
     if params.grammar is not None:  # a `support.hand_grammar.HandGrammar`
         processors.append(Masked(params.grammar, len(prompt)))
     out = hf_target(num_layers).generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=eos,
-        pad_token_id=0, repetition_penalty=params.repetition_penalty, logits_processor=processors,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        repetition_penalty=params.repetition_penalty,
+        logits_processor=processors,
         sequence_bias=None if params.logit_bias is None else {(t,): b for t, b in params.logit_bias},
-        min_new_tokens=params.min_tokens or None, return_dict_in_generate=True, **extra,
+        min_new_tokens=params.min_tokens or None,
+        return_dict_in_generate=True,
+        **extra,
     )
     return out.sequences[0, len(prompt) :].tolist(), out

@@ -60,11 +60,16 @@ def assert_two_new_tokens_follow_the_target(step, target, prompt, params, *, voc
 
     p1 = dist(prompt)
     expected = torch.stack([p1[a] * dist(prompt + [a]) for a in range(vocab)]).flatten()
-    samples = torch.cat([
-        torch.tensor(fdecode.generate(step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)],
-                                      **params))
-        for b in range(runs)
-    ])
+    samples = torch.cat(
+        [
+            torch.tensor(
+                fdecode.generate(
+                    step, [prompt] * lanes, max_new_tokens=2, seed=[lanes * b + i for i in range(lanes)], **params
+                )
+            )
+            for b in range(runs)
+        ]
+    )
     counts = torch.bincount(samples[:, 0] * vocab + samples[:, 1], minlength=vocab**2)
     assert chi2_pvalue(counts, expected) > ALPHA
     assert expected[counts > 0].min() > 0  # nothing the filters exclude

@@ -47,8 +47,11 @@ def logits_after(model: LlamaModel, seq: list[int]) -> torch.Tensor:
 
 def exact_distribution(target: LlamaModel, params: dict) -> torch.Tensor:
     """P(t1, t2, t3 | PROMPT) under the filtered target, enumerated: [V**3] float64."""
+
     def dist(seq):
-        return reference_filter(logits_after(target, seq), params["temperature"], params["top_k"], params["top_p"], params["min_p"])
+        return reference_filter(
+            logits_after(target, seq), params["temperature"], params["top_k"], params["top_p"], params["min_p"]
+        )
 
     probs = torch.zeros(V, V, V, dtype=torch.float64)
     p1 = dist(PROMPT)

@@ -64,9 +64,15 @@ def reference(case: str, size: int = 2) -> list[list[int]]:
     out = []
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
-        got = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-        out.append(got[0, len(prompt):].tolist())
+        got = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        out.append(got[0, len(prompt) :].tolist())
     return out
 
 
@@ -88,8 +94,13 @@ def weight_bytes(*models) -> int:
 
 def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, size: int = 2) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=120),
+    )
     group = dist.group.WORLD
     result: dict[str, object] = {}
     for case in cases:
@@ -101,15 +112,23 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
             "greedy": [d.tokens for d in details],
             "accepted": sum(d.metrics.drafts_accepted for d in details),
             "proposed": sum(d.metrics.drafts_proposed for d in details),
-            "leaves": {name: tuple(getattr(state, name).shape) for name in ("target_kv", "draft_kv", "target_conv",
-                                                                           "target_rec", "draft_conv", "draft_rec")},
+            "leaves": {
+                name: tuple(getattr(state, name).shape)
+                for name in ("target_kv", "draft_kv", "target_conv", "target_rec", "draft_conv", "draft_rec")
+            },
             "bytes": weight_bytes(step.target, step.draft),
             "full_bytes": weight_bytes(target, target.mtp if draft == "mtp" else draft),
         }
         if case == "qwen3_5":  # random lanes: both ranks draw and accept the same tokens
             result[case]["random"] = fdecode.generate(
-                step, PROMPTS, max_new_tokens=NEW, eos_token_id=[], temperature=[1.0, 0.8, 1.3], seed=[1, 2, 3],
-                progress=False)
+                step,
+                PROMPTS,
+                max_new_tokens=NEW,
+                eos_token_id=[],
+                temperature=[1.0, 0.8, 1.3],
+                seed=[1, 2, 3],
+                progress=False,
+            )
     if size == 2:
         result["errors"] = split_errors(group, os.path.join(out, f"configs{rank}"))
         result["agreement"] = agreement(group)
@@ -130,14 +149,24 @@ def agreement(group) -> dict[str, object]:
     from support.hand_grammar import HandGrammar
 
     target, draft = pair("glm4_moe")
-    step = fdecode.compile(target, draft, config(2, max_grammar_states=8, max_grammar_transitions=64, sampling=True),
-                           tp_group=group)
+    step = fdecode.compile(
+        target, draft, config(2, max_grammar_states=8, max_grammar_transitions=64, sampling=True), tp_group=group
+    )
     step.warmup(depths=step.depths)
-    grammar = HandGrammar({0: {t: 1 for t in range(0, 40, 2)}, 1: {t: 0 for t in range(1, 40, 2)}}, final={0, 1},
-                          vocab_size=VOCAB, eos=(VOCAB - 1,))
+    grammar = HandGrammar(
+        {0: {t: 1 for t in range(0, 40, 2)}, 1: {t: 0 for t in range(1, 40, 2)}},
+        final={0, 1},
+        vocab_size=VOCAB,
+        eos=(VOCAB - 1,),
+    )
     engine = fdecode.Engine(step)
-    requests = [(PROMPTS[0], dict(max_new_tokens=NEW)), (LONG, {}), (PROMPTS[1], dict(temperature=1.0, seed=5)),
-                (PROMPTS[2], dict(grammar=grammar, max_new_tokens=NEW)), (PROMPTS[1], dict(max_new_tokens=NEW))]
+    requests = [
+        (PROMPTS[0], dict(max_new_tokens=NEW)),
+        (LONG, {}),
+        (PROMPTS[1], dict(temperature=1.0, seed=5)),
+        (PROMPTS[2], dict(grammar=grammar, max_new_tokens=NEW)),
+        (PROMPTS[1], dict(max_new_tokens=NEW)),
+    ]
     events, tick = [], 0
     while requests or engine.has_work():
         if requests and tick % 2 == 0:
@@ -146,8 +175,11 @@ def agreement(group) -> dict[str, object]:
         events += [(e.request_id, e.new_tokens, e.finished, e.reason) for e in engine.step()]
         tick += 1
     ngram = fdecode.compile(pair("qwen3_5")[0], "ngram", config(2), tp_group=group)
-    return {"events": events, "launches": dict(engine.depths.launches),
-            "ngram": fdecode.generate(ngram, PROMPTS, max_new_tokens=NEW, eos_token_id=[], progress=False)}
+    return {
+        "events": events,
+        "launches": dict(engine.depths.launches),
+        "ngram": fdecode.generate(ngram, PROMPTS, max_new_tokens=NEW, eos_token_id=[], progress=False),
+    }
 
 
 def split_errors(group, folder: str) -> dict[str, str]:
@@ -158,14 +190,22 @@ def split_errors(group, folder: str) -> dict[str, str]:
     from support import deepseek_models, hybrid_models
 
     configs = {
-        "num_kv_heads": hybrid_models.hf_config(hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=VOCAB,
-                                                num_key_value_heads=1),
-        "linear_num_key_heads": hybrid_models.hf_config(hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=VOCAB,
-                                                        linear_num_key_heads=1, linear_num_value_heads=2),
+        "num_kv_heads": hybrid_models.hf_config(
+            hybrid_models.PATTERNS["full-lin-lin-full"], vocab_size=VOCAB, num_key_value_heads=1
+        ),
+        "linear_num_key_heads": hybrid_models.hf_config(
+            hybrid_models.PATTERNS["full-lin-lin-full"],
+            vocab_size=VOCAB,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+        ),
         "moe_intermediate_size": deepseek_models.hf_config(vocab_size=VOCAB, moe_intermediate_size=15),
         "shared_expert_intermediate_size": hybrid_models.hf_config(
-            hybrid_models.PATTERNS["full-lin-lin-full"], transformers.Qwen3_5MoeTextConfig, vocab_size=VOCAB,
-            **{**hybrid_models.MOE, "shared_expert_intermediate_size": 25}),
+            hybrid_models.PATTERNS["full-lin-lin-full"],
+            transformers.Qwen3_5MoeTextConfig,
+            vocab_size=VOCAB,
+            **{**hybrid_models.MOE, "shared_expert_intermediate_size": 25},
+        ),
     }
     errors = {}
     for name, hf_config in configs.items():
@@ -175,7 +215,7 @@ def split_errors(group, folder: str) -> dict[str, str]:
         try:
             fdecode.compile(path, "ngram", config(2), tp_group=group)
             errors[name] = "no error"
-        except Exception as err:  # noqa: BLE001 - the test reads the type and the message
+        except Exception as err:
             errors[name] = f"{type(err).__name__}: {err}"
     return errors
 
@@ -184,16 +224,23 @@ def run_rank_inductor(rank: int, port: int, out: str) -> None:
     """Qwen3.5 with its MTP head at TP = 2 through Inductor (greedy graph): its tokens and what
     `fdecode.inspect` sees on the rank."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300)
+    )
     target, draft = pair("qwen3_5")
-    step = fdecode.compile(target, draft, config(2, backend="inductor", sampling=False, adaptive_depth=False),
-                           tp_group=dist.group.WORLD)
+    step = fdecode.compile(
+        target, draft, config(2, backend="inductor", sampling=False, adaptive_depth=False), tp_group=dist.group.WORLD
+    )
     greedy = fdecode.generate(step, PROMPTS, max_new_tokens=NEW, eos_token_id=[], progress=False)
     report = fdecode.inspect(step, step.prefill(PROMPTS, max_new_tokens=NEW, eos_token_id=[]))
-    result = {"greedy": greedy, "backend": step.backend, "graph_count": report.graph_count,
-              "graph_break_count": report.graph_break_count, "host_syncs": report.host_syncs,
-              "op_counts": report.op_counts}
+    result = {
+        "greedy": greedy,
+        "backend": step.backend,
+        "graph_count": report.graph_count,
+        "graph_break_count": report.graph_break_count,
+        "host_syncs": report.host_syncs,
+        "op_counts": report.op_counts,
+    }
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fdecode
-from fdecode.models import LlamaModel, MTPHead, ModelConfig
+from fdecode.models import LlamaModel, ModelConfig, MTPHead
 from fdecode.models.dense import dense_forward
 
 CFG = ModelConfig(
@@ -97,8 +97,9 @@ def reference() -> dict[str, object]:
         "greedy_model": greedy(fdecode.compile(target, partial_draft(target), decode_config())),
         "greedy_mtp": greedy(fdecode.compile(target, mtp_draft(target), decode_config())),
         "logits": {name: variant_logits(cfg) for name, cfg in VARIANTS.items()},
-        "odd_vocab": greedy(fdecode.compile(target_model(ODD_VOCAB), partial_draft(target_model(ODD_VOCAB)),
-                                            decode_config())),
+        "odd_vocab": greedy(
+            fdecode.compile(target_model(ODD_VOCAB), partial_draft(target_model(ODD_VOCAB)), decode_config())
+        ),
     }
 
 
@@ -137,7 +138,10 @@ def _error(fn) -> str:
 def run_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
         timeout=datetime.timedelta(seconds=120),
     )
     group = dist.group.WORLD
@@ -199,8 +203,9 @@ def run_rank(rank: int, port: int, out: str) -> None:
 
     odd_kv = target_model(CFG.replace(num_heads=6, num_kv_heads=3))
     odd_vocab = target_model(ODD_VOCAB)
-    result["odd_vocab"] = greedy(fdecode.compile(odd_vocab, partial_draft(odd_vocab), decode_config(**tp2),
-                                                 tp_group=group))
+    result["odd_vocab"] = greedy(
+        fdecode.compile(odd_vocab, partial_draft(odd_vocab), decode_config(**tp2), tp_group=group)
+    )
 
     def error_of(model, **changes) -> str:
         return _error(lambda: fdecode.compile(model, partial_draft(model), decode_config(**changes), tp_group=group))

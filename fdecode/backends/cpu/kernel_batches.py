@@ -173,8 +173,9 @@ class BuiltKernels:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
         isa = pick_vec_isa()
-        cpp = sorted((name, repr(value)) for name, value in config.get_config_copy().items()
-                     if name.startswith("cpp."))  # the compiler and its options
+        cpp = sorted(
+            (name, repr(value)) for name, value in config.get_config_copy().items() if name.startswith("cpp.")
+        )  # the compiler and its options
         return "\n".join([torch.__version__, str(isa), isa.build_arch_flags(), repr(cpp)])
 
     @staticmethod
@@ -253,12 +254,12 @@ class _Batch:
             try:
                 code = batch_source([(argtypes, source) for argtypes, source, _ in kernels])
                 loads.append((kernels, CppPythonBindingsCodeCache.load_async(code, "cpu", submit_fn=submit)))
-            except Exception as error:  # noqa: BLE001 - built one by one instead
+            except Exception as error:
                 self._fallback(kernels, error)
         for kernels, load in loads:
             try:
                 module = load()
-            except Exception as error:  # noqa: BLE001 - built one by one instead
+            except Exception as error:
                 self._fallback(kernels, error)
                 continue
             for i, (argtypes, source, kernel) in enumerate(kernels):
@@ -266,8 +267,10 @@ class _Batch:
                 BUILT.add(context, argtypes, source, module, f"kernel_{i}")
 
     def _fallback(self, kernels, error: Exception) -> None:
-        notice(f"could not build {len(kernels)} CPU kernels together ({type(error).__name__}: {error}); "
-               "building each on its own")
+        notice(
+            f"could not build {len(kernels)} CPU kernels together ({type(error).__name__}: {error}); "
+            "building each on its own"
+        )
         for argtypes, source, kernel in kernels:
             kernel.function = self.original(self.async_compile, argtypes, source)
 

@@ -81,8 +81,9 @@ def _onednn(x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None)
     return xv is not None and wv is not None and (bias is None or bv is not None) and onednn_linear.takes(xv, wv, bv)
 
 
-def _product(graph: torch.fx.Graph, x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None,
-             onednn: bool) -> torch.fx.Node:
+def _product(
+    graph: torch.fx.Graph, x: torch.fx.Node, weight: torch.fx.Node, bias: torch.fx.Node | None, onednn: bool
+) -> torch.fx.Node:
     """x @ weight^T (+ bias), row-major: by oneDNN (a large weight, `_onednn`), else as (weight @ x^T)^T."""
     if onednn:
         return _call(graph, onednn_linear.onednn_linear, x, weight, bias)

@@ -40,6 +40,7 @@ def dtypes() -> tuple[torch.dtype, ...]:
     stays with the BLAS call."""
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
+
 MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (BENCHMARKS.md)
 
 
@@ -52,8 +53,12 @@ def takes_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether oneDNN takes this weight and bias: a CPU weight of at least MIN_BYTES, 2-D, contiguous, of a
     dtype oneDNN runs here; a bias of one value per output."""
     return (
-        available() and weight.dim() == 2 and weight.is_contiguous() and weight.device.type == "cpu"
-        and weight.dtype in dtypes() and weight.numel() * weight.element_size() >= MIN_BYTES
+        available()
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and weight.device.type == "cpu"
+        and weight.dtype in dtypes()
+        and weight.numel() * weight.element_size() >= MIN_BYTES
         and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == weight.dtype))
     )
 
@@ -63,7 +68,9 @@ def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> b
     nothing that autograd must see. Tensors or fake tensors (the graph pass asks about a traced graph's
     values)."""
     return (
-        takes_weight(weight, bias) and x.dtype == weight.dtype and x.device == weight.device
+        takes_weight(weight, bias)
+        and x.dtype == weight.dtype
+        and x.device == weight.device
         and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
     )
 
@@ -71,8 +78,12 @@ def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> b
 def pack_linears(*models: nn.Module) -> int:
     """Keeps oneDNN's packed layout (`onednn_packed`) of the weight of every `nn.Linear` in `models` that
     oneDNN takes; returns the bytes added."""
-    return sum(onednn_packed.pack(m.weight) for model in models for m in model.modules()
-               if isinstance(m, nn.Linear) and takes_weight(m.weight, m.bias))
+    return sum(
+        onednn_packed.pack(m.weight)
+        for model in models
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and takes_weight(m.weight, m.bias)
+    )
 
 
 class OneDNNLinears(TorchFunctionMode):
@@ -93,7 +104,7 @@ def eager_linears(device_type: str) -> OneDNNLinears | contextlib.nullcontext:
     return OneDNNLinears() if device_type == "cpu" and available() else contextlib.nullcontext()
 
 
-def _linear_args(input, weight, bias=None):  # noqa: A002 - F.linear's own parameter names
+def _linear_args(input, weight, bias=None):
     return input, weight, bias
 
 

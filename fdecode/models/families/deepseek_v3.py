@@ -17,21 +17,27 @@
 from __future__ import annotations
 
 from fdecode.models.deepseek_config import DeepseekV3Config
-from fdecode.models.layers.decoder_layer import DecoderLayer
-from fdecode.models.llama import LlamaModel
 from fdecode.models.families.family import Family
 from fdecode.models.families.hf_config import check_silu, rope_from_hf
 from fdecode.models.families.keys import rename_nextn
+from fdecode.models.layers.decoder_layer import DecoderLayer
 from fdecode.models.layers.mla import MLAttention
 from fdecode.models.layers.moe import feed_forward
+from fdecode.models.layers.rope import RotaryEmbedding, rope_inv_freq
+from fdecode.models.llama import LlamaModel
 from fdecode.models.moe_config import sigmoid_moe_from_hf
 from fdecode.models.mtp.nextn import NextNMTPHead
-from fdecode.models.layers.rope import RotaryEmbedding, rope_inv_freq
 
 # transformers' DeepseekV3Config defaults for the MoE fields a config.json may leave out.
 _MOE_DEFAULTS = {
-    "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
-    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_group": 8,
+    "topk_group": 4,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "n_shared_experts": 1,
 }
 
 

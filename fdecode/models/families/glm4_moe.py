@@ -20,20 +20,28 @@ from typing import ClassVar
 from torch import nn
 
 from fdecode.models.config import ModelConfig
-from fdecode.models.layers.decoder_layer import DecoderLayer
-from fdecode.models.llama import LlamaModel
 from fdecode.models.families.family import Family
 from fdecode.models.families.hf_config import check_silu, rope_from_hf, shape_fields
 from fdecode.models.families.keys import rename_nextn
+from fdecode.models.layers.decoder_layer import DecoderLayer
 from fdecode.models.layers.moe import feed_forward
-from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
-from fdecode.models.mtp.nextn import NextNMTPHead
 from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
 from fdecode.models.layers.rope import rope_inv_freq
+from fdecode.models.llama import LlamaModel
+from fdecode.models.moe_config import MoEConfig, sigmoid_moe_from_hf
+from fdecode.models.mtp.nextn import NextNMTPHead
 
 # Glm4MoeConfig's defaults for the fields a config.json may leave out.
-_MOE_DEFAULTS = {"n_routed_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "n_group": 1,
-                 "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_shared_experts": 1}
+_MOE_DEFAULTS = {
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1408,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "n_shared_experts": 1,
+}
 _DEFAULT_PARTIAL_ROTARY = 0.5
 
 
@@ -51,7 +59,9 @@ class Glm4MoeConfig(ModelConfig):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}")
+            raise ValueError(
+                f"partial_rotary_factor {self.partial_rotary_factor} gives an unusable rotary dim {self.rotary_dim}"
+            )
 
     @property
     def rotary_dim(self) -> int:
@@ -62,7 +72,9 @@ def config_from_hf(hf: dict[str, object]) -> Glm4MoeConfig:
     """Glm4MoeConfig from a config.json dict (transformers 5 or GLM's own field names)."""
     check_silu(hf)
     rope = dict(hf.get("rope_parameters") or {})
-    partial = float(rope.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or _DEFAULT_PARTIAL_ROTARY)
+    partial = float(
+        rope.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or _DEFAULT_PARTIAL_ROTARY
+    )
     rope_theta, rope_scaling = rope_from_hf({**hf, "rope_parameters": rope})
     cfg = Glm4MoeConfig(
         **shape_fields(hf),

@@ -15,16 +15,20 @@
 
 from __future__ import annotations
 
-from fdecode.models.hybrid import HybridModel
-from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
-from fdecode.models.mtp.hybrid import HybridMTPHead
 from fdecode.models.families.family import Family
 from fdecode.models.families.hf_config import check_silu
+from fdecode.models.hybrid import HybridModel
+from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
 from fdecode.models.moe_config import softmax_moe_from_hf
+from fdecode.models.mtp.hybrid import HybridMTPHead
 
 _DEFAULT_PARTIAL_ROTARY = 0.25  # Qwen3_5TextConfig's default
 # The MTP head's shared parts; its layers keep their names (mtp.layers.N.*), like mtp.norm.
-_MTP_NAMES = {"mtp.fc.": "mtp.eh_proj.", "mtp.pre_fc_norm_embedding.": "mtp.enorm.", "mtp.pre_fc_norm_hidden.": "mtp.hnorm."}
+_MTP_NAMES = {
+    "mtp.fc.": "mtp.eh_proj.",
+    "mtp.pre_fc_norm_embedding.": "mtp.enorm.",
+    "mtp.pre_fc_norm_hidden.": "mtp.hnorm.",
+}
 _IGNORED_ROPE_KEYS = ("mrope_section", "mrope_interleaved", "partial_rotary_factor", "rope_theta", "rope_type", "type")
 
 
@@ -58,7 +62,9 @@ def hybrid_fields(hf: dict[str, object]) -> dict[str, object]:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     extra = sorted(set(rope) - set(_IGNORED_ROPE_KEYS))
     if rope_type != "default" or extra:
-        raise ValueError(f"unsupported Qwen3.5 RoPE parameters (type {rope_type!r}, {extra}); fdecode implements default RoPE")
+        raise ValueError(
+            f"unsupported Qwen3.5 RoPE parameters (type {rope_type!r}, {extra}); fdecode implements default RoPE"
+        )
     num_layers = int(hf["num_hidden_layers"])
     # Qwen3.5 names its MTP depth mtp_num_hidden_layers, Qwen3-Next checkpoints num_nextn_predict_layers.
     mtp_layers = int(hf.get("mtp_num_hidden_layers") or hf.get("num_nextn_predict_layers") or 0)
@@ -83,7 +89,9 @@ def hybrid_fields(hf: dict[str, object]) -> dict[str, object]:
         linear_key_head_dim=int(hf["linear_key_head_dim"]),
         linear_value_head_dim=int(hf["linear_value_head_dim"]),
         linear_conv_kernel=int(hf.get("linear_conv_kernel_dim") or 4),
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY))),
+        partial_rotary_factor=float(
+            rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", _DEFAULT_PARTIAL_ROTARY))
+        ),
         mtp_num_layers=mtp_layers,
     )
 
@@ -97,8 +105,9 @@ def moe_config_from_hf(hf: dict[str, object]) -> HybridConfig:
     """HybridConfig of a Qwen3.5-MoE text or multimodal checkpoint: Qwen3.5 with the Qwen MoE as every
     layer's feed-forward (its router always renormalises the top-k weights; the config has no switch)."""
     text = text_part(hf, "qwen3_5_moe_text")
-    return HybridConfig(**hybrid_fields(text), model_type="qwen3_5_moe_text",
-                        moe=softmax_moe_from_hf(text, norm_topk_prob=True))
+    return HybridConfig(
+        **hybrid_fields(text), model_type="qwen3_5_moe_text", moe=softmax_moe_from_hf(text, norm_topk_prob=True)
+    )
 
 
 def rename(hf_key: str, num_layers: int) -> str | None:

@@ -16,12 +16,12 @@ Checkpoints name their MTP depth `num_nextn_predict_layers`.
 
 from __future__ import annotations
 
+from fdecode.models.families.family import Family
+from fdecode.models.families.qwen3_5 import hybrid_fields, rename
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import HybridConfig
-from fdecode.models.mtp.hybrid import HybridMTPHead
-from fdecode.models.families.family import Family
 from fdecode.models.moe_config import softmax_moe_from_hf
-from fdecode.models.families.qwen3_5 import hybrid_fields, rename
+from fdecode.models.mtp.hybrid import HybridMTPHead
 
 
 def config_from_hf(hf: dict[str, object]) -> HybridConfig:

@@ -70,8 +70,14 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(b, q_len, self.num_heads * self.head_dim))
 
     def write(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: RotaryEmbedding,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: RotaryEmbedding,
     ) -> None:
         """Write the rows' keys (normed, rotated) and values [B, Q, Hkv, D] at `slots`, and nothing else."""
         b, q_len, _ = x.shape
@@ -125,8 +131,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def write_kv(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: RotaryEmbedding,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: RotaryEmbedding,
     ) -> None:
         """Write the keys and values `forward` would write, and nothing else (an MTP module that does not
         run at these rows, `mtp.run_one_layer_writing_all`); the attention needs a `write` of that call."""

@@ -31,8 +31,10 @@ def float32_names(model: nn.Module) -> set[str]:
     """State-dict names of the floating tensors that `model` keeps in float32 (those of its `Float32Module`s)."""
     return {
         f"{prefix}.{name}" if prefix else name
-        for prefix, module in model.named_modules() if isinstance(module, Float32Module)
-        for name, t in chain(module.named_parameters(), module.named_buffers()) if t.is_floating_point()
+        for prefix, module in model.named_modules()
+        if isinstance(module, Float32Module)
+        for name, t in chain(module.named_parameters(), module.named_buffers())
+        if t.is_floating_point()
     }
 
 

@@ -41,8 +41,14 @@ class GatedAttention(nn.Module):
         return k, self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
 
     def write(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: nn.Module,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: nn.Module,
     ) -> None:
         """Only write the rows' keys and values at `slots` (an MTP layer that does not run at these rows)."""
         write_kv(kv, layer, slots, *self.keys_values(x, positions, rotary), way=ctx.kv_write)

@@ -36,7 +36,12 @@ class MLAttention(nn.Module):
     def __init__(self, cfg: DeepseekV3Config) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
-        self.nope, self.rope, self.v_dim, self.rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        self.nope, self.rope, self.v_dim, self.rank = (
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+            cfg.kv_lora_rank,
+        )
         self.interleaved = cfg.rope_interleave
         self.scale = cfg.softmax_scale
         q_dim = cfg.num_heads * cfg.qk_head_dim
@@ -49,7 +54,9 @@ class MLAttention(nn.Module):
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, q_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_width, bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, _LATENT_NORM_EPS)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.kv_b_proj = nn.Linear(
+            cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False
+        )
         self.o_proj = nn.Linear(cfg.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
 
     def _queries(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +68,14 @@ class MLAttention(nn.Module):
         return rotary(deinterleave(x) if self.interleaved else x, positions)
 
     def write(
-        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor, layer: int,
-        ctx: PagedContext, rotary: RotaryEmbedding,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        layer: int,
+        ctx: PagedContext,
+        rotary: RotaryEmbedding,
     ) -> None:
         """Write the rows' latents `[kv_a_layernorm(c) | rotated k_pe]` at `slots`, and nothing else."""
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)  # [B, Q, R], [B, Q, Dr]

@@ -26,8 +26,8 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers.decoder_layer import MLP
 from fdecode.models.layers.reduce import summed
-from fdecode.models.moe_config import MoEConfig
 from fdecode.models.layers.routing import SigmoidRouter, SoftmaxRouter
+from fdecode.models.moe_config import MoEConfig
 
 GATHER_BUDGET = 1 << 26  # elements of gathered expert weights one chunk of rows may hold (256 MiB in fp32)
 

@@ -49,8 +49,10 @@ class SigmoidRouter(Float32Module):
 
     def extra_repr(self) -> str:
         moe = self.moe
-        return (f"experts={moe.num_experts}, top_k={moe.top_k}, topk_method={moe.topk_method}, "
-                f"groups={moe.topk_group}/{moe.n_group}, scale={moe.routed_scaling_factor}")
+        return (
+            f"experts={moe.num_experts}, top_k={moe.top_k}, topk_method={moe.topk_method}, "
+            f"groups={moe.topk_group}/{moe.n_group}, scale={moe.routed_scaling_factor}"
+        )
 
 
 def _keep_best_groups(chosen: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:

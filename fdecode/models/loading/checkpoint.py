@@ -55,4 +55,6 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         return len(self._file_of)
 
     def __repr__(self) -> str:
-        return f"CheckpointTensors({str(self.folder)!r}, {len(self)} tensors in {len(set(self._file_of.values()))} files)"
+        return (
+            f"CheckpointTensors({str(self.folder)!r}, {len(self)} tensors in {len(set(self._file_of.values()))} files)"
+        )

@@ -47,7 +47,9 @@ def expert_parts(names: Collection[str], expected: Mapping[str, torch.Size]) -> 
             for n in range(count):
                 for proj in projs:
                     if (n, proj) not in have:
-                        raise ValueError(f"{prefix}: expert {n} is missing from the checkpoint ({prefix}.{n}.{proj}.weight)")
+                        raise ValueError(
+                            f"{prefix}: expert {n} is missing from the checkpoint ({prefix}.{n}.{proj}.weight)"
+                        )
             parts[name] = [tuple(f"{prefix}.{n}.{proj}.weight" for proj in projs) for n in range(count)]
     return parts
 

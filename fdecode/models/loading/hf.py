@@ -24,11 +24,11 @@ from torch import nn
 from fdecode.models.config import ModelConfig
 from fdecode.models.families.family import Family
 from fdecode.models.families.llama import ARCHITECTURES
+from fdecode.models.layers.float32 import float32_names
 from fdecode.models.llama import LlamaModel
 from fdecode.models.loading.checkpoint import CheckpointTensors
 from fdecode.models.loading.eos import eos_token_ids
 from fdecode.models.loading.expert_weights import expert_parts, stack
-from fdecode.models.layers.float32 import float32_names
 from fdecode.models.registry import family_of
 
 
@@ -92,7 +92,9 @@ def _build(
     given = (set(sources) - used) | set(stacked)
     missing, unexpected = expected - given, given - expected
     if missing or unexpected:
-        raise ValueError(f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]")
+        raise ValueError(
+            f"checkpoint does not match {cfg.model_type}: missing [{_few(missing)}], unexpected [{_few(unexpected)}]"
+        )
 
     def read(name: str) -> torch.Tensor:
         return weights[sources[name]]
@@ -106,9 +108,13 @@ def _build(
         else:
             t = read(name)
             if t.shape != shapes[name]:
-                whose = " (the MTP layer must have the target's decoder-layer shapes)" if name.startswith("mtp.") else ""
-                raise ValueError(f"{sources[name]} ({name}): shape {tuple(t.shape)} in the checkpoint, the model "
-                                 f"expects {tuple(shapes[name])}{whose}")
+                whose = (
+                    " (the MTP layer must have the target's decoder-layer shapes)" if name.startswith("mtp.") else ""
+                )
+                raise ValueError(
+                    f"{sources[name]} ({name}): shape {tuple(t.shape)} in the checkpoint, the model "
+                    f"expects {tuple(shapes[name])}{whose}"
+                )
             # The routers stay float32, as in transformers (`_keep_in_fp32_modules_strict`): they pick experts.
             want = torch.float32 if name in float32 and t.is_floating_point() else dtype or t.dtype
             state[name] = t.to(device=device or t.device, dtype=want)

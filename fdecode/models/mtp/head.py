@@ -20,9 +20,9 @@ from torch import nn
 
 from fdecode.models.config import ModelConfig
 from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm, init_random_
+from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.models.llama import LlamaModel
 from fdecode.models.regions import call_layer, layer_indices
-from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.ops.attention import paged_context
 
 
@@ -88,14 +88,21 @@ class MTPHead(nn.Module):
         return lm_head(out[:, -1:] if last_logits else out).float(), out if self.chains_normed else h
 
     def run_layers(
-        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-        kv: torch.Tensor, ctx, depth: int,
+        self,
+        embedded: torch.Tensor,
+        hidden_in: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        ctx,
+        depth: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(layer output h, final norm of h) [B, Q, H] of the rows (embedded tokens, hidden_in); one
         layer, so `depth` does not matter."""
         index = layer_indices(1, ctx.regions, embedded.device)[0]
-        h = call_layer(self.layer, ctx.regions, mtp_input(self, embedded, hidden_in), positions, slots, kv, index, ctx,
-                       self.rotary)
+        h = call_layer(
+            self.layer, ctx.regions, mtp_input(self, embedded, hidden_in), positions, slots, kv, index, ctx, self.rotary
+        )
         return h, self.norm(h)
 
 

@@ -21,9 +21,9 @@ from torch import nn
 
 from fdecode.models.hybrid import AttentionBlock, init_hybrid_
 from fdecode.models.hybrid_config import FULL, HybridConfig
-from fdecode.models.mtp.head import MTPHead, mtp_input, run_one_layer_writing_all
 from fdecode.models.layers.norms import OffsetRMSNorm
 from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
+from fdecode.models.mtp.head import MTPHead, mtp_input, run_one_layer_writing_all
 
 
 class HybridMTPHead(MTPHead):
@@ -48,8 +48,14 @@ class HybridMTPHead(MTPHead):
         init_hybrid_(self, seed=seed, std=std)
 
     def run_layers(
-        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-        kv: torch.Tensor, ctx, depth: int,
+        self,
+        embedded: torch.Tensor,
+        hidden_in: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        ctx,
+        depth: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer depth mod n over the shared fc's x [B, Q, H]; the other layers only write their keys and values."""
         x = mtp_input(self, embedded, hidden_in)

@@ -25,6 +25,7 @@ from fdecode.models.config import ModelConfig
 from fdecode.models.layers.decoder_layer import RMSNorm
 from fdecode.models.mtp.head import MTPHead, mtp_input, run_one_layer_writing_all
 
+
 class NextNModule(nn.Module):
     """One MTP module of the checkpoint: enorm, hnorm, eh_proj, its decoder layer, norm (shared_head.norm)."""
 
@@ -57,13 +58,24 @@ class NextNMTPHead(MTPHead):
         self.requires_grad_(False)
 
     def run_layers(
-        self, embedded: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-        kv: torch.Tensor, ctx, depth: int,
+        self,
+        embedded: torch.Tensor,
+        hidden_in: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        ctx,
+        depth: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Module depth mod n over its x; every other module writes its keys and values of its own x."""
         active, h = run_one_layer_writing_all(
-            [m.layer for m in self.layers], lambda i: mtp_input(self.layers[i], embedded, hidden_in), depth,
-            positions, slots, kv, ctx, self.rotary,
+            [m.layer for m in self.layers],
+            lambda i: mtp_input(self.layers[i], embedded, hidden_in),
+            depth,
+            positions,
+            slots,
+            kv,
+            ctx,
+            self.rotary,
         )
         return h, self.layers[active].norm(h)
-
