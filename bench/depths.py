@@ -58,7 +58,7 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
     `depths` (None: every depth 0 .. K, as the default config; one depth: the fixed-depth row this one compares with)."""
     engine = fdecode.Engine(step)
     if depths is not None:
-        engine.depths.depths = depths
+        engine.policy.depths = depths
     rid = engine.add_request(prompt, max_new_tokens=new, ignore_eos=True)
     engine.step()  # admits and primes: the first token, as the prefill of `fixed`
     start = time.perf_counter()
@@ -69,7 +69,7 @@ def adaptive(step, prompt: list[int], new: int, depths: tuple[int, ...] | None =
         "tok_s": (len(tokens) - 1) / seconds,
         "steps": engine.steps,
         "per_step": (len(tokens) - 1) / max(engine.steps, 1),
-        "launches": dict(engine.depths.launches),
+        "launches": dict(engine.policy.launches),
     }
 
 
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         f"compiled depths 0 .. {args.k} in {time.perf_counter() - start:.0f} s; warm-up timings {step.depth_seconds}",
         file=sys.stderr,
     )
-    costs = depth_costs(step.target, step.draft, step.config)
+    costs = depth_costs(step.target, step.draft, step.config, step.drafter)
     results = {
         "k": args.k,
         "new": args.new,

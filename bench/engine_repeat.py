@@ -29,7 +29,7 @@ from fdecode.ops.plan import GREEDY
 
 def engine_run(step, prompt: list[int], new_tokens: int) -> dict:
     engine = fdecode.Engine(step)
-    controller, log = engine.depths, []
+    controller, log = engine.policy, []
     observe = controller.observe_cost
 
     def logged(depth: int, seconds: float) -> None:

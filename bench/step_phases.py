@@ -40,7 +40,7 @@ from fdecode.backends.cpu.onednn_linear import pack_linears
 from fdecode.bench.pair import PROMPTS, chat_ids
 from fdecode.bench.timing import interleaved_runs
 from fdecode.graphs.backends import capture
-from fdecode.runtime.depth import forward_bytes  # what one forward reads: the floor's bytes
+from fdecode.models.cost import forward_bytes  # what one forward reads: the floor's bytes
 
 PROMPT = PROMPTS["write"]  # the workload's code-writing prompt
 

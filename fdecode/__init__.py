@@ -10,11 +10,11 @@ texts = fdecode.generate(step, prompts, fdecode.SamplingParams(temperature=0.8, 
 
 from fdecode import ops  # registers torch.ops.fdecode.*
 from fdecode.config import DecodeConfig
+from fdecode.drafts import NgramDraft
 from fdecode.generate import Completion, generate
 from fdecode.grammar import Grammar
 from fdecode.graphs import GraphReport, Step, compile, inspect
 from fdecode.graphs.cache import load_compile_cache, save_compile_cache
-from fdecode.models.ngram import NgramDraft
 from fdecode.params import SamplingParams
 from fdecode.runtime import Engine, Event
 from fdecode.runtime.logprobs import TokenLogprob

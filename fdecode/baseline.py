@@ -22,8 +22,6 @@ from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
 from fdecode.graphs.compile import fresh_code
-from fdecode.models.mtp.head import depth_kwargs, mtp_layer
-from fdecode.models.ngram import is_ngram
 from fdecode.ops.ngram import lookup_list
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
@@ -35,7 +33,7 @@ class BeforeLoop:
 
     def __init__(self, step, *, backend: str = "inductor") -> None:
         self.step = step
-        target, draft, cfg = step.target, step.draft, step.config
+        target, draft, drafter, cfg = step.target, step.draft, step.drafter, step.config
         bs = cfg.block_size
 
         # A hybrid model's recurrent state goes in and its states after the rows come out (None otherwise):
@@ -67,7 +65,7 @@ class BeforeLoop:
                 attention=cfg.attention,
                 recurrent=recurrent,
                 valid=valid,
-                **depth_kwargs(draft, j),
+                **drafter.forward_kwargs(draft, j),
             )
 
         self._validate = capture(backend, fresh_code(validate, "before_validate"), cfg)
@@ -113,7 +111,7 @@ class BeforeLoop:
             return [torch.tensor(positions), torch.tensor(slots)]
 
         positions, slots = uploads(*validate_inputs())
-        hybrid_target, hybrid_draft = is_hybrid(self.step.target), is_hybrid(self.step.draft)
+        hybrid_target, hybrid_draft = is_hybrid(self.step.target), self.step.drafter.recurrent(self.step.draft)
         iterations = 0
         while any(active) and (max_iterations is None or iterations < max_iterations):
             # The host knows every position exactly, so it attends over the same window the step would.
@@ -155,7 +153,7 @@ class BeforeLoop:
                     counts.append(n)
                     base[b] = pos
                     active[b] = active[b] and remaining[b] > 0
-                if is_ngram(self.step.draft):  # prompt lookup on the host, as every peer does it; no draft forward
+                if not self.step.drafter.forwards:  # prompt lookup on the host, as every peer does it; no draft forward
                     ngram = self.step.draft
                     proposals = [
                         (
@@ -210,7 +208,9 @@ class BeforeLoop:
                         h,
                         recurrent,
                         None,
-                        mtp_layer(self.step.draft, j),  # one captured graph per MTP layer, not one per j
+                        self.step.drafter.layer_of(
+                            self.step.draft, j
+                        ),  # one captured graph per MTP layer, not one per j
                     )
                     proposal = draft_logits[:, 0].argmax(dim=-1)
                     drafts.append(proposal)

@@ -81,7 +81,7 @@ class DecodeConfig:
     # a row, whose tokens the next step that drafts feeds it (a catch-up step: it verifies the first row, runs
     # the draft over the tokens it missed and proposes one draft); a depth-0 step past that many catches it
     # up itself. 0: a draft LM runs at every step. MTP heads (which read the target's hidden states) and
-    # recurrent or n-gram drafts run at every step (`fdecode.models.idle.idles_draft`).
+    # recurrent or n-gram drafts run at every step (`fdecode.drafts.Drafter.idles`).
     # 16: on the real pair a catch-up costs ~180 ms over depth 0 plus ~3 ms a missed row, so a stream held at
     # depth 0 pays it every C + 1 tokens (BENCHMARKS.md, "What the idle draft's steps cost").
     draft_catch_up: int = 16

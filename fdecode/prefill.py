@@ -21,20 +21,21 @@ import torch
 
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
-from fdecode.models.idle import missed_width
-from fdecode.models.ngram import history_width, is_ngram
+from fdecode.drafts import drafter_for
+from fdecode.drafts.tokens import agreed
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.ops.processors import processors, prompt_seen
 from fdecode.ops.sampling import apply_stops
 from fdecode.params import PerPrompt, SamplingParams, request_params
+from fdecode.processing import processed, tallied
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
-from fdecode.step import Committed, advance, agreed, logprob_rows, processed, tallied, target_draw, transition_randoms
+from fdecode.step import Committed, advance, logprob_rows, target_draw, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -163,8 +164,8 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
             target_kv=kv[0],
             draft_kv=kv[1],
             **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-            history=torch.full((batch, history_width(draft, cfg)), -1, **zeros),
-            missed=torch.full((batch, missed_width(draft, cfg)), -1, **zeros),
+            history=torch.full((batch, drafter_for(draft).history_width(cfg)), -1, **zeros),
+            missed=torch.full((batch, drafter_for(draft).missed_width(draft, cfg)), -1, **zeros),
             active=torch.zeros(batch, dtype=torch.bool, device=device),
             remaining=torch.zeros(batch, **zeros),
             stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -313,7 +314,7 @@ def prime(
         # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
         shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
         draft_states = None
-        if not is_ngram(draft):  # an n-gram draft has no forward: its history is the prompt itself
+        if drafter_for(draft).forwards:  # an n-gram draft has no forward: its history is the prompt itself
             _, _, draft_states = forward_rows(
                 draft,
                 tokens,
@@ -327,7 +328,7 @@ def prime(
                 recurrent=first_copy(fresh, "draft"),
                 valid=real,
             )
-    history = torch.full((n, history_width(draft, cfg)), -1, dtype=torch.int64, device=device)
+    history = torch.full((n, drafter_for(draft).history_width(cfg)), -1, dtype=torch.int64, device=device)
     history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)
@@ -344,7 +345,9 @@ def prime(
         grammar_keys=state.grammar_keys,
         grammar_next=state.grammar_next,
         history=history,
-        missed=torch.full((n, missed_width(draft, cfg)), -1, dtype=torch.int64, device=device),  # nothing missed yet
+        missed=torch.full(
+            (n, drafter_for(draft).missed_width(draft, cfg)), -1, dtype=torch.int64, device=device
+        ),  # nothing missed yet
         active=active,
         remaining=remaining,
         stop_ids=stops,

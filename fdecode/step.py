@@ -4,8 +4,8 @@
     state --validate--> target logits/hidden over the window [t, d1 .. dK]           (`validate`)
           --sample----> accepted tokens, cut at stop ids and budgets                  (`commit`)
           --prepare---> 2 draft rows per lane (fused op `fdecode::prepare_next_draft`) (`advance`)
-          --draft-----> K draft forwards, or an n-gram lookup -> [last, d'1 .. d'K]   (`propose_lm`,
-                                                                                       `propose_ngram`)
+          --draft-----> K draft forwards, or an n-gram lookup -> [last, d'1 .. d'K]   (`Drafter.propose`,
+                                                                                       `fdecode.drafts`)
 
 The phases hand over typed tuples, `Verified` and `Committed`. Nothing here reads a tensor value on
 the host, so the whole function captures as one graph with fixed shapes. The KV leaves are written in
@@ -21,20 +21,15 @@ from typing import NamedTuple
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.models.idle import idles_draft
-from fdecode.models.mtp.head import depth_kwargs
-from fdecode.models.ngram import is_ngram
+from fdecode.drafts import drafter_for
 from fdecode.models.parallel import rank0_tokens
 from fdecode.models.regions import compiling_regions
-from fdecode.ops.catch_up import missed_rows, sit_out
-from fdecode.ops.filters import candidate_filter, filtered
-from fdecode.ops.grammar import walk
-from fdecode.ops.ngram import lookup, write_history
+from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import GREEDY, SamplingPlan, general
 from fdecode.ops.prepare import prepare_next_draft
-from fdecode.ops.processors import LaneVectors, Processors, lane_vectors, process, processors, tally
 from fdecode.ops.processors import logprobs as token_logprobs
+from fdecode.ops.processors import processors
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import (
     apply_stops,
@@ -45,8 +40,9 @@ from fdecode.ops.sampling import (
     sample,
     speculative_accept,
 )
+from fdecode.processing import processed, tallied
 from fdecode.state import DecodeState, StepOutput
-from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
+from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
 
 CATCH_UP = -1  # `decode_step`'s depth for the step that catches a draft LM up (`fdecode.ops.catch_up`)
 
@@ -61,12 +57,6 @@ def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.
 def general_plan(cfg: DecodeConfig) -> SamplingPlan:
     """The plan exact for any lanes the config allows: every filter on, or greedy-only (`fdecode.ops.plan.general`)."""
     return general(cfg.sampling)
-
-
-def agreed(cfg: DecodeConfig, model, tokens: torch.Tensor) -> torch.Tensor:
-    """`tokens` as tensor-parallel rank 0 has them (`broadcast_accepted`, the catch-all for
-    non-deterministic kernels), else unchanged: every rank derives its state from the same tokens."""
-    return rank0_tokens(tokens, model.tp) if cfg.broadcast_accepted else tokens
 
 
 class Verified(NamedTuple):
@@ -92,30 +82,6 @@ class Committed(NamedTuple):
     grammar_state: torch.Tensor  # [B] int64: the lanes' automaton states after them (-1: no grammar)
     logprobs: tuple | None  # (token [B, W], top ids [B, W, N], top [B, W, N]) or None (`logprob_rows`)
     masked: torch.Tensor | None = None  # [B] bool: stopped because a row allowed no token (None: never)
-
-
-def features(cfg: DecodeConfig) -> dict[str, bool]:
-    """The logit processors the step was compiled with (`fdecode.ops.processors.process`)."""
-    return dict(penalties=cfg.penalties, min_tokens=cfg.min_tokens, bias=cfg.max_logit_bias > 0, grammars=cfg.grammars)
-
-
-def tallied(cfg: DecodeConfig, lanes: Processors, accepted: torch.Tensor, length: torch.Tensor, vocab: int):
-    """(min_left, grammar_state) after a transition's committed tokens (`fdecode.ops.processors.tally`)."""
-    if not cfg.processing:
-        return lanes.min_left, lanes.grammar_state
-    return tally(lanes, accepted, length, penalties=cfg.penalties, grammars=cfg.grammars, vocab=vocab)
-
-
-def processed(
-    cfg: DecodeConfig,
-    lanes: Processors,
-    logits: torch.Tensor,
-    prior: torch.Tensor | None = None,
-    before: int = 0,
-    vectors: LaneVectors | None = None,
-) -> torch.Tensor:
-    """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor)."""
-    return process(logits, lanes, prior, before, vectors=vectors, **features(cfg)) if cfg.processing else logits
 
 
 def logprob_rows(
@@ -168,7 +134,7 @@ def decode_step(
     plan: the sampling code to run (`fdecode.ops.plan`); it must be exact for every active lane's
     parameters. None: `general_plan(cfg)`.
     depth: how many of the window's drafts to verify, 0 .. K (None: K). The target runs over the window's
-    first depth + 1 rows only, and the step proposes `proposals(draft, cfg, depth)` drafts for the next
+    first depth + 1 rows only, and the step proposes `Drafter.proposals` drafts for the next
     window (max(depth, 1) for a draft LM or MTP head; K for n-gram drafts, whose lookups cost nothing, and
     for recurrent drafts); the rest of the next window is -1 (nothing proposed: never accepted, and a random
     lane's rejection there draws from p itself, so every depth is exact). depth 0 commits one token per
@@ -193,7 +159,7 @@ def decode_step(
         draft_u,
         context_blocks=context_blocks,
         plan=plan,
-        proposals=1 if catch_up else proposals(draft, cfg, depth),
+        proposals=1 if catch_up else drafter_for(draft).proposals(draft, cfg, depth),
         catch_up=catch_up,
         draft_regions=compiling_regions(draft_regions),
     )
@@ -269,16 +235,6 @@ def commit(
     )
 
 
-def proposals(draft, cfg: DecodeConfig, depth: int) -> int:
-    """How many drafts a step of `depth` proposes for the next window: as many as it verified (at least the
-    one the draft's first forward makes anyway, which keeps the draft's KV in step); none at depth 0 where the
-    draft sits it out (`idles_draft`); all K where a proposal costs nothing (n-gram lookups) or a recurrent
-    draft's ring needs them (`commit_ring`)."""
-    if is_ngram(draft) or is_hybrid(draft):
-        return cfg.K
-    return 0 if depth == 0 and idles_draft(draft, cfg) else max(depth, 1)
-
-
 def verify(
     state: DecodeState, logits: torch.Tensor, noise: torch.Tensor, accept_u: torch.Tensor, plan: SamplingPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,32 +274,6 @@ def target_draw(
     return token
 
 
-def propose(
-    state: DecodeState, logits: torch.Tensor, u: torch.Tensor | None, j: int, plan: SamplingPlan, candidates: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft j's token [B] (argmax for greedy lanes, a sample for random ones) and its distribution q [B, V].
-
-    logits: [B, V] draft logits; u: [B, 2] uniforms for the draw, None in a greedy-only step
-    (whose draft distributions are never read, so the state's are passed through).
-    A random lane's draft proposes from the top `candidates` (`DecodeConfig.top_k_candidates`) of its
-    logits, with the lane's filters applied within them, in every plan: one `torch.topk`, never a
-    full-vocabulary threshold search. Any q keeps the committed tokens exact (acceptance compares p
-    with the q the draft was drawn from, and the residual max(0, p - q) covers what q left out);
-    truncating q only changes how often drafts are accepted. With candidates = 0, the plan's filter."""
-    if not plan.random:
-        return logits.argmax(dim=-1), state.draft_probs[:, j]
-    params = (state.temperature, state.top_k, state.top_p, state.min_p)
-    if candidates:
-        probs, ids = candidate_filter(logits[:, None], *params, candidates)  # [B, 1, C] each
-        token = ids[:, 0].gather(-1, sample(probs[:, 0], u)[:, None])[:, 0]
-        q = dense(probs[:, 0], ids[:, 0], logits.shape[-1])
-    else:
-        probs, ids = filtered(plan, logits[:, None], *params)
-        q = dense(probs[:, 0], None if ids is None else ids[:, 0], logits.shape[-1])
-        token = sample(q, u)
-    return torch.where(state.temperature > 0, token, logits.argmax(dim=-1)), q
-
-
 def advance(
     draft,
     cfg: DecodeConfig,
@@ -369,174 +299,23 @@ def advance(
     placeholder = hidden.new_zeros(hidden.shape[-1])
     rows = prepare_next_draft(accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs)
     last = rows[0].view(batch, 2)[:, 1]  # the last committed token, the next window's t
-    pos = state.base_pos + length  # P, its position (not sliced out of the op's strided rows: see `propose_lm`)
-    missed = state.missed  # [B, 0] for an n-gram draft; all -1 before a step that is not depth 0 or a catch-up
-    if is_ngram(draft):
-        drafts, draft_probs = propose_ngram(draft, cfg, state, committed, pos, context, draft_u)
-    elif proposals == 0:  # the draft sits the step out: it takes the committed token when it catches up
-        drafts, draft_probs = unproposed(state, draft_u, 0)
-        missed = sit_out(missed, last, length)
-    else:
-        drafts, draft_probs = propose_lm(
-            draft,
-            cfg,
-            state,
-            committed,
-            rows,
-            pos,
-            context,
-            draft_u,
-            plan=plan,
-            draft_regions=draft_regions,
-            proposals=proposals,
-            catch_up=catch_up,
-        )
-        missed = torch.full_like(missed, -1) if catch_up else missed
-    return next_state(state, last, drafts, draft_probs, pos, committed, missed)
-
-
-def propose_ngram(
-    draft,
-    cfg: DecodeConfig,
-    state: DecodeState,
-    committed: Committed,
-    pos: torch.Tensor,
-    context: torch.Tensor,
-    draft_u: torch.Tensor | None,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Prompt lookup over the lane's token history (written in place, like the KV): no draft forward, no
-    draft KV. q is a point mass on each proposed token (rejection sampling stays exact), zero where none."""
-    write_history(state.history, state.base_pos, committed.accepted)
-    found = lookup(state.history[:, : context.shape[1] * cfg.block_size], pos, cfg.K, draft.max_n, draft.min_n)
-    if cfg.grammars:  # a proposal that leaves the lane's language ends the proposal there
-        vocab = state.draft_probs.shape[-1]
-        walked = walk(state.grammar_keys, state.grammar_next, committed.grammar_state, found, vocab)[:, 1:]  # [B, K]
-        found = torch.where(torch.cumsum((walked == -2).long(), dim=1) > 0, -1, found)
-    draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
-    return list(found.unbind(1)), draft_probs
-
-
-def propose_lm(
-    draft,
-    cfg: DecodeConfig,
-    state: DecodeState,
-    committed: Committed,
-    rows: tuple[torch.Tensor, ...],
-    pos: torch.Tensor,
-    context: torch.Tensor,
-    draft_u: torch.Tensor | None,
-    *,
-    plan: SamplingPlan,
-    draft_regions: bool,
-    proposals: int | None,
-    catch_up: bool = False,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A draft LM's or MTP head's proposals: its first forward over the op's two rows per lane (repair,
-    current), which proposes d'1 at P + 1, then one forward per further draft; -1 and all-zero q rows
-    past `proposals`. catch_up: the first forward's rows are the tokens the draft sat out, then current
-    (`fdecode.ops.catch_up`; a first-row step repairs nothing). `pos` is P computed afresh: the op's
-    rows_pos is a strided view (stride 2, kept even by .contiguous() when B == 1) that would differ from
-    primed states and recompile."""
-    tokens, rows_hidden, rows_pos, _kv_lens, rows_slots = rows
-    accepted, length = committed.accepted, committed.length
-    batch, window = accepted.shape
-    bs, width = cfg.block_size, committed.hidden.shape[-1]
-    live = length > 0  # [B] lanes that committed something write draft KV
-    rows_slots = repair_slots(rows_slots, state, length, live, bs)
-    hybrid = is_hybrid(draft)
-    start = draft_start((state.draft_conv, state.draft_rec), length, cfg.K) if hybrid else None
-    # A recurrent draft state takes the repair row only when it carries d'K (L == W): `fdecode.state.recurrent`.
-    valid = torch.stack([length == window, torch.ones_like(live)], dim=1) if hybrid else None
-    rows_in = [
-        tokens.view(batch, 2),
-        rows_pos.view(batch, 2),
-        rows_slots.view(batch, 2),
-        rows_hidden.view(batch, 2, width),
-    ]
-    if catch_up:
-        sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live, bs)
-        hidden_pad = rows_hidden.new_zeros(batch, state.missed.shape[1], width)  # a draft LM reads no hidden state
-        rows_in = [torch.cat([before, row[:, 1:]], dim=1) for before, row in zip((*sat_out, hidden_pad), rows_in)]
-    logits, draft_hidden, draft_state = forward_rows(
+    pos = state.base_pos + length  # P, its position (not sliced out of the op's strided rows: see `forward_proposals`)
+    drafts, draft_probs, missed = drafter_for(draft).propose(  # `fdecode.drafts`: a lookup or draft forwards
         draft,
-        *rows_in[:3],
-        state.draft_kv,
+        cfg,
+        state,
+        committed,
+        rows,
+        pos,
         context,
-        block_size=bs,
-        hidden_in=rows_in[3],
-        attention=cfg.attention,
-        regions=draft_regions,
-        recurrent=start,
-        valid=valid,
-        last_logits=True,
-    )  # the `current` row (the last column) proposes d'1 at P + 1: the head runs over it alone
-    ring = [draft_state]  # the draft's recurrent state after each row at P .. P+K-1
-    candidates = cfg.top_k_candidates
-    # The drafts see the requests' processors too (after this transition's tokens, `tally`), so they
-    # propose what the target will choose; draft j counts the proposals before it.
-    lanes = processors(state)._replace(min_left=committed.min_left, grammar_state=committed.grammar_state)
-    vectors = lane_vectors(lanes, logits.shape[-1], **features(cfg)) if cfg.processing else None  # for every draft
-    logits = processed(cfg, lanes, logits[:, -1:], vectors=vectors)[:, 0]
-    proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, 0], 0, plan, candidates)
-    proposal = agreed(cfg, draft, proposal)  # a draft feeds the draft KV and the next verify
-    h = draft_hidden[:, -1:]
-    drafts, draft_probs = [proposal], [probs]
-    proposals = window - 1 if proposals is None else proposals
-    for j in range(1, proposals):
-        p = (pos + j)[:, None]
-        slot = torch.where(live[:, None], slot_of(state.block_tables, p, bs), torch.zeros_like(p))
-        logits, h, draft_state = forward_rows(
-            draft,
-            proposal[:, None],
-            p,
-            slot,
-            state.draft_kv,
-            context,
-            block_size=bs,
-            hidden_in=h,
-            attention=cfg.attention,
-            regions=draft_regions,
-            recurrent=draft_state,
-            **depth_kwargs(draft, j),
-        )  # an MTP head of n layers runs layer j mod n
-        ring.append(draft_state)
-        logits = processed(cfg, lanes, logits[:, :1], torch.stack(drafts, dim=1), before=j, vectors=vectors)[:, 0]
-        proposal, probs = propose(state, logits, None if draft_u is None else draft_u[:, j], j, plan, candidates)
-        proposal = agreed(cfg, draft, proposal)
-        drafts.append(proposal)
-        draft_probs.append(probs)
-
-    rest, rest_probs = unproposed(state, draft_u, proposals)
-    if hybrid:
-        commit_ring((state.draft_conv, state.draft_rec), ring, live)
-    return drafts + rest, torch.cat([torch.stack(draft_probs, dim=1), rest_probs], dim=1)
-
-
-def unproposed(state: DecodeState, draft_u: torch.Tensor | None, start: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The window's drafts start + 1 .. K where nothing is proposed: -1 each, and q [B, K - start, V] all zeros
-    (a greedy-only step, `draft_u` None, passes the state's q on: never read)."""
-    batch, k = state.draft_probs.shape[:2]
-    drafts = [state.tokens.new_full((batch,), -1) for _ in range(start, k)]
-    q = state.draft_probs[:, start:]
-    return drafts, q if draft_u is None else torch.zeros_like(q)
-
-
-def repair_slots(rows_slots: torch.Tensor, state: DecodeState, length: torch.Tensor, live: torch.Tensor, bs: int):
-    """The draft's repair row writes its KV at P - 1 where the last accepted draft was never a draft input:
-    every draft the window carried was accepted. `prepare_next_draft` sees that as L == W; a window of fewer
-    proposals (a step of smaller depth) has it at L - 1 == its proposals. Elsewhere the row's slot is
-    the op's (a scratch write at P + 1). rows_slots: [2B], (repair, current) per lane."""
-    carried = (state.tokens[:, 1:] >= 0).sum(dim=1)  # [B] drafts in the verified window
-    repair = live & (length > 1) & (length - 1 == carried)
-    target = slot_of(state.block_tables, (state.base_pos + length - 1)[:, None], bs)[:, 0]
-    pairs = rows_slots.view(-1, 2)
-    return torch.stack([torch.where(repair, target, pairs[:, 0]), pairs[:, 1]], dim=1).reshape(-1)
-
-
-def point_masses(proposals: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, K, V] float32: q = 1 on each proposed token, an all-zero row where none was proposed (-1)."""
-    hot = torch.nn.functional.one_hot(proposals.clamp_min(0), vocab).to(torch.float32)
-    return hot * (proposals >= 0)[..., None]
+        draft_u,
+        plan=plan,
+        draft_regions=draft_regions,
+        proposals=proposals,
+        catch_up=catch_up,
+        last=last,
+    )
+    return next_state(state, last, drafts, draft_probs, pos, committed, missed)
 
 
 def next_state(

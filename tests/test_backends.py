@@ -19,6 +19,7 @@ from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
 from fdecode.config import BACKENDS
+from fdecode.drafts import LM, MTP, NGRAM
 from fdecode.graphs import backends
 from fdecode.graphs import torchair as npu
 from fdecode.ops import histogram, kv
@@ -37,7 +38,7 @@ def weightless(hidden_size: int = 64) -> torch.nn.Module:
     return model
 
 
-def eligible(name: str, cfg: fdecode.DecodeConfig, *, target=None, draft=None, kind: str = "model") -> str | None:
+def eligible(name: str, cfg: fdecode.DecodeConfig, *, target=None, draft=None, kind=LM) -> str | None:
     target = target if target is not None else weightless()
     return backends.ELIGIBILITY[name](cfg, target, draft if draft is not None else weightless(), kind)
 
@@ -64,7 +65,7 @@ def test_cpu_backends():
     assert eligible("inductor", cpu) is None
     assert "CUDA device" in eligible("cudagraphs", cpu)
     assert "Ascend NPU" in eligible("torchair", cpu)
-    assert backends.choose_backend(config(backend="auto"), weightless(), weightless(), "model") == ("inductor", None)
+    assert backends.choose_backend(config(backend="auto"), weightless(), weightless(), LM) == ("inductor", None)
 
 
 def test_the_dynamo_backend_captures_one_graph_and_lowers_nothing():
@@ -100,7 +101,7 @@ def test_inductor_needs_a_compiler_and_weights_on_the_device(monkeypatch):
 def test_cudagraphs_eligibility(monkeypatch, fake_cuda):
     cuda = config(device="cuda", backend="cudagraphs")
     assert eligible("cudagraphs", cuda) is None
-    assert backends.choose_backend(config(device="cuda", backend="auto"), weightless(), weightless(), "model") == (
+    assert backends.choose_backend(config(device="cuda", backend="auto"), weightless(), weightless(), LM) == (
         "cudagraphs",
         None,
     )
@@ -133,11 +134,11 @@ def test_npu_config_without_torch_npu():
 def test_torchair_acl_graph_eligibility(fake_npu):
     acl = config(device="npu", backend="torchair", dtype=torch.float16)
     assert eligible("torchair", acl) is None
-    assert eligible("torchair", acl, kind="mtp") is None
-    assert "draft kind" in eligible("torchair", acl, kind="eagle")
+    assert eligible("torchair", acl, kind=MTP) is None
+    assert "n-gram draft" in eligible("torchair", acl, kind=NGRAM)  # its drafter says why it cannot run
     assert "dtype torch.float64" in eligible("torchair", config(device="npu", dtype=torch.float64))
     assert "is on cpu" in eligible("torchair", acl, target=fdecode_target(2))
-    assert backends.choose_backend(dataclasses.replace(acl, backend="auto"), weightless(), weightless(), "mtp") == (
+    assert backends.choose_backend(dataclasses.replace(acl, backend="auto"), weightless(), weightless(), MTP) == (
         "torchair",
         None,
     )
@@ -206,27 +207,27 @@ def test_ge_graph_falls_back_to_the_acl_graph_mode(fake_npu, monkeypatch, tmp_pa
         attention="npu_fused_infer_attention",
     )
     with pytest.raises(ValueError, match="MtpPrepareNextDraft kernel"):
-        backends.resolve_backend(ge, weightless(), weightless(), "model")
-    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "model", fallback=True)
+        backends.resolve_backend(ge, weightless(), weightless(), LM)
+    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), LM, fallback=True)
     assert (name, runs.torchair_mode) == ("torchair", "reduce-overhead")
     assert reason.startswith("torchair GE graph: GE mode needs the AscendC MtpPrepareNextDraft kernel")
     assert reason.endswith("running torchair's ACL graph mode instead")
     # Where the ACL mode cannot run either, the usual chain: the next backends (eager on an NPU).
-    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), "eagle", fallback=True)
-    assert (name, runs) == ("eager", ge) and "draft kind" in reason
+    runs, name, reason = backends.resolve_backend(ge, weightless(), weightless(), NGRAM, fallback=True)
+    assert (name, runs) == ("eager", ge) and "n-gram draft" in reason
     # An eligible GE request runs as asked.
     names = npu.ge_call_names()
     write_kernel_package(tmp_path, list(names.inputs), list(names.outputs))
     # (with its layers unrolled: torchair is not known to take nested compile regions)
     unrolled = dataclasses.replace(ge, layer_regions=False)
-    assert backends.resolve_backend(ge, weightless(48), weightless(48), "model", fallback=True) == (
+    assert backends.resolve_backend(ge, weightless(48), weightless(48), LM, fallback=True) == (
         unrolled,
         "torchair",
         None,
     )
     # "auto" on an NPU asking for GE: the same fallback to the ACL graph mode, not to eager.
     auto = dataclasses.replace(ge, backend="auto", attention="torch")
-    runs, name, reason = backends.resolve_backend(auto, weightless(48), weightless(48), "model")
+    runs, name, reason = backends.resolve_backend(auto, weightless(48), weightless(48), LM)
     assert (name, runs.torchair_mode) == ("torchair", "reduce-overhead") and "NPU attention kernel" in reason
 
 

@@ -24,6 +24,7 @@ from support.deepseek_models import (
 from support.hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 import fdecode
+from fdecode.drafts import LM
 from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.families.deepseek_v3 import DeepseekV3Model
 from fdecode.models.moe_config import MoEConfig
@@ -162,6 +163,6 @@ def test_backends_kernels_and_tensor_parallelism_state_what_they_refuse() -> Non
         assert kernel_run == "torch" and kernel in reason
     # Graph replay holds the latent leaves as it holds any KV leaf: no MLA-specific refusal.
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device="cuda", dtype=torch.float16)
-    assert "MLA" not in (ELIGIBILITY["cudagraphs"](cfg, target, target, "model") or "")
-    sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
+    assert "MLA" not in (ELIGIBILITY["cudagraphs"](cfg, target, target, LM) or "")
+    sharded, _ = parallelize_pair(target, target, LM, TPGroup(group=None, rank=1, size=2))
     assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded

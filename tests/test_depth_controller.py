@@ -16,7 +16,10 @@ from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 
 import fdecode
-from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, forward_bytes, smoothed, step_costs
+from fdecode.drafts import NGRAM, drafter_for
+from fdecode.models.cost import forward_bytes
+from fdecode.runtime.depth import DepthController, depth_costs, expected_tokens, smoothed, step_costs
+from fdecode.runtime.gate import DraftGate
 
 K = 4
 COSTS = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a target, and a draft of 0.3 its bytes per proposal
@@ -160,7 +163,7 @@ def test_a_switch_to_a_deeper_step_counts_its_first_step_short():
 def test_the_engine_times_each_launch_but_not_a_compile():
     engine = fdecode.Engine(adaptive("partial", warm=False))
     launched, timed = [], []
-    controller = engine.depths
+    controller = engine.policy
     launch, observe = controller.launch, controller.observe_cost
     controller.launch = lambda *ready: (lambda r: (launched.append(r[0]), r)[1])(launch(*ready))
     # (launch index, depth, seconds): observed in the `Engine.step` that launched it
@@ -243,12 +246,12 @@ def test_an_engine_waits_for_no_compile_and_runs_the_depths_warmup_made():
         if warm is not None:
             step.warmup(depths=warm, progress=False)
         engine = fdecode.Engine(step)
-        engine.depths.costs, engine.depths.learn_costs = COSTS[:3], False
+        engine.policy.costs, engine.policy.learn_costs = COSTS[:3], False
         ids = [engine.add_request(list(p), max_new_tokens=12) for p in PROMPTS]
         got = engine.run()
         assert [got[i] for i in ids] == [hf_greedy(p, 12) for p in PROMPTS]
-        launched = {d for d, n in engine.depths.launches.items() if n}
-        assert launched == ({2} if warm is None else {1, 2}), engine.depths
+        launched = {d for d, n in engine.policy.launches.items() if n}
+        assert launched == ({2} if warm is None else {1, 2}), engine.policy
     assert step.ready_depths(engine.state) == (1, 2) and step.depths == (0, 1, 2)
 
 
@@ -256,7 +259,7 @@ def test_costs_count_the_weights_each_depth_reads():
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=1, max_seq_len=32)
-    costs = depth_costs(target, draft, cfg)
+    costs = depth_costs(target, draft, cfg, drafter_for(draft))
 
     def gb(model, *, embedding: bool) -> float:  # all weights, less the (untied) embedding table unless asked
         return (
@@ -271,11 +274,11 @@ def test_costs_count_the_weights_each_depth_reads():
     assert target.lm_head.weight is not target.embed_tokens.weight  # untied: a forward gathers a few rows
     # depth d reads the draft d times (0: it sits the step out, `DecodeConfig.draft_catch_up`), else at least once
     assert costs == pytest.approx([gb(target, embedding=False) + d * gb(draft, embedding=False) for d in range(4)])
-    always = depth_costs(target, draft, dataclasses.replace(cfg, draft_catch_up=0))
+    always = depth_costs(target, draft, dataclasses.replace(cfg, draft_catch_up=0), drafter_for(draft))
     assert always == pytest.approx(
         [gb(target, embedding=False) + max(d, 1) * gb(draft, embedding=False) for d in range(4)]
     )
-    assert depth_costs(target, fdecode.NgramDraft(), cfg) == pytest.approx([gb(target, embedding=False)] * 4)
+    assert depth_costs(target, fdecode.NgramDraft(), cfg, NGRAM) == pytest.approx([gb(target, embedding=False)] * 4)
     tied = fdecode_target(2)
     tied.lm_head.weight = tied.embed_tokens.weight  # a tied head reads the whole table
     assert forward_bytes(tied) / 1e9 == pytest.approx(gb(tied, embedding=True))
@@ -283,7 +286,7 @@ def test_costs_count_the_weights_each_depth_reads():
 
 def test_warmup_times_each_depth_and_the_engine_weighs_depths_by_those_times():
     step = adaptive("partial", warm=False, num_draft_tokens=2)
-    byte_model = depth_costs(step.target, step.draft, step.config)
+    byte_model = depth_costs(step.target, step.draft, step.config, step.drafter)
     assert step_costs(step, [1, 2]) == byte_model  # nothing timed yet: the bytes each depth reads
     step.warmup(depths=[1])
     timed = step.depth_seconds
@@ -292,7 +295,7 @@ def test_warmup_times_each_depth_and_the_engine_weighs_depths_by_those_times():
     step.warmup(depths=[0, 1, 2])
     assert set(timed) == {0, 1, 2} and min(timed.values()) > 0
     assert step_costs(step, [0, 1, 2]) == [timed[0], timed[1], timed[2]]
-    assert fdecode.Engine(step).depths.costs == step_costs(step, [0, 1, 2])
+    assert fdecode.Engine(step).policy.costs == step_costs(step, [0, 1, 2])
 
 
 def test_tensor_parallel_ranks_cost_depths_by_their_weights_alone(monkeypatch):
@@ -300,8 +303,11 @@ def test_tensor_parallel_ranks_cost_depths_by_their_weights_alone(monkeypatch):
     step = adaptive("partial")  # every depth warmed up, and so timed
     assert step.depth_seconds
     monkeypatch.setattr(step.target, "tp", "a process group", raising=False)
-    controller = fdecode.Engine(step).depths
-    assert controller.costs == depth_costs(step.target, step.draft, step.config) and not controller.learn_costs
+    controller = fdecode.Engine(step).policy
+    assert (
+        controller.costs == depth_costs(step.target, step.draft, step.config, step.drafter)
+        and not controller.learn_costs
+    )
 
 
 def adaptive(kind: str, *, warm: bool = True, **changes):
@@ -322,19 +328,19 @@ PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 8
 @pytest.mark.parametrize(("kind", "depths"), [("self", {K}), ("partial", None), ("random", {1})])
 def test_the_engine_launches_the_depth_the_draft_earns_and_stays_lossless(kind, depths):
     engine = fdecode.Engine(adaptive(kind))
-    assert engine.depths.depths == tuple(range(K + 1))  # the target alone (0) up to every draft
+    assert engine.policy.depths == tuple(range(K + 1))  # the target alone (0) up to every draft
     # The tiny draft reads as many bytes as the tiny target (embedding and head dominate), which never pays
     # (`depth_costs`); cost it as a real draft, 0.3 of its target's bytes per proposal.
-    engine.depths.costs, engine.depths.learn_costs = COSTS, False
+    engine.policy.costs, engine.policy.learn_costs = COSTS, False
     ids = [engine.add_request(list(p), max_new_tokens=30) for p in PROMPTS]
     got = engine.run()
     assert [got[i] for i in ids] == [hf_greedy(p, 30) for p in PROMPTS]
-    launched = {d for d, n in engine.depths.launches.items() if n}
+    launched = {d for d, n in engine.policy.launches.items() if n}
     if depths is None:  # a draft that agrees at times: more than one depth
-        assert len(launched) >= 2, engine.depths
+        assert len(launched) >= 2, engine.policy
     else:  # after the first steps (the prior), the depth its acceptance earns
         late = run_tail(engine)
-        assert late <= depths, engine.depths
+        assert late <= depths, engine.policy
 
 
 def test_a_draft_not_worth_running_sits_out_and_catches_up_with_requests_admitted_meanwhile():
@@ -343,7 +349,7 @@ def test_a_draft_not_worth_running_sits_out_and_catches_up_with_requests_admitte
     draft. Requests admitted while the draft sits out (two lanes, six requests of different lengths) decode
     exactly what transformers does; the controller counts the draft's lag as the step does."""
     engine = fdecode.Engine(adaptive("random", max_batch=2, draft_catch_up=3))
-    engine.depths.costs, engine.depths.learn_costs = [1.0 + 0.3 * d for d in range(K + 1)], False
+    engine.policy.costs, engine.policy.learn_costs = [1.0 + 0.3 * d for d in range(K + 1)], False
     prompts = PROMPTS * 2
     budgets = [30, 12, 21, 9, 26, 15]
     ids = [engine.add_request(list(p), max_new_tokens=n) for p, n in zip(prompts, budgets)]
@@ -352,26 +358,26 @@ def test_a_draft_not_worth_running_sits_out_and_catches_up_with_requests_admitte
         launches = engine.steps
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
-        assert engine.state.draft_lag == engine.depths.lag <= 3
+        assert engine.state.draft_lag == engine.policy.lag <= 3
         if engine.steps > launches:  # c: a catch-up step (it verified nothing and proposed one draft)
-            schedule.append(f"{engine.depths.depth}{'c' if engine.depths.caught_up else ''}")
+            schedule.append(f"{engine.policy.depth}{'c' if engine.policy.caught_up else ''}")
     assert [got[i] for i in ids] == [hf_greedy(p, n) for p, n in zip(prompts, budgets)]
     # Runs of three depth-0 steps that the fourth catches up (its own draft unverified), a trial every 8 depth-0
     # launches (verifying a catch-up's draft), and deeper steps after each admission (a fresh lane's prior).
     joined = " ".join(schedule) + " "
     assert joined.count("0 0 0 0c ") >= 3 and "0c 1 " in joined, schedule
-    assert engine.depths.launches[0] > engine.depths.launches[1], schedule
+    assert engine.policy.launches[0] > engine.policy.launches[1], schedule
 
 
 def run_tail(engine) -> set[int]:
     """Depths launched more than 3 times by a second round of requests, the controller having learnt from the
     first (a fresh batch starts from the prior: a few launches at the depth a rate of 0.8 earns, kept a step
     longer by the hysteresis, before the rate has risen)."""
-    before = dict(engine.depths.launches)
+    before = dict(engine.policy.launches)
     for p in PROMPTS:
         engine.add_request(list(p), max_new_tokens=30)
     engine.run()
-    return {d for d, n in engine.depths.launches.items() if n > before[d] + 3}
+    return {d for d, n in engine.policy.launches.items() if n > before[d] + 3}
 
 
 @pytest.mark.parametrize("draft_kind", ["self", "adversarial"])
@@ -410,4 +416,4 @@ def test_adaptive_depth_is_a_bool_and_leaves_n_gram_drafts_to_the_gate():
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=32, backend="eager", adaptive_depth=True)
     engine = fdecode.Engine(fdecode.compile(target, "ngram", cfg))
-    assert engine.depths is None and engine.gate is not None
+    assert isinstance(engine.policy, DraftGate)

@@ -88,9 +88,9 @@ class Alternating:
     def __getattr__(self, name):
         return getattr(self.step, name)
 
-    def __call__(self, state, speculate=True):
+    def __call__(self, state, depth=None):
         self.calls += 1
-        return self.step(state, speculate=speculate and self.calls % 2 == 0)
+        return self.step(state, depth=depth if self.calls % 2 == 0 else 0)
 
 
 @pytest.mark.slow
@@ -188,14 +188,14 @@ def test_the_engine_pauses_drafts_that_do_not_pay_and_stays_lossless():
         engine = fdecode.Engine(step)
         rid = engine.add_request(list(prompts[0]), max_new_tokens=48)
         assert engine.run()[rid] == hf_greedy(prompts[0], 48)
-        gate = engine.gate
+        gate = engine.policy
         assert gate.verified + gate.first_row == engine.steps
         if paused:  # (the random model falls into loops later, which the drafts then copy)
             assert gate.first_row >= 5, gate
         else:
             assert gate.first_row <= 1 and gate.rate > 1, gate
     off = fdecode.Engine(ngram_step(max_batch=1, backend="dynamo", draft_gate=False))
-    assert off.gate is None and not off.step_fn.gated
+    assert not isinstance(off.policy, DraftGate) and not off.step_fn.gated
     assert "draft_gate" in str(
         pytest.raises(
             ValueError, fdecode.DecodeConfig, num_draft_tokens=1, max_batch=1, max_seq_len=8, draft_gate=1

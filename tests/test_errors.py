@@ -8,6 +8,7 @@ import transformers
 from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
+from fdecode.drafts import LM
 from fdecode.models import LlamaModel, MTPHead
 from fdecode.models.parallel import TPGroup
 from fdecode.models.sharding import parallelize_pair
@@ -71,7 +72,7 @@ def test_vocabulary_mismatch():
     target = fdecode_target(2)
     other = LlamaModel.random(target.config.replace(vocab_size=48), seed=1)
     with pytest.raises(ValueError, match=r"vocabulary \(48\) differs .* tensor parallelism"):
-        parallelize_pair(target, other, "model", TPGroup(None, 0, 2))
+        parallelize_pair(target, other, LM, TPGroup(None, 0, 2))
     head = MTPHead.random(target.config.replace(vocab_size=48), seed=1)
     with pytest.raises(ValueError, match="vocabulary"):
         fdecode.compile(target, head, fdecode.DecodeConfig(**CFG))

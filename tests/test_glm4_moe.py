@@ -11,6 +11,7 @@ from support.glm_models import NEW, PROMPTS, VARIANTS, hf_glm, hf_greedy, prompt
 from support.hybrid_models import assert_prefill_logits_match, compiled, run, staggered
 
 import fdecode
+from fdecode.drafts import LM
 from fdecode.models import from_hf
 from fdecode.models.families.glm4_moe import Glm4MoeModel, Glm4MoeMTPHead, config_from_hf
 from fdecode.models.loading.checkpoint import CheckpointTensors
@@ -146,7 +147,7 @@ def test_tensor_parallelism_shards_moe_families() -> None:
     from fdecode.models.sharding import parallelize_pair
 
     target = from_hf(hf_glm())
-    sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
+    sharded, _ = parallelize_pair(target, target, LM, TPGroup(group=None, rank=1, size=2))
     assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 

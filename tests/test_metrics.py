@@ -171,7 +171,7 @@ def test_ngram_drafts_under_the_gate_count_first_row_steps():
     events = list(engine.stream())
     check_against_launches(step, engine, events, 24)
     totals = engine.metrics.totals
-    assert totals.first_row_steps > engine.gate.first_row > 0 and totals.verified_steps > 0
+    assert totals.first_row_steps > engine.policy.first_row > 0 and totals.verified_steps > 0
 
 
 def test_adaptive_depths_count_the_drafts_each_launch_verified():
@@ -185,8 +185,8 @@ def test_adaptive_depths_count_the_drafts_each_launch_verified():
     compiled.warmup(depths=compiled.depths, progress=False)  # every depth's graph made: the Engine may launch any
     step = Recording(compiled)
     engine = fdecode.Engine(step)
-    engine.depths.costs = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a draft 0.3 of its target's bytes
-    engine.depths.learn_costs = False
+    engine.policy.costs = [1.0 + 0.3 * max(d, 1) for d in range(K + 1)]  # a draft 0.3 of its target's bytes
+    engine.policy.learn_costs = False
     for prompt in ([5, 17, 33], [7, 3]):
         engine.add_request(prompt, max_new_tokens=30, eos_token_id=[])
     events = list(engine.stream())

@@ -26,6 +26,7 @@ from support.hybrid_models import (
 )
 
 import fdecode
+from fdecode.drafts import LM
 from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
@@ -191,9 +192,9 @@ def test_backends_and_tensor_parallelism_refuse_hybrids_with_a_reason() -> None:
     assert recurrent_reason(llama, llama) is None
     for backend, device in (("cudagraphs", "cuda"), ("torchair", "npu")):  # on their device, before anything else
         cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device=device, dtype=torch.float16)
-        assert "recurrent-state leaves" in ELIGIBILITY[backend](cfg, target, target, "model")
-        assert "recurrent-state leaves" not in (ELIGIBILITY[backend](cfg, llama, llama, "model") or "")
-    sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
+        assert "recurrent-state leaves" in ELIGIBILITY[backend](cfg, target, target, LM)
+        assert "recurrent-state leaves" not in (ELIGIBILITY[backend](cfg, llama, llama, LM) or "")
+    sharded, _ = parallelize_pair(target, target, LM, TPGroup(group=None, rank=1, size=2))
     assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 

@@ -26,6 +26,7 @@ from support.hybrid_models import (
 )
 
 import fdecode
+from fdecode.drafts import LM
 from fdecode.models import from_hf
 from fdecode.models.dense import dense_forward
 from fdecode.models.families.qwen3_5 import moe_config_from_hf
@@ -175,8 +176,8 @@ def test_backends_and_tensor_parallelism_refuse_with_a_reason() -> None:
 
     target = from_hf(hf_hybrid(PATTERN, family="qwen3_next"))
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device="cuda", dtype=torch.float16)
-    assert "recurrent-state leaves" in ELIGIBILITY["cudagraphs"](cfg, target, target, "model")
-    sharded, _ = parallelize_pair(target, target, "model", TPGroup(group=None, rank=1, size=2))
+    assert "recurrent-state leaves" in ELIGIBILITY["cudagraphs"](cfg, target, target, LM)
+    sharded, _ = parallelize_pair(target, target, LM, TPGroup(group=None, rank=1, size=2))
     assert sharded.tp.size == 2 and sharded.lm_head.weight.shape[0] == 49  # 97 rows: 2 x 49, the last padded
 
 

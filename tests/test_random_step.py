@@ -60,7 +60,7 @@ TRUNCATED_CASES = [  # (draft, K, sampling parameters); the draft proposes from 
 
 @pytest.mark.parametrize(("draft_kind", "k", "params"), TRUNCATED_CASES)
 def test_drafts_truncated_to_their_candidates_keep_the_target_distribution(draft_kind, k, params):
-    """Drafts propose from their top `top_k_candidates` tokens only (`fdecode.step.propose`), here fewer
+    """Drafts propose from their top `top_k_candidates` tokens only (`fdecode.drafts.tokens.propose`), here fewer
     than the target keeps: the committed tokens still follow the target's filtered distribution."""
     target = tiny_target()
     cfg = fdecode.DecodeConfig(

@@ -65,12 +65,12 @@ def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: boo
     launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
     engine = fdecode.Engine(step)
     if not adaptive:
-        engine.depths.depths = (step.config.K,)
+        engine.policy.depths = (step.config.K,)
     ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
     got = engine.run()
-    info = {"depths_launched": {d: n for d, n in engine.depths.launches.items() if n}}
+    info = {"depths_launched": {d: n for d, n in engine.policy.launches.items() if n}}
     if adaptive:  # the seconds per depth it weighed at the end (warm-up timings, then its own launches)
-        info["depth_costs_s"] = [round(c, 4) for c in engine.depths.costs]
+        info["depth_costs_s"] = [round(c, 4) for c in engine.policy.costs]
     return [got[i] for i in ids], engine.steps, info
 
 

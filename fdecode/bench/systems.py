@@ -20,7 +20,6 @@ from fdecode.bench.floor import compute_floor
 from fdecode.bench.loops import fdecode_loop
 from fdecode.bench.results import Result
 from fdecode.bench.timing import interleaved_runs
-from fdecode.models.ngram import is_ngram
 from fdecode.runtime.gate import DraftGate
 
 
@@ -88,7 +87,7 @@ def run_workload(
             return [out[0, ids.shape[1] :].tolist()], None
 
         systems["hf-generate"] = lambda: hf()
-        if is_ngram(compiled.draft):
+        if not compiled.drafter.forwards:  # prompt lookup: transformers' own
             systems["hf-prompt-lookup"] = lambda: hf(lookup=True)
         else:
             systems["hf-assisted"] = lambda: hf(hf_draft)

@@ -25,6 +25,7 @@ import torch
 
 from fdecode.backends import cpu
 from fdecode.config import BACKENDS, DecodeConfig
+from fdecode.drafts import Drafter
 from fdecode.graphs import torchair as npu
 from fdecode.graphs.replay_outputs import owning_outputs
 from fdecode.state.recurrent import is_hybrid
@@ -66,19 +67,19 @@ def parameters_reason(models: tuple[torch.nn.Module, ...], device_type: str) -> 
     return None
 
 
-def _eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _eager(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     return None
 
 
-def _aot_eager(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _aot_eager(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     return None
 
 
-def _dynamo(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _dynamo(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     return None
 
 
-def _inductor(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _inductor(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     if cfg.device_type not in ("cpu", "cuda"):
         return f"inductor generates code for CPU and CUDA only, not {cfg.device_type!r}"
     if cfg.device_type == "cuda":
@@ -103,37 +104,25 @@ def recurrent_reason(target, draft) -> str | None:
     return None
 
 
-def history_reason(draft_kind: str) -> str | None:
-    """Why graph replay cannot hold an n-gram draft's token history (`DecodeState.history`), or None."""
-    if draft_kind == "ngram":
-        return (
-            "the n-gram draft's token-history leaf is written in place but not yet held at a static address "
-            "(priming rebuilds it), so graph replay would copy or re-record it every step"
-        )
-    return None
-
-
-def _cudagraphs(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _cudagraphs(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     if cfg.device_type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft) or history_reason(draft_kind)
+    reason = recurrent_reason(target, draft) or drafter.backend_reason("cudagraphs")
     if reason is not None:
         return reason
     # CUDA availability and triton are checked by _inductor, which CUDA graphs build on. A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
     # device"); `parameters_reason` (through _inductor) refuses weights left on another device.
-    return _inductor(cfg, target, draft, draft_kind)
+    return _inductor(cfg, target, draft, drafter)
 
 
-def _torchair(cfg: DecodeConfig, target, draft, draft_kind: str) -> str | None:
+def _torchair(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     if cfg.device_type != "npu":
         return f"torchair captures on an Ascend NPU, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft) or history_reason(draft_kind) or npu.availability_reason()
+    reason = recurrent_reason(target, draft) or drafter.backend_reason("torchair") or npu.availability_reason()
     if reason is not None:
         return reason
     if cfg.dtype not in npu.DTYPES:
         return f"dtype {cfg.dtype} is not supported by the NPU kernels (use one of {npu.DTYPES})"
-    if draft_kind not in ("mtp", "model"):
-        return f"unsupported draft kind {draft_kind!r}"
     reason = parameters_reason((target, draft), cfg.device_type)
     if reason is not None or cfg.torchair_mode == "reduce-overhead":
         return reason
@@ -151,7 +140,7 @@ ELIGIBILITY: dict[str, Check] = {
 
 
 def choose_backend(
-    cfg: DecodeConfig, target, draft, draft_kind: str, *, fallback: bool = False
+    cfg: DecodeConfig, target, draft, drafter: Drafter, *, fallback: bool = False
 ) -> tuple[str, str | None]:
     """Returns (backend that will run, why it is not the requested one or None)."""
     device_type = cfg.device_type
@@ -160,7 +149,7 @@ def choose_backend(
         for name in names:
             if DEVICE_BOUND.get(name, device_type) != device_type:
                 continue  # not a fallback: a device-bound backend is simply not a candidate elsewhere
-            reason = ELIGIBILITY[name](cfg, target, draft, draft_kind)
+            reason = ELIGIBILITY[name](cfg, target, draft, drafter)
             if reason is None:
                 return name
             reasons.append(f"{name}: {reason}")
@@ -170,7 +159,7 @@ def choose_backend(
         reasons: list[str] = []
         name = first_eligible(PREFERENCE, reasons)
         return name, ("; ".join(reasons) or None)
-    reason = ELIGIBILITY[cfg.backend](cfg, target, draft, draft_kind)
+    reason = ELIGIBILITY[cfg.backend](cfg, target, draft, drafter)
     if reason is None:
         return cfg.backend, None
     if not fallback:
@@ -194,7 +183,7 @@ def auto_override() -> str | None:
 
 
 def resolve_backend(
-    cfg: DecodeConfig, target, draft, draft_kind: str, *, fallback: bool = False
+    cfg: DecodeConfig, target, draft, drafter: Drafter, *, fallback: bool = False
 ) -> tuple[DecodeConfig, str, str | None]:
     """`choose_backend`, plus the one fallback inside a backend: a torchair GE-graph request that GE
     cannot capture runs torchair's ACL graph mode (still one captured graph) rather than the next
@@ -209,12 +198,12 @@ def resolve_backend(
         (cfg.backend == "torchair" and fallback) or (cfg.backend == "auto" and cfg.device_type == "npu")
     )
     if asks_ge:
-        reason = _torchair(cfg, target, draft, draft_kind)
+        reason = _torchair(cfg, target, draft, drafter)
         acl = dataclasses.replace(cfg, torchair_mode="reduce-overhead")
-        if reason is not None and _torchair(acl, target, draft, draft_kind) is None:
+        if reason is not None and _torchair(acl, target, draft, drafter) is None:
             why = f"torchair GE graph: {reason}; running torchair's ACL graph mode instead"
             return without_regions(acl), "torchair", why
-    name, reason = choose_backend(cfg, target, draft, draft_kind, fallback=fallback)
+    name, reason = choose_backend(cfg, target, draft, drafter, fallback=fallback)
     return (without_regions(cfg) if name == "torchair" else cfg), name, reason
 
 

@@ -16,6 +16,8 @@ import torch
 
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
+from fdecode.drafts import Drafter
+from fdecode.drafts.resolve import resolve_draft
 from fdecode.graphs.backends import (
     DYNAMIC_WINDOW,
     STATIC_KV,
@@ -26,11 +28,9 @@ from fdecode.graphs.backends import (
     resolve_backend,
 )
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
-from fdecode.models.idle import idles_draft, missed_width
-from fdecode.models.ngram import history_width
 from fdecode.models.parallel import check_group
 from fdecode.models.regions import resolve_regions, shares_parameters
-from fdecode.models.resolve import config_of, resolve_config, resolve_draft, resolve_target
+from fdecode.models.resolve import config_of, resolve_config, resolve_target
 from fdecode.models.sharding import check_divides, parallelize_pair
 from fdecode.ops.plan import SamplingPlan, all_plans, covering, exact, plan_for, rank
 from fdecode.params import PerPrompt, SamplingParams
@@ -124,8 +124,8 @@ def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
 class Step:
     """A compiled decode step: `state, out = step(state)`; `state = step.prefill(prompts)`.
 
-    Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `config`, `draft_kind`
-    ("mtp", "ngram" or "model"), `backend` (what runs), `fallback_reason` (why that is
+    Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (what the step asks of its
+    draft kind, `fdecode.drafts`), `draft_kind` ("mtp", "ngram" or "model"), `config`, `backend` (what runs), `fallback_reason` (why that is
     not the requested backend, else None), `config.attention` (the paged-attention
     kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention
     windows in tokens), `plans` (sampling plans), `compile_seconds` (per window: first calls of its
@@ -154,7 +154,7 @@ class Step:
         draft,
         config: DecodeConfig,
         *,
-        draft_kind: str,
+        drafter: Drafter,
         backend: str,
         fallback_reason: str | None,
         attention_reason: str | None = None,
@@ -163,7 +163,8 @@ class Step:
         self.target = target
         self.draft = draft
         self.config = config
-        self.draft_kind = draft_kind
+        self.drafter = drafter
+        self.draft_kind = drafter.kind
         self.backend = backend
         self.fallback_reason = fallback_reason
         self.attention_reason = attention_reason
@@ -173,7 +174,7 @@ class Step:
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self.depth_seconds: dict[int, float] = {}
         self.announce = announce
-        self.idles_draft = idles_draft(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
+        self.idles_draft = drafter.idles(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
         # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
         self.dynamic_window = (
             config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
@@ -259,7 +260,7 @@ class Step:
     def gated(self) -> bool:
         """Whether an `Engine` on this step pauses verifying drafts that do not pay (`fdecode.runtime.gate`):
         `DecodeConfig.draft_gate` with an n-gram draft. Its first-row graphs compile too (`warmup` included)."""
-        return self.config.draft_gate and self.draft_kind == "ngram"
+        return self.drafter.gated(self.config)
 
     def window_width(self, blocks: int) -> torch.Tensor:
         """The dynamic graph's window argument for `blocks` blocks (`window_width`), made once."""
@@ -353,7 +354,7 @@ class Step:
     def depths(self) -> tuple[int, ...]:
         """The depths this step runs (`__call__`): 0 .. K; 0 and K for recurrent (linear-attention) models."""
         k = self.config.K
-        return (0, k) if is_hybrid(self.target) or is_hybrid(self.draft) else tuple(range(k + 1))
+        return (0, k) if is_hybrid(self.target) or self.drafter.recurrent(self.draft) else tuple(range(k + 1))
 
     def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
         """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
@@ -549,7 +550,8 @@ class Step:
         if state.target_kv.dtype != cfg.dtype:
             raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
         check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
-        for name, width in (("history", history_width(self.draft, cfg)), ("missed", missed_width(self.draft, cfg))):
+        widths = (("history", self.drafter.history_width(cfg)), ("missed", self.drafter.missed_width(self.draft, cfg)))
+        for name, width in widths:
             shape = (cfg.max_batch, width)
             if tuple(getattr(state, name).shape) != shape:
                 raise ValueError(
@@ -606,16 +608,16 @@ def compile(
     if tp is not None:  # a split that cannot be made is refused before any weight is read
         check_divides(config_of(target), tp.size, what="target")
     target_model = resolve_target(target, config)
-    draft_model, kind = resolve_draft(draft, target_model, config)
+    draft_model, drafter = resolve_draft(draft, target_model, config)
     if tp is not None:
-        target_model, draft_model = parallelize_pair(target_model, draft_model, kind, tp)
+        target_model, draft_model = parallelize_pair(target_model, draft_model, drafter, tp)
     shapes = tuple((c.num_heads, c.num_kv_heads, c.head_dim) for c in (target_model.config, draft_model.kv_config))
     latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
-    config, backend, reason = resolve_backend(config, target_model, draft_model, kind, fallback=fallback)
+    config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)
     if cpu.packs_weights(config, backend):
         added = cpu.pack_linears(target_model, draft_model)
         if announce and added:
@@ -627,7 +629,7 @@ def compile(
         target_model,
         draft_model,
         config,
-        draft_kind=kind,
+        drafter=drafter,
         backend=backend,
         fallback_reason=reason,
         attention_reason=attention_reason,

@@ -17,7 +17,6 @@ from fdecode.models.llama import LlamaModel
 from fdecode.models.loading.hf import from_hf, save_hf
 from fdecode.models.mtp.head import MTPHead
 from fdecode.models.mtp.hybrid import HybridMTPHead
-from fdecode.models.ngram import NgramDraft
 
 __all__ = [
     "HybridConfig",

@@ -24,8 +24,6 @@ from fdecode.models.llama import LlamaModel
 from fdecode.models.loading.eos import eos_token_ids
 from fdecode.models.loading.hf import from_hf, read_config
 from fdecode.models.mtp.head import MTPHead
-from fdecode.models.ngram import NgramDraft
-from fdecode.models.vocab import check_same_tokenizer, fit_vocab
 
 
 def _is_hf_model(obj: object) -> bool:
@@ -115,7 +113,7 @@ def owned(model: torch.nn.Module, cfg: DecodeConfig) -> torch.nn.Module:
     result = tree(model)
     for new in modules.values():  # MTP heads keep (embed_tokens, lm_head) outside the module tree
         shared = new.__dict__.get("_shared")
-        if isinstance(new, MTPHead) and shared is not None:
+        if shared is not None:
             new.__dict__["_shared"] = tuple(modules.get(id(part), part) for part in shared)
     return result
 
@@ -160,26 +158,3 @@ def resolve_target(obj: object, cfg: DecodeConfig, role: str = "target") -> Llam
     else:
         raise TypeError(f"{role} must be {KINDS[role]}, got {type(obj).__name__}")
     return owned(model, cfg)  # its MTP head (a submodule), if any, comes along
-
-
-def resolve_draft(obj: object, target: LlamaModel, cfg: DecodeConfig) -> tuple[torch.nn.Module, str]:
-    """Returns (draft model, kind) with kind "mtp", "ngram" (prompt lookup, `NgramDraft`) or "model"."""
-    if isinstance(obj, str) and obj == "ngram":
-        obj = NgramDraft()
-    if isinstance(obj, NgramDraft):
-        return obj.bound(target), "ngram"
-    if isinstance(obj, str) and obj == "mtp":
-        if target.mtp is None:
-            raise ValueError(
-                "draft='mtp' but the target has no MTP head (no mtp.* weights in its checkpoint): pass "
-                "draft='ngram' (prompt lookup, no second model) or a draft model"
-            )
-        return target.mtp, "mtp"
-    if isinstance(obj, MTPHead):
-        if obj.config.hidden_size != target.config.hidden_size or obj.config.vocab_size != target.config.vocab_size:
-            raise ValueError("the MTP head was built for another target (hidden size or vocabulary differs)")
-        return owned(obj, cfg).bind(target), "mtp"  # the step's copy borrows the step's target
-    draft = resolve_target(obj, cfg, role="draft")
-    check_same_tokenizer(target, draft)
-    # The same tokenizer, padded differently: the draft proposes over the target's ids only.
-    return fit_vocab(draft, target.config.vocab_size), "model"

@@ -265,13 +265,14 @@ def shard_head(head: MTPHead, tp: TPGroup) -> MTPHead:
     return sharded.requires_grad_(False).eval()
 
 
-def parallelize_pair(target: nn.Module, draft: nn.Module, kind: str, tp: TPGroup) -> tuple[nn.Module, nn.Module]:
-    """Shard a resolved (target, draft) pair for `fdecode.compile`: every check before any weight moves."""
+def parallelize_pair(target: nn.Module, draft: nn.Module, drafter, tp: TPGroup) -> tuple[nn.Module, nn.Module]:
+    """Shard a resolved (target, draft) pair for `fdecode.compile` (`drafter`: the draft's `fdecode.drafts.Drafter`):
+    every check before any weight moves."""
     check_divides(target.config, tp.size, what="target")
-    if kind == "ngram":  # no weights: every rank looks up the same committed tokens
+    if not drafter.has_weights:  # an n-gram draft: every rank looks up the same committed tokens
         sharded = shard_model(target, tp)
         return sharded, draft.bound(sharded)  # the attention shapes of a rank's shard
-    if kind == "model":
+    if not drafter.shares_target:
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(
                 f"the draft's vocabulary ({draft.config.vocab_size}) differs from the target's "
@@ -281,6 +282,6 @@ def parallelize_pair(target: nn.Module, draft: nn.Module, kind: str, tp: TPGroup
     elif draft is not target.mtp:  # an MTP head of its own, checked before the target is sharded
         _check_head(draft, tp)
     sharded = shard_model(target, tp)
-    if kind == "mtp":
+    if drafter.shares_target:  # an MTP head: its embedding and LM head are the target's shards
         return sharded, sharded.mtp if draft is target.mtp else shard_head(draft, tp).bind(sharded)
     return sharded, shard_model(draft, tp)

@@ -2,7 +2,7 @@
 docs/design.md, "Depth 0 and the idle draft").
 
 A step of depth 0 verifies no draft: the target alone commits one token per lane, as target-only decoding
-would. Running the draft there only keeps its KV in step, so a draft LM (`fdecode.models.idle.idles_draft`)
+would. Running the draft there only keeps its KV in step, so a draft LM (`fdecode.drafts.Drafter.idles`)
 sits such steps out, and the tokens it missed wait in the state (`DecodeState.missed`: per lane the last C
 committed tokens the draft has not seen, the newest, at base_pos, last; -1 where none). The next step that
 drafts is a catch-up step: it verifies the first row as depth 0 does, and the draft's first forward runs over

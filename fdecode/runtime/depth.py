@@ -2,7 +2,7 @@
 (docs/design.md, "Prompt lookup: n-gram drafts": "An Engine chooses each launch's depth").
 
 A step of depth d verifies d of the window's K drafts and proposes max(d, 1) for the next window
-(`fdecode.step.proposals`). The controller keeps, per lane, a decayed Beta estimate of how often a verified
+(`Drafter.proposals`). The controller keeps, per lane, a decayed Beta estimate of how often a verified
 draft is accepted (read one step behind, as the Engine reads outputs; every verified draft weighs the
 same, whatever the depth of its step), so a lane's rate a gives 1 + a + ... + a^d expected tokens at
 depth d; each launch takes the depth with the most expected tokens per second, summed over the running
@@ -22,29 +22,21 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from fdecode.models.cost import forward_bytes
+
 
 def expected_tokens(rate: float, drafts: int) -> float:
     """Tokens a lane commits from `drafts` verified drafts, each accepted with probability `rate`."""
     return sum(rate**i for i in range(drafts + 1))
 
 
-def forward_bytes(model: torch.nn.Module) -> int:
-    """The bytes of weights one forward reads: every parameter once, less the embedding tables, of which
-    a forward gathers a few rows (unless the table is also a linear layer's weight: a tied head)."""
-    linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    gathered = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linears
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in gathered)
-
-
-def depth_costs(target, draft, cfg) -> list[float]:
+def depth_costs(target, draft, cfg, drafter) -> list[float]:
     """costs[d] for d in 0 .. K: the weights a step of depth d reads (`forward_bytes`: the target once, the
-    draft once per proposal), in GB. An n-gram draft reads none."""
-    from fdecode.models.ngram import is_ngram
-    from fdecode.step import proposals
-
+    draft once per proposal, as `drafter` (`fdecode.drafts.Drafter`) counts both; an n-gram draft reads none),
+    in GB."""
     target_gb = forward_bytes(target) / 1e9
-    draft_gb = 0.0 if is_ngram(draft) else forward_bytes(draft) / 1e9
-    return [target_gb + proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
+    draft_gb = drafter.forward_bytes(draft) / 1e9
+    return [target_gb + drafter.proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
 
 
 def smoothed(timed: dict[int, float]) -> dict[int, float]:
@@ -64,7 +56,7 @@ def step_costs(step, depths: Sequence[int]) -> list[float]:
     """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed it (`Step.depth_seconds`,
     `smoothed`), else the weights it reads (`depth_costs`) times the median seconds per GB of the depths timed
     (only the weights where none of `depths` was timed)."""
-    model = depth_costs(step.target, step.draft, step.config)
+    model = depth_costs(step.target, step.draft, step.config, step.drafter)
     timed = smoothed({d: seconds for d, seconds in step.depth_seconds.items() if d in depths})
     if not timed:
         return model
@@ -88,11 +80,13 @@ class DepthController:
     in a row the next one verifies the one draft carried (the shallowest other depth), and the rates decide again;
     each trial after which they choose depth 0 again doubles the launches to the next, up to `max_probe`
     (an admission, or a depth the rates choose, starts again from `probe`).
-    Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Step.idles_draft`),
+    Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Drafter.idles`),
     the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
     depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`). A trial due
     waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own."""
+
+    reads_ready = True  # `launch` chooses among the depths whose graphs are made
 
     def __init__(
         self,

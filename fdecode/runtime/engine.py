@@ -30,10 +30,9 @@ import torch
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt
 from fdecode.runtime.allocator import BlockAllocator
-from fdecode.runtime.depth import DepthController, depth_costs, step_costs
-from fdecode.runtime.gate import DraftGate
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
+from fdecode.runtime.policy import depth_policy
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.decode_state import ERRORS
 from fdecode.state.grammar_pool import GrammarPool
@@ -110,21 +109,9 @@ class Engine:
         self._out_lanes: list[Request | None] | None = None  # lane owners when the pending step launched
         self._primed_lanes: list[int] = []
         self._cancelled: list[Event] = []  # final events of cancelled requests, emitted by the next step()
-        # n-gram drafts (`Step.gated`): first-row steps while the drafts are not being accepted.
-        self.gate = DraftGate(cfg.K) if getattr(step, "gated", False) else None
-        self._out_speculated = True  # whether the pending step verified its drafts
-        # Draft LMs and MTP heads with `DecodeConfig.adaptive_depth`: each launch's depth (`fdecode.runtime.depth`).
-        self.depths = None
-        if cfg.adaptive_depth and self.gate is None and step.draft_kind != "ngram":
-            # 0 .. K; recurrent models, whose steps run 0 or K, K alone (`Step.depths`)
-            allowed = step.depths if 1 in step.depths else (cfg.K,)
-            catch_up = cfg.draft_catch_up if getattr(step, "idles_draft", False) else 0  # `fdecode.ops.catch_up`
-            if getattr(step.target, "tp", None) is None:
-                self.depths = DepthController(cfg.K, step_costs(step, allowed), depths=allowed, catch_up=catch_up)
-            else:  # every rank must launch the same depths: costs from the weights alone, never from timings
-                costs = depth_costs(step.target, step.draft, cfg)
-                self.depths = DepthController(cfg.K, costs, depths=allowed, learn_costs=False, catch_up=catch_up)
-        self._out_verified: dict[int, tuple[int, int]] = {}  # what the pending step verified (`self.depths`)
+        # How each launch's depth is chosen: by cost and acceptance, the n-gram gate, or K (`fdecode.runtime.policy`).
+        self.policy = depth_policy(step)
+        self._out_ticket: object = None  # what the policy said of the pending step (`DepthPolicy.observe_output`)
         # The grammars resident in the state's pool (`fdecode.state.grammar_pool`), where lanes may follow one.
         self.grammars = GrammarPool(cfg, step.target.config.vocab_size) if cfg.grammars else None
         self._metrics = SpecMetrics(cfg.K)  # acceptance over every step row read (`metrics`)
@@ -238,30 +225,23 @@ class Engine:
         launch instead, so no step runs only lanes that have finished: one wait without a step behind it
         (free on the CPU, which runs a step inside its launch), for a step saved at the end of each stream."""
         early = self._drain() if self._ending() else []
-        launched, verified = None, {}
+        launched, ticket = None, None
         started, compiled = time.perf_counter(), self._compiled()
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
-            if self.depths is not None:
-                ready = getattr(self.step_fn, "ready_depths", lambda state: None)(self.state)
-                depth, verified = self.depths.launch(ready)
-                speculate, (self.state, out) = True, self.step_fn(self.state, depth=depth)
-            elif self.gate is None:
-                speculate, (self.state, out) = True, self.step_fn(self.state)
-            else:
-                speculate = self.gate.speculate()
-                self.state, out = self.step_fn(self.state, speculate=speculate)
+            ready = self.step_fn.ready_depths(self.state) if self.policy.reads_ready else None
+            depth, ticket = self.policy.launch(ready)
+            self.state, out = self.step_fn(self.state, depth=depth)
             launched = out.packed
             self.steps += 1
         events, self._cancelled = self._cancelled + early + self._drain(), []
-        if self.depths is not None and launched is not None and not early and self._compiled() == compiled:
+        if launched is not None and not early and self._compiled() == compiled:
             # The launch and the read of the step before: on the CPU, the step itself (`DepthController.observe_cost`).
-            self.depths.observe_cost(depth, time.perf_counter() - started)
+            self.policy.observe_cost(depth, time.perf_counter() - started)
         if launched is not None:
             self._out_host.copy_(launched, non_blocking=True)
             self._out_lanes = list(self._lanes)
-            self._out_speculated = speculate
-            self._out_verified = verified
+            self._out_ticket = ticket
         short = self._extend()  # running lanes grow first: a newcomer never takes the blocks they need next
         if not short:
             self._admit()
@@ -306,10 +286,7 @@ class Engine:
         self.host_waits += 1
         events: list[Event] = []
         if self._out_lanes is not None:
-            if self.gate is not None and self._out_speculated:
-                self.gate.observe_output(self._out_host)
-            if self.depths is not None:
-                self.depths.observe_output(self._out_host, self._out_verified)
+            self.policy.observe_output(self._out_host, self._out_ticket)
             events += self._read(self._out_host, self._out_lanes, range(len(self._out_lanes)))
             self._out_lanes = None
         if self._primed_lanes:
@@ -416,11 +393,8 @@ class Engine:
             admitted.append(request)
         if not admitted:
             return
-        if self.gate is not None:
-            self.gate.reset()  # a new prompt may be worth drafting from
-        if self.depths is not None:
-            for request in admitted:
-                self.depths.admit(request.lane)
+        for request in admitted:
+            self.policy.admit(request.lane)  # a new prompt may be worth drafting from
         cfg = self.config
         table = block_table([r.blocks for r in admitted], cfg)
         for request in admitted:

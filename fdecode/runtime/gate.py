@@ -22,7 +22,10 @@ import torch
 
 class DraftGate:
     """Decides, per launch, whether the next step verifies its drafts (`speculate()`), from what the
-    verified steps accepted (`observe`), read one step behind."""
+    verified steps accepted (`observe`), read one step behind. The on/off case of the depth policies
+    (`fdecode.runtime.policy.DepthPolicy`): `launch` gives K or 0."""
+
+    reads_ready = False
 
     def __init__(self, num_draft_tokens: int, *, threshold: float = 0.5, weight: float = 0.25, max_pause: int = 32):
         if not 0 < weight <= 1:
@@ -63,14 +66,30 @@ class DraftGate:
         elif not self.left:
             self.left, self.pause = self.pause, min(2 * self.pause, self.max_pause)
 
-    def observe_output(self, packed: torch.Tensor) -> None:
+    def launch(self, ready=None) -> tuple[int, bool]:
+        """The `DepthPolicy` face of `speculate`: the next launch's depth (K, or 0 for a first-row step) and
+        whether it verifies its drafts, which `observe_output` gets back with the step's output."""
+        speculate = self.speculate()
+        return (self.num_draft_tokens if speculate else 0), speculate
+
+    def observe_output(self, packed: torch.Tensor, speculated: bool = True) -> None:
         """`observe` a verified step's packed output (`StepOutput.packed`, read on the host): the lanes still
-        running after it; none running (all finished or free) tells nothing (a trial is tried again)."""
+        running after it; none running (all finished or free) tells nothing (a trial is tried again). A
+        first-row step's output (`speculated` False) tells nothing of the drafts."""
+        if not speculated:
+            return
         counts = packed[:, -2][packed[:, -1] == 0]
         if counts.numel():
             self.observe(int(counts.max()) - 1)
         else:
             self.trial = False
+
+    def observe_cost(self, depth: int, seconds: float) -> None:
+        """Nothing: the gate weighs acceptance alone (a lookup costs nothing)."""
+
+    def admit(self, lane: int) -> None:
+        """A request was admitted: a new prompt may be worth drafting from (`reset`)."""
+        self.reset()
 
     def __repr__(self) -> str:
         return (

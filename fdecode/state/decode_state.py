@@ -175,7 +175,7 @@ class DecodeState:
     target_rec: torch.Tensor  # [B, Lr_t, 1, Hv, dk, dv] float32 delta-rule states after the positions < base_pos
     draft_conv: torch.Tensor  # [B, Lr_d, K, conv_dim, k-1] draft conv windows after the last advance's K rows
     draft_rec: torch.Tensor  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows
-    # n-gram drafts (`fdecode.models.ngram`): the committed token at each position, -1 past the last one,
+    # n-gram drafts (`fdecode.drafts.ngram`): the committed token at each position, -1 past the last one,
     # written in place like the KV; [B, 0] for any other draft.
     history: torch.Tensor  # [B, blocks_per_lane * block_size + W] int64
     # A draft LM that sits out depth-0 steps (`fdecode.ops.catch_up`): per lane the last C committed tokens it

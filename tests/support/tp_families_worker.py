@@ -177,7 +177,7 @@ def agreement(group) -> dict[str, object]:
     ngram = fdecode.compile(pair("qwen3_5")[0], "ngram", config(2), tp_group=group)
     return {
         "events": events,
-        "launches": dict(engine.depths.launches),
+        "launches": dict(engine.policy.launches),
         "ngram": fdecode.generate(ngram, PROMPTS, max_new_tokens=NEW, eos_token_id=[], progress=False),
     }
 

@@ -124,14 +124,3 @@ def run_one_layer_writing_all(
             layer.write_kv(inputs(i), positions, slots, kv, i, ctx, rotary)
     index = layer_indices(len(layers), ctx.regions, positions.device)[active]
     return active, call_layer(layers[active], ctx.regions, inputs(active), positions, slots, kv, index, ctx, rotary)
-
-
-def mtp_layer(draft: nn.Module, j: int) -> int:
-    """The MTP layer draft forward j runs: j mod the head's layers (0 for a draft LM)."""
-    return j % draft.num_mtp_layers if isinstance(draft, MTPHead) else 0
-
-
-def depth_kwargs(draft: nn.Module, j: int) -> dict[str, int]:
-    """The keyword that tells draft forward j which MTP layer runs (`depth`, reduced to `mtp_layer`, so
-    a captured forward specialises on at most that many values); {} for a draft LM."""
-    return {"depth": mtp_layer(draft, j)} if isinstance(draft, MTPHead) else {}
