@@ -22,20 +22,17 @@ import torch
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.drafts import drafter_for
-from fdecode.drafts.tokens import agreed
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, plan_for
-from fdecode.ops.processors import processors, prompt_seen
-from fdecode.ops.sampling import apply_stops
+from fdecode.ops.processors import prompt_seen
 from fdecode.params import PerPrompt, SamplingParams, request_params
-from fdecode.processing import processed, tallied
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
-from fdecode.step import Committed, advance, logprob_rows, target_draw, transition_randoms
+from fdecode.step import Verified, advance, commit, transition_randoms
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -363,29 +360,10 @@ def prime(
     inputs = [p.plan_inputs for p in params]
     plan = plan_for(inputs, candidates=cfg.top_k_candidates) if cfg.sampling else GREEDY
     noise, _, draft_u = transition_randoms(primed, cfg.K) if plan.random else (None, None, None)
-    params = (lane["temperature"], lane["top_k"], lane["top_p"], lane["min_p"])
-    procs = processors(primed)
-    chosen = processed(cfg, procs, last_logits[:, None])  # [n, 1, V]
-    first = agreed(cfg, target, target_draw(chosen[:, 0], params, noise, plan))
-    accepted = torch.full((n, cfg.W), -1, dtype=torch.int64, device=device)
-    accepted[:, 0] = first
-    window_hidden = hidden.new_zeros(n, cfg.W, hidden.shape[-1])
-    window_hidden[:, 0] = hidden[rows, last]
-    accepted, length, remaining, finished = apply_stops(accepted, active.long(), active, remaining, primed.stop_ids)
-    min_left, grammar_state = tallied(cfg, procs, accepted, length, vocab)
-    logprobs = logprob_rows(cfg, plan, primed, last_logits[:, None], chosen, accepted[:, :1])
-    committed = Committed(
-        accepted,
-        length,
-        window_hidden,
-        remaining,
-        finished,
-        None,
-        torch.zeros_like(length),
-        min_left,
-        grammar_state,
-        logprobs,
-    )
+    # The first token is a depth-0 step's commit of the prompt's last row (`fdecode.step.commit`): the same draw,
+    # stops, budgets, request features and logprobs. The row's KV was written above, so no slot is missing.
+    verified = Verified(last_logits[:, None], hidden[rows, last][:, None], None, torch.ones_like(primed.tokens))
+    committed = commit(target, cfg, primed, verified, noise, None, plan, 0)
     new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
     # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
     bound = None if state.max_position is None else max(state.max_position, longest)
