@@ -125,3 +125,35 @@ def test_tree_verification_captures_as_one_graph_without_host_reads():
         greedy(args[0], args[1], argmax, levels), greedy_tree_accept(args[0], args[1], argmax, levels)
     ):
         assert torch.equal(got, want)
+
+
+def test_a_tree_forward_equals_transformers_on_each_root_to_node_path():
+    """One target forward over a tree's nodes (`TreeRows`: each sees the prompt and its ancestors, at position
+    root + depth, its KV in a slot of its own) gives every node the logits transformers gives its path."""
+    from support.llama_models import hf_target
+
+    from fdecode.models import from_hf
+    from fdecode.ops.attention import TreeRows
+    from fdecode.ops.paging import slot_of
+
+    hf = hf_target(2)
+    model, bs = from_hf(hf), 4
+    prompt = [5, 9, 2, 7, 7, 3]
+    tokens = [11, 4, 8, 1, 4, 6]  # the root (the token after the prompt), then the drafts of PARENTS' tree
+    table = torch.tensor([[1, 2, 3, 4]])  # the lane's blocks; block 5 holds the tree's nodes
+    kv = model.kv_config.new_kv(7 * bs, dtype=torch.float32, device="cpu")  # blocks 0 (scratch) .. 6
+    positions = torch.arange(len(prompt))[None]
+    with torch.no_grad():
+        model(torch.tensor([prompt]), positions, slot_of(table, positions, bs), kv, table, block_size=bs)
+        parents = torch.tensor([PARENTS])
+        depth = node_depths(parents, 2)
+        node_slots = 5 * bs + torch.arange(len(tokens))[None]
+        tree = TreeRows(node_slots, ancestors(parents, 2), torch.tensor([len(prompt)]))
+        logits, _ = model(torch.tensor([tokens]), len(prompt) + depth, node_slots, kv, table, block_size=bs, tree=tree)
+        for node in range(len(tokens)):
+            path = [node]
+            while PARENTS[path[-1]] >= 0:
+                path.append(PARENTS[path[-1]])
+            sequence = prompt + [tokens[i] for i in reversed(path)]
+            want = hf(torch.tensor([sequence])).logits[0, -1]
+            torch.testing.assert_close(logits[0, node], want, atol=1e-4, rtol=1e-4)

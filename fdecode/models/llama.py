@@ -21,7 +21,7 @@ from fdecode.models.decoder_lm import DecoderLM
 from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm
 from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.models.regions import call_layer, layer_indices
-from fdecode.ops.attention import paged_context
+from fdecode.ops.attention import TreeRows, paged_context
 
 if TYPE_CHECKING:
     from fdecode.models.mtp.head import MTPHead
@@ -64,10 +64,11 @@ class LlamaModel(DecoderLM):
         attention: str = "torch",  # paged-attention kernel (`fdecode.ops.attention.KERNELS`)
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
         last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
+        tree: TreeRows | None = None,  # the rows are draft-tree nodes (`fdecode.ops.attention.TreeRows`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 (or [B, 1, V], `last_logits`) and the final-norm hidden state
         [B, Q, H] (model dtype)."""
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions, tree=tree)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         indices = layer_indices(len(self.layers), ctx.regions, x.device)
         for i, layer in enumerate(self.layers):

@@ -41,6 +41,15 @@ class PagedContext(NamedTuple):
     regions: bool = False  # layers run as compile regions, their KV index a tensor (`fdecode.models.regions`)
 
 
+class TreeRows(NamedTuple):
+    """A forward's rows as the nodes of draft trees (`fdecode.ops.tree`): each row sees the window's keys
+    before its tree's root and the keys of its own ancestors, written this call to slots of their own."""
+
+    slots: torch.Tensor  # [B, N] int64: the KV slot each node writes (a position of its own, never shared)
+    ancestors: torch.Tensor  # [B, N, N] bool: node j is node i or an ancestor of it (`fdecode.ops.tree.ancestors`)
+    root: torch.Tensor  # [B] int64: the root's position (the window's keys before it are the lane's context)
+
+
 def paged_context(
     block_tables: torch.Tensor,
     positions: torch.Tensor,
@@ -48,13 +57,24 @@ def paged_context(
     *,
     kernel: str = "torch",
     regions: bool = False,
+    tree: TreeRows | None = None,
 ) -> PagedContext:
     """block_tables: [B, nb] int64; positions: [B, Q] int64. regions: run layers as compile regions where
-    the kernel and KV write can index the leaf with a tensor (the reference kernel, "index_put")."""
+    the kernel and KV write can index the leaf with a tensor (the reference kernel, "index_put"). tree: the
+    rows are tree nodes (Q = N): their keys follow the window's, visible along ancestry (the reference
+    kernel only)."""
     offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
     key_slots = (block_tables.clamp_min(0)[:, :, None] * block_size + offsets).flatten(1)  # [B, S]
     key_pos = torch.arange(key_slots.shape[1], dtype=positions.dtype, device=positions.device)  # [S]
-    visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
+    if tree is not None:  # the context before the root, then the nodes' own keys by ancestry
+        if kernel != "torch":
+            raise ValueError(f"tree attention runs on the reference kernel only, not {kernel!r}")
+        context = (key_pos < tree.root[:, None, None]) | (key_pos == 0)  # [B, 1, S]
+        visible = torch.cat([context.expand(-1, positions.shape[1], -1), tree.ancestors], dim=-1)
+        key_slots = torch.cat([key_slots, tree.slots], dim=1)  # [B, S + N]
+        regions = False  # the tree's keys are read through their slots, not the window's blocks
+    else:
+        visible = (key_pos <= positions[:, :, None]) | (key_pos == 0)  # [B, Q, S]
     kv_write = kv_write_for(block_tables.device.type)
     regions = regions and kernel == "torch" and kv_write == "index_put"
     return PagedContext(block_tables, positions, key_slots, visible[:, None], block_size, kernel, kv_write, regions)
