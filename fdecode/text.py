@@ -77,3 +77,10 @@ def eos_ids(tokenizer) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(int(i) for i in eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def stop_ids(step, tokenizer) -> list[int] | None:
+    """The ids a text request stops on by default: the model's (`DecodeConfig.eos_token_id`) and the
+    tokenizer's (a chat model's end-of-turn token); None where neither names one."""
+    own = step.config.eos_token_id if isinstance(step.config.eos_token_id, tuple) else ()
+    return list(dict.fromkeys((*own, *eos_ids(tokenizer)))) or None

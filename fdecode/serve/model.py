@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fdecode
-from fdecode.serve.requests import stop_ids
+from fdecode.models.loading.pair import load_pair
+from fdecode.text import stop_ids
 from fdecode.tokenizer import load_tokenizer
 
 
@@ -42,7 +43,7 @@ class ServedModel:
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
-        return stop_ids(self.tokenizer, self.step)
+        return tuple(stop_ids(self.step, self.tokenizer) or ())
 
     def __repr__(self) -> str:
         return f"ServedModel({self.name!r}, {self.step!r})"
@@ -82,19 +83,7 @@ def load(
 ) -> ServedModel:
     """Compile a checkpoint folder (None: the bundled model) with `server_config(**config)`.
     draft: None (its MTP head, else n-gram prompt lookup), "mtp", "ngram" or a draft checkpoint folder."""
-    import torch
-
-    from fdecode.assets import TINY
-    from fdecode.models import from_hf
-
-    path = Path(folder) if folder is not None else TINY
-    target = from_hf(path, dtype=torch.float32) if folder is None else from_hf(path)
-    if draft is None:
-        draft = "mtp" if target.mtp is not None else "ngram"
-    elif draft == "mtp" and target.mtp is None:
-        raise ValueError(f"{path} has no MTP head: pass --draft ngram or --draft DIR")
-    elif draft not in ("mtp", "ngram"):
-        draft = from_hf(Path(draft), dtype=next(target.parameters()).dtype)
+    target, draft, path = load_pair(folder, draft)
     step = fdecode.compile(target, draft, server_config(**config))
     served = name or ("fdecode-tiny" if folder is None else path.name)
     return ServedModel(step, load_tokenizer(path), served, aliases=(str(path),))

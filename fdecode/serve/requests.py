@@ -16,7 +16,7 @@ from fdecode.grammar import Grammar
 from fdecode.params import SamplingParams, check_features
 from fdecode.serve.errors import APIError
 from fdecode.serve.schemas import ChatRequest, CompletionRequest, ResponseFormat
-from fdecode.text import encode, eos_ids
+from fdecode.text import encode
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOPS = 16
@@ -145,9 +145,3 @@ def _completion_prompt(model, prompt) -> list[int]:
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     return ids
-
-
-def stop_ids(tokenizer, step) -> tuple[int, ...]:
-    """The ids a request stops on by default: the model's (`DecodeConfig.eos_token_id`) and the tokenizer's."""
-    own = step.config.eos_token_id if isinstance(step.config.eos_token_id, tuple) else ()
-    return tuple(dict.fromkeys((*own, *eos_ids(tokenizer))))
