@@ -174,9 +174,9 @@ class EngineLoop:
         except Exception as error:  # one failed step must not end the server
             log.error("engine step failed; its requests end with an error:\n%s", traceback.format_exc())
             message = f"the engine failed: {type(error).__name__}: {error}"
+            self.engine = Engine(self.step)  # before the jobs hear of it: a retry finds the fresh Engine
             for job in list(self._jobs.values()):
                 self._end(job, ("event", Event(job.request_id, [], True, error=message, reason="error")))
-            self.engine = Engine(self.step)
             return
         self.steps += 1
         self._deliver(events)
