@@ -286,3 +286,49 @@ def test_server_config_switches_every_request_feature_on():
     cfg = server_config(max_batch=2, max_seq_len=64)
     assert cfg.penalties and cfg.min_tokens and cfg.max_logprobs == 20 and cfg.max_logit_bias > 0
     assert cfg.max_grammar_states > 0 and cfg.max_grammar_transitions > 0
+
+
+def test_sigterm_finishes_the_streams_in_flight_then_exits(tmp_path):
+    """`fdecode serve` in its own process: SIGTERM mid-stream; the stream still ends with all its tokens
+    (equal to its run alone), then the process exits cleanly and stops listening."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from support.serving import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "fdecode.cli", "serve", "--port", str(port), "--backend", "eager",
+           "--max-batch", "2", "--max-seq-len", "128", "--drain-timeout", "60", "--log-level", "warning"]  # fmt: skip
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+            time.sleep(0.1)
+        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "stream": True}
+        text, finish = "", None
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                if finish is None and not text:
+                    process.send_signal(signal.SIGTERM)  # after the first chunk
+                choice = json.loads(line[5:])["choices"][0]
+                text += choice["text"]
+                finish = choice["finish_reason"] or finish
+        assert (text, finish) == (alone(PROMPTS[0], 12).text, "length")
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -13,6 +13,7 @@ SIGTERM uvicorn stops accepting connections and waits up to `drain_timeout` seco
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 
@@ -85,8 +86,14 @@ class Server:
                                 timeout_graceful_shutdown=self.drain_timeout)  # fmt: skip
         if not self.loop.running:
             self.start()
-        uvicorn.Server(config).run()
-        self.shutdown()
+        # uvicorn handles SIGTERM (stop listening, drain) and then raises it again once it is done: the
+        # handler installed here takes that second one, so a drained server exits with status 0.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.shutdown()
 
     def __repr__(self) -> str:
         return f"Server({self.model!r}, ready={self.ready.is_set()}, {self.loop!r})"
