@@ -332,3 +332,19 @@ def test_sigterm_finishes_the_streams_in_flight_then_exits(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.parametrize("mode", [[], ["--chaos"]], ids=["load", "chaos"])
+def test_the_load_bench_runs_quick(mode, capsys):
+    """bench/serve_load.py --quick: every streamed text equals the offline one; the chaos run ends with no
+    lane or KV block held and the server healthy."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", *mode]) == 0
+    out = capsys.readouterr().out
+    assert ("chaos: passed" in out) if mode else ("streamed texts equal to offline: 4/4" in out and "TTFT" in out)

@@ -23,6 +23,7 @@ class ServerMetrics:
         label = dict(labelnames=["model"], registry=registry)
         self.running = Gauge("fdecode_requests_running", "Requests holding an Engine lane", **label)
         self.waiting = Gauge("fdecode_requests_waiting", "Requests queued for a lane", **label)
+        self.kv_blocks = Gauge("fdecode_kv_blocks_used", "KV blocks held by requests (of the pool's)", **label)
         self.prompt_tokens = Counter("fdecode_prompt_tokens", "Prompt tokens of accepted requests", **label)
         self.generated = Counter("fdecode_generation_tokens", "Tokens generated", **label)
         self.finished = Counter(
@@ -61,6 +62,7 @@ class ServerMetrics:
         now = time.perf_counter()
         self.running.labels(m).set(engine.num_active)
         self.waiting.labels(m).set(engine.num_waiting)
+        self.kv_blocks.labels(m).set(engine.allocator.capacity - engine.allocator.num_free)
         for job, event in delivered:
             n = len(event.new_tokens)
             if n:

@@ -3,6 +3,7 @@
     server = Server(model)            # fdecode.serve.model.load(folder) or a ServedModel of your own step
     server.start()                    # the engine loop thread, then warm-up in the background
     server.run(host, port)            # uvicorn in this thread; SIGTERM / Ctrl-C drains, then returns
+    with Server(model).in_thread() as url: ...   # or in a background thread (tests, benches, notebooks)
 
 Warm-up captures the step's graphs (`Step.warmup`: greedy and the general sampling plan, on compiling
 backends) and sends one short request through the loop; `/health` answers 503 until it is done. On
@@ -12,8 +13,10 @@ SIGTERM uvicorn stops accepting connections and waits up to `drain_timeout` seco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import socket
 import threading
 import time
 
@@ -93,6 +96,42 @@ class Server:
             uvicorn.Server(config).run()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            self.shutdown()
+
+    @contextlib.contextmanager
+    def in_thread(self, host: str = "127.0.0.1", port: int | None = None, *, timeout: float = 300.0):
+        """Serve from a background thread until the block ends; yields the base URL once /health says
+        ready. port None: a free one."""
+        import httpx
+        import uvicorn
+
+        if port is None:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        web = uvicorn.Server(config)
+        if not self.loop.running:
+            self.start()
+        thread = threading.Thread(target=web.run, name="uvicorn", daemon=True)
+        thread.start()
+        url = f"http://{host}:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or not thread.is_alive():
+                web.should_exit = True
+                raise TimeoutError(f"the server at {url} was not ready after {timeout} s")
+            time.sleep(0.05)
+        try:
+            yield url
+        finally:
+            web.should_exit = True
+            thread.join(timeout=30)
             self.shutdown()
 
     def __repr__(self) -> str:
