@@ -74,7 +74,11 @@ def build_app(server) -> FastAPI:
     async def complete(body, request: Request, *, chat: bool):
         prepared = await run_in_threadpool(prepare, server.model, body)
         generation = Generation(server, prepared)
-        await generation.start()
+        try:
+            await generation.start()
+        except asyncio.CancelledError:  # the client left while the request was being queued
+            generation.abandon()
+            raise
         reply = Reply(chat, server.model.name, server.model.tokenizer)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage

@@ -2,7 +2,7 @@
 
 Field names and meanings are OpenAI's (`/v1/chat/completions`, `/v1/completions`), plus vLLM's extras
 that map directly onto a `fdecode.SamplingParams` (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, guided_regex). Any other field is refused (`extra="forbid"`): a request never silently
+ignore_eos, guided_regex). A field sent as null is a field not sent. Any other field is refused (`extra="forbid"`): a request never silently
 loses a setting it asked for. Values are range-checked here or by `SamplingParams`; what needs the
 model (context length, vocabulary, grammar size) is checked when the request is built (`requests.py`).
 """
@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: object) -> object:
+        """A field sent as null means "not given" (OpenAI's clients in other languages send them)."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(_Body):
