@@ -6,7 +6,7 @@
 Load: `fdecode serve` (bundled model) in a process of its own (with --quick: a thread of this one);
 `--clients` concurrent streaming clients (httpx, SSE, `stream_options.include_usage`) send `--requests` greedy completions; then
 `fdecode.generate` runs the same prompts offline on a second step of the same config (`max_batch` =
-clients: the same batch size). Rounds alternate (server, offline) so the ratio is measured side by side.
+clients: the same batch size), with the same torch thread count as the server's engine (`--threads`). Rounds alternate (server, offline) so the ratio is measured side by side.
 Reports throughput (completion tokens / wall second), TTFT p50/p99 (client send to first text) and
 inter-token latency p50/p99 (per request: (last text - first text) / (tokens - 1)), and checks that every
 streamed text equals the offline one.
@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
+import torch  # noqa: E402
 
 import fdecode  # noqa: E402
 from fdecode.serve import Server, load  # noqa: E402
@@ -60,7 +61,7 @@ def serving(args):
     port = 8000 + random.Random().randrange(1000)
     cmd = [sys.executable, "-m", "fdecode.cli", "serve", "--port", str(port), "--backend", args.backend,
            "--max-batch", str(args.clients), "--max-seq-len", str(args.max_seq_len),
-           "--max-waiting", str(4 * args.clients), "--log-level", "warning"]  # fmt: skip
+           "--max-waiting", str(4 * args.clients), "--log-level", "warning", "--threads", str(args.threads)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -175,7 +176,8 @@ def run_load(args) -> int:
     itl = [t for row in rows for t in row[3]]
     ratios = [row[0] / row[1] for row in rows]
     print(f"\n{args.requests} requests x {args.rounds} rounds, {args.clients} streaming clients = max_batch, "
-          f"{args.max_tokens} max tokens, greedy, backend {reference.step.backend}, K = {reference.config.K}")  # fmt: skip
+          f"{args.max_tokens} max tokens, greedy, backend {reference.step.backend}, K = {reference.config.K}, "
+          f"{args.threads} torch thread(s)")  # fmt: skip
     print(f"{'':24}{'server':>10}{'offline':>10}")
     print(f"{'throughput (tok/s)':24}{statistics.median(r[0] for r in rows):10.1f}"
           f"{statistics.median(r[1] for r in rows):10.1f}   ratio {statistics.median(ratios):.2f} "
@@ -283,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--backend", default="inductor")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: torch's)")
     args = p.parse_args(argv)
+    args.threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     if args.quick:
         args.backend, args.rounds, args.max_tokens, args.clients = "eager", 1, 8, 2
         args.requests = args.requests or (12 if args.chaos else 4)

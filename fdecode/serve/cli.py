@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
         help="status of a request refused as the queue is full",
     )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests in flight")
+    p.add_argument("--threads", type=int, help="torch intra-op threads of the engine (default: torch's)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         print(f"error: fdecode serve needs the serve extra: pip install 'fdecode[serve]' ({error})", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         model = load(

@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from fdecode.params import SamplingParams, request_params
 from fdecode.runtime.engine import Engine, Event
 from fdecode.serve.errors import APIError
@@ -63,6 +65,9 @@ class EngineLoop:
         self._draining = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fdecode-engine", daemon=True)
+        # torch's intra-op thread count is per thread: the loop runs with the one its creator set, as the
+        # library would in that thread (a fresh thread may otherwise run its ops on fewer).
+        self.threads = torch.get_num_threads()
         self.steps = 0
 
     # ------------------------------------------------------------------ any thread
@@ -110,6 +115,7 @@ class EngineLoop:
     # ------------------------------------------------------------------ the loop thread
 
     def _run(self) -> None:
+        torch.set_num_threads(self.threads)
         try:
             while True:
                 busy = self.engine.has_work()
