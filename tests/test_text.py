@@ -103,3 +103,19 @@ def test_generate_command_streams_the_text_generate_returns(capsys):
     want = fdecode.generate(tiny_step(), ["import os\n"], max_new_tokens=8)[0]
     assert out.out == "import os\n" + want + "\n"
     assert "8 tokens" in out.err and "mtp" in out.err
+
+
+def test_import_fdecode_loads_no_server_or_transformers_module():
+    """The library keeps its small dependency list: the server's packages load only with `fdecode.serve`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fdecode\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('fastapi', 'uvicorn', 'prometheus_client', "
+        "'transformers', 'starlette', 'httpx', 'openai')]\n"
+        "assert not heavy, heavy\n"
+        "import fdecode.serve\n"
+        "assert 'fastapi' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": ":".join(sys.path)})
