@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-logit-bias", type=int, default=64, help="most logit_bias ids per request (default: 64)")
     p.add_argument("--max-grammar-states", type=int, default=4096, help="grammar pool states (default: 4096)")
     p.add_argument(
-        "--max-grammar-transitions", type=int, default=1 << 18, help="grammar pool transitions (default: 262144)"
+        "--max-grammar-transitions", type=int, default=1 << 20, help="grammar pool transitions (default: 1048576)"
     )
     p.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond the lanes (default: 64)")
     p.add_argument(

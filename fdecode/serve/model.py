@@ -58,7 +58,7 @@ def server_config(
     max_logprobs: int = 20,
     max_logit_bias: int = 64,
     max_grammar_states: int = 4096,
-    max_grammar_transitions: int = 1 << 18,
+    max_grammar_transitions: int = 1 << 20,
     **more,
 ) -> fdecode.DecodeConfig:
     """A DecodeConfig with every feature a request can ask for switched on."""
