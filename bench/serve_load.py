@@ -4,12 +4,15 @@
     python bench/serve_load.py --chaos [--requests 200]
 
 Load: `fdecode serve` (bundled model) in a process of its own (with --quick: a thread of this one);
-`--clients` concurrent streaming clients (httpx, SSE, `stream_options.include_usage`) send `--requests` greedy completions; then
-`fdecode.generate` runs the same prompts offline on a second step of the same config (`max_batch` =
-clients: the same batch size), with the same torch thread count as the server's engine (`--threads`). Rounds alternate (server, offline) so the ratio is measured side by side.
-Reports throughput (completion tokens / wall second), TTFT p50/p99 (client send to first text) and
-inter-token latency p50/p99 (per request: (last text - first text) / (tokens - 1)), and checks that every
-streamed text equals the offline one.
+`--clients` concurrent streaming clients (httpx, SSE, `stream_options.include_usage`) send `--requests`
+greedy completions to `--lanes` lanes (default: as many as clients; a client sends its next request once
+its last one ended, so with clients = lanes a lane idles between the two, while more clients than lanes
+keep a queue, as offline has); then `fdecode.generate` runs the same prompts offline on a second step of
+the same config (the same batch size), with the engine's torch thread count (`--threads`). Rounds
+alternate (server, offline), so the ratio is measured side by side. Reports throughput (completion tokens
+per wall second), TTFT p50/p99 (client send to first text: queueing included) and inter-token latency
+p50/p99 (per request: (last text - first text) / (tokens - 1)), and checks that every streamed text
+equals the offline one.
 Chaos: `--requests` requests from `2 * clients` concurrent clients, each at random one of: a streamed or
 whole completion (checked against its run alone), a stream dropped after a few chunks, a whole request
 whose client gives up, a bad body (must be a 4xx). Afterwards no lane or KV block may be held, /health
@@ -53,14 +56,14 @@ PROMPTS = (
 @contextlib.contextmanager
 def serving(args):
     """The server's URL for the block: in a thread of this process (--quick), else `fdecode serve` apart."""
-    config = dict(backend=args.backend, max_batch=args.clients, max_seq_len=args.max_seq_len)
+    config = dict(backend=args.backend, max_batch=args.lanes, max_seq_len=args.max_seq_len)
     if args.quick:
         with Server(load(None, **config), max_waiting=4 * args.clients).in_thread() as url:
             yield url
         return
     port = 8000 + random.Random().randrange(1000)
     cmd = [sys.executable, "-m", "fdecode.cli", "serve", "--port", str(port), "--backend", args.backend,
-           "--max-batch", str(args.clients), "--max-seq-len", str(args.max_seq_len),
+           "--max-batch", str(args.lanes), "--max-seq-len", str(args.max_seq_len),
            "--max-waiting", str(4 * args.clients), "--log-level", "warning", "--threads", str(args.threads)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(cmd, env=env)
@@ -150,7 +153,7 @@ def offline(step, tokenizer, jobs: list[tuple[str, int]]) -> tuple[float, list[s
 
 
 def run_load(args) -> int:
-    reference = load(None, backend=args.backend, max_batch=args.clients, max_seq_len=args.max_seq_len)
+    reference = load(None, backend=args.backend, max_batch=args.lanes, max_seq_len=args.max_seq_len)
     rng = random.Random(0)
     jobs = [(rng.choice(PROMPTS), args.max_tokens) for _ in range(args.requests)]
     if args.backend != "eager":
@@ -175,7 +178,7 @@ def run_load(args) -> int:
     ttft = [t for row in rows for t in row[2]]
     itl = [t for row in rows for t in row[3]]
     ratios = [row[0] / row[1] for row in rows]
-    print(f"\n{args.requests} requests x {args.rounds} rounds, {args.clients} streaming clients = max_batch, "
+    print(f"\n{args.requests} requests x {args.rounds} rounds, {args.clients} streaming clients, max_batch {args.lanes}, "
           f"{args.max_tokens} max tokens, greedy, backend {reference.step.backend}, K = {reference.config.K}, "
           f"{args.threads} torch thread(s)")  # fmt: skip
     print(f"{'':24}{'server':>10}{'offline':>10}")
@@ -232,7 +235,7 @@ async def chaos_one(client: httpx.AsyncClient, url: str, rng: random.Random, ref
 
 
 def run_chaos(args) -> int:
-    reference = load(None, backend=args.backend, max_batch=args.clients, max_seq_len=args.max_seq_len)
+    reference = load(None, backend=args.backend, max_batch=args.lanes, max_seq_len=args.max_seq_len)
     rng = random.Random(args.seed)
     prompts = PROMPTS[:2] if args.quick else PROMPTS
     pairs = sorted({(p, n) for p in prompts for n in (4, args.max_tokens)})
@@ -279,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a few short requests, eager, one round (tests)")
     p.add_argument("--chaos", action="store_true")
     p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--lanes", type=int, default=None, help="max_batch of both sides (default: --clients)")
     p.add_argument("--requests", type=int, default=None, help="default: 32 (load), 200 (chaos)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=256)
@@ -293,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         args.backend, args.rounds, args.max_tokens, args.clients = "eager", 1, 8, 2
         args.requests = args.requests or (12 if args.chaos else 4)
     args.requests = args.requests or (200 if args.chaos else 32)
+    args.lanes = args.lanes or args.clients
     return run_chaos(args) if args.chaos else run_load(args)
 
 
