@@ -174,6 +174,10 @@ def test_logprobs_with_top_alternatives_equal_the_library(client):
         assert len(got.top_logprobs) == 3
         assert got.top_logprobs[0].bytes == got.bytes  # greedy: the chosen token is the most probable
         assert [t.logprob for t in got.top_logprobs] == pytest.approx(list(lp.top.values()), abs=1e-5)
+    eos = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0, logprobs=True,
+                                         top_logprobs=2, logit_bias={"257": 100})  # the EOS id: no text  # fmt: skip
+    assert eos.choices[0].finish_reason == "stop" and eos.choices[0].message.content == ""
+    assert [(c.token, c.bytes) for c in eos.choices[0].logprobs.content] == [("", [])]
     completion = client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=5, temperature=0, logprobs=2)
     lps = completion.choices[0].logprobs
     assert len(lps.tokens) == len(lps.token_logprobs) == len(lps.top_logprobs) == 5

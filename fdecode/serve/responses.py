@@ -47,9 +47,10 @@ class Reply:
 
     def _token(self, token: int) -> tuple[str, list[int]]:
         spell = getattr(self.tokenizer, "token_bytes", None)
-        if callable(spell) and token < 256:  # the byte tokenizer spells its ids exactly
-            raw = spell()[token] or b""
-            return raw.decode("utf-8", errors="replace"), list(raw)
+        if callable(spell):  # the byte tokenizer spells its ids exactly; its special ids have no text
+            table = self._table = getattr(self, "_table", None) or spell()
+            raw = table[token] if token < len(table) else None
+            return ("", []) if raw is None else (raw.decode("utf-8", errors="replace"), list(raw))
         text = self.tokenizer.decode([token], skip_special_tokens=False)
         return text, list(text.encode("utf-8"))
 
