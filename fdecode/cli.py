@@ -8,6 +8,8 @@
     torchrun --nproc-per-node 2 -m fdecode.cli demo --tp 2         # tensor-parallel: one process per rank
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
     fdecode profile                                # timeline picture of the before loop and the step
+    fdecode generate --model DIR --draft ngram "prompt"   # a model folder on a prompt (`fdecode generate -h`)
+    fdecode serve [MODEL] [--port 8000]            # OpenAI-compatible server (`pip install fdecode[serve]`)
 
 The demo streams the compiled step's greedy continuation as it is produced (line
 by line: it ends at the last complete line), then runs target-only decoding and the
@@ -232,6 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         from fdecode.bench import main as bench_main
 
         return bench_main(argv[1:])
+    sub.add_parser("generate", help="run a model folder on a prompt, streaming its text", add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see `fdecode serve --help`)", add_help=False)
+    if argv[:1] == ["generate"]:
+        from fdecode.generate_cli import main as generate_main
+
+        return generate_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        from fdecode.serve.cli import main as serve_main
+
+        return serve_main(argv[1:])
     if argv[:1] == ["profile"]:
         from fdecode.profile import main as profile_main
 

@@ -39,6 +39,13 @@ class ByteTokenizer:
             raise ValueError("special tokens have no text; decode with skip_special_tokens=True")
         return data.decode("utf-8", errors="replace")
 
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def token_bytes(self) -> tuple[bytes | None, ...]:
+        """Each id's bytes, for grammars (`fdecode.grammar.vocabulary`): byte i for i < 256, none for specials."""
+        return tuple(bytes([i]) for i in range(256)) + (None,) * (self.vocab_size - 256)
+
     def __call__(self, text: str) -> dict[str, list[int]]:
         """transformers-style call: `tok(text)["input_ids"]`."""
         return {"input_ids": self.encode(text)}

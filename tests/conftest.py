@@ -43,6 +43,8 @@ SLOW_FILES = (
     "test_engine.py",
     "test_qwen_moe_hybrids.py",
     "test_real_model.py",
+    "test_serve_real.py",
+    "test_serve.py",
     "test_deepseek_v3_step.py",
     "test_notebook.py",
     "test_buckets.py",

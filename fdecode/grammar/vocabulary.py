@@ -6,7 +6,8 @@ A grammar is a language of bytes, so the compiler needs the exact bytes each tok
 - SentencePiece-style (Llama, Mistral): `▁` is a space, and byte-fallback tokens `<0x0A>` are one byte each.
 The scheme is read from the tokenizer's own decoder (its `tokenizers` JSON), never guessed from names.
 Special tokens (and tokens with no text) have no bytes: they are not part of any language. Added tokens
-that are not special (Qwen's `<tool_call>`) are their literal text.
+that are not special (Qwen's `<tool_call>`) are their literal text. A tokenizer with a `token_bytes()`
+method (fdecode's byte tokenizer) spells its ids itself.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def token_bytes(tokenizer) -> TokenBytes:
 
 def _read(tokenizer) -> TokenBytes:
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    own = getattr(tokenizer, "token_bytes", None)  # a tokenizer that spells its ids itself (fdecode's byte one)
+    return _digested(name, list(own())) if callable(own) else _digested(name, _spelled(tokenizer, name))
+
+
+def _spelled(tokenizer, name: str) -> list[bytes | None]:
+    """Each id's bytes, read from a transformers tokenizer's vocabulary and decoder."""
     n = len(tokenizer)
     special = set(tokenizer.all_special_ids)
     added = {}
@@ -64,6 +71,10 @@ def _read(tokenizer) -> TokenBytes:
     for i, s in enumerate(strings):
         text = None if i in special or s is None else added[i] if i in added else spell(s)
         tokens.append(text or None)  # an empty token would loop in every state: no text
+    return tokens
+
+
+def _digested(name: str, tokens: list[bytes | None]) -> TokenBytes:
     digest = hashlib.sha256()
     for text in tokens:
         digest.update(b"\xff" if text is None else len(text).to_bytes(4, "little") + text)

@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 import torch
 
+from fdecode.detokenize import Detokenizer
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt
 from fdecode.runtime.allocator import BlockAllocator
@@ -36,6 +37,7 @@ from fdecode.runtime.policy import depth_policy
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.decode_state import ERRORS
 from fdecode.state.grammar_pool import GrammarPool
+from fdecode.text import encode, find_tokenizer, is_text, stop_ids
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Event:
     metrics: RequestMetrics | None = None  # on a finished event: the request's acceptance counts (so far, if cancelled)
     # One per token of new_tokens, where the request asked for logprobs (`SamplingParams.logprobs`), else None.
     logprobs: list[TokenLogprob] | None = None
+    text: str | None = None  # new_tokens as text, for a prompt given as text (`fdecode.detokenize`), else None
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Request:
     lane: int | None = None
     known: int = 0  # tokens the host has seen committed (prompt included)
     metrics: RequestMetrics = RequestMetrics()  # counted from the step rows read for it
+    detokenizer: Detokenizer | None = None  # a prompt given as text: its tokens are decoded as they come
 
 
 def _reason(row: list[int], request: Request) -> str:
@@ -81,12 +85,22 @@ class Engine:
     engine = fdecode.Engine(step)
     rid = engine.add_request(prompt, max_new_tokens=64, eos_token_id=2, temperature=0.8, seed=1)
     rid = engine.add_request(prompt, fdecode.SamplingParams(temperature=0.8, seed=1, max_new_tokens=64))
+    rid = engine.add_request("def f(x):")   # text or chat messages, with a tokenizer: events carry `text`
     for event in engine.stream(): ...        # (request_id, new_tokens, finished, error, reason, metrics)
     results = engine.run()                   # {request_id: tokens}, runs until idle
     """
 
-    def __init__(self, step, *, callbacks: Sequence[Callable[[Event], None]] = (), overcommit: bool = False) -> None:
+    def __init__(
+        self,
+        step,
+        *,
+        callbacks: Sequence[Callable[[Event], None]] = (),
+        overcommit: bool = False,
+        tokenizer=None,
+    ) -> None:
+        """tokenizer: encodes prompts given as text (`fdecode.text`; default: the target checkpoint's)."""
         self.step_fn = step
+        self.tokenizer = tokenizer
         self.overcommit = overcommit
         cfg = self.config = step.config
         self.state = step.empty_state()
@@ -120,7 +134,7 @@ class Engine:
 
     def add_request(
         self,
-        prompt: Sequence[int] | torch.Tensor,
+        prompt: Sequence[int] | torch.Tensor | str | Sequence[Mapping],
         params: SamplingParams | None = None,
         *,
         max_new_tokens: int | None = None,
@@ -136,8 +150,16 @@ class Engine:
 
         How it is decoded: `params` (a `fdecode.SamplingParams`) or the keywords, with the same
         defaults (greedy, the model's EOS ids, up to max_seq_len; see `fdecode.params`).
+        A prompt given as a string or chat messages is encoded with the tokenizer, stops at its EOS ids too
+        (where neither params nor eos_token_id say otherwise), and its events carry `text`.
         Errors about the prompt name it "prompt"; those about an argument name only the argument."""
         cfg, vocab = self.config, self.step_fn.target.config.vocab_size
+        text = is_text(prompt)
+        if text:
+            self.tokenizer = find_tokenizer(self.step_fn, self.tokenizer)
+            prompt = encode(self.tokenizer, prompt)
+            if params is None and eos_token_id is None and not ignore_eos:
+                eos_token_id = stop_ids(self.step_fn, self.tokenizer)
         ids = check_prompt(prompt, vocab, "prompt")
         (resolved,) = request_params(
             1,
@@ -156,7 +178,10 @@ class Engine:
             min_p=min_p,
             seed=seed,
         )
-        return self.add_resolved(ids, resolved)
+        request_id = self.add_resolved(ids, resolved)
+        if text:
+            self._requests[request_id].detokenizer = Detokenizer(self.tokenizer, ids)
+        return request_id
 
     def add_resolved(self, ids: list[int], params: SamplingParams, *, label: str = "prompt") -> int:
         """Queue a prompt already checked (`fdecode.prefill.check_prompt`) with params already resolved
@@ -314,7 +339,10 @@ class Engine:
             reason, metrics = (_reason(row, request), request.metrics) if finished else (None, None)
             top = request.params.logprobs
             logprobs = None if top is None else token_logprobs(row[:count], logprob_rows[lane], top)
-            events.append(Event(request.id, row[:count], finished, error, reason, metrics=metrics, logprobs=logprobs))
+            text = None
+            if request.detokenizer is not None:
+                text = request.detokenizer.push(row[:count]) + (request.detokenizer.flush() if finished else "")
+            events.append(Event(request.id, row[:count], finished, error, reason, metrics, logprobs, text))
             request.known += count
             if finished:
                 self._retire(request)

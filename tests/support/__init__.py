@@ -17,4 +17,5 @@
 - tokenizers:       a tiny byte-level BPE and a tiny SentencePiece-style tokenizer, built offline
 - tp_worker:        the rank side of the tensor-parallel tests (spawned gloo processes)
 - kernel_files:     the kernel C++ files in an Inductor cache: fdecode's batches and Inductor's single kernels
+- serving:          a free port; a `fdecode.serve.Server` served from a background thread (`running`)
 """
