@@ -164,7 +164,9 @@ def main(argv=None) -> int:
         collect(args.matches)
         return 0
     if not args.matches.exists():
-        print(f"skipped: no {args.matches}; run with --collect (needs the pair: ../shared/models/qwen-coder-pair)")
+        from fdecode.assets import qwen_coder
+
+        print(f"skipped: no {args.matches}; run with --collect (needs the real pair: {qwen_coder.HOW_TO_GET})")
         return 0
     costs = [float(c) for c in args.costs.split(",")]
     start = [c * float(b) for c, b in zip(costs, args.bias.split(","))]
