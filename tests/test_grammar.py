@@ -15,10 +15,10 @@ import json
 import pytest
 import torch
 
-regex = pytest.importorskip("regex")
-pytest.importorskip("outlines_core")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+regex = pytest.importorskip("regex", reason='needs regex: pip install -e ".[test]"')
+pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
+transformers = pytest.importorskip("transformers", reason='needs transformers: pip install -e ".[hf]"')
+pytest.importorskip("tokenizers", reason='needs transformers: pip install -e ".[hf]"')
 
 from support.tokenizers import byte_bpe, sentencepiece  # noqa: E402
 
