@@ -173,7 +173,7 @@ SECTIONS = (
         partial(t.replay, "depth_policy_replay.json"),
     ),
     Section(
-        "Sampling plans at a real vocabulary",
+        "Sampling at a real vocabulary",
         "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 fdecode bench --workloads real-vocab --batch 1 8 -k 3 --reps 3",
         "avx2",
         "2026-12-01",
