@@ -122,20 +122,20 @@ request's lane takes the next one without recompiling, and events arrive one ste
     (
         "code",
         """engine = fdecode.Engine(step)
-prompts = {  # 4 requests, 2 lanes: two wait for a free lane; one samples, the others are greedy
+requests = {  # 4 requests, 2 lanes: two wait for a free lane; one samples (top_k <= 128: a warmed plan)
     engine.add_request(tok.encode(p), max_new_tokens=64, **kw): p
-    for p, kw in [("class Config:\\n    def get(self", {}), ("import json\\n\\ndef load(", {"temperature": 0.8, "seed": 1}),
+    for p, kw in [("class Config:\\n    def get(self", {}), ("import json\\n\\ndef load(", {"temperature": 0.8, "top_k": 50, "seed": 1}),
                   ("class Stack:\\n    def pu", {}), ("while True:\\n", {})]
 }
-late = list(prompts)[-1]
-texts = {rid: [] for rid in prompts}
+late = list(requests)[-1]
+texts = {rid: [] for rid in requests}
 for i, event in enumerate(engine.stream()):
     texts[event.request_id] += event.new_tokens
     if i == 2:
         engine.cancel(late)  # still waiting for a lane: it ends at once, with no tokens
     if event.finished:
         print(f"--- request {event.request_id}: {event.reason}, {len(texts[event.request_id])} new tokens")
-        print(prompts[event.request_id] + tok.decode(texts[event.request_id]))""",
+        print(requests[event.request_id] + tok.decode(texts[event.request_id]))""",
     ),
     (
         "md",
