@@ -5,6 +5,7 @@
     python bench/cold_start.py --workloads qwen-coder --modes regions
     python bench/cold_start.py --workloads qwen-coder --modes regions --warmup   # step.warmup(), cold and warm
     python bench/cold_start.py --workloads qwen-coder --modes regions --warmup --all-plans   # every plan's graph
+    python bench/cold_start.py --quick                          # a smoke run: the bundled model, eager
 
 Each measurement is a fresh Python process. "cold" runs with an empty Inductor cache (a new
 TORCHINDUCTOR_CACHE_DIR); "warm" is a second process on that same cache, as a user's second start
@@ -146,6 +147,8 @@ def child(spec: dict) -> dict:
             **({"phases": per_plan} if phases else {}),
         }
     cfg = dataclasses.replace(cfg, layer_regions=spec["mode"] != "unrolled", sampling=False)
+    if spec.get("backend"):
+        cfg = dataclasses.replace(cfg, backend=spec["backend"])
     start, start_cpu = time.perf_counter(), cpu_seconds()
     step = fdecode.compile(target, draft, cfg, announce=False)
     compiled = time.perf_counter()
@@ -161,7 +164,7 @@ def child(spec: dict) -> dict:
     }
     times = []
     with torch.no_grad():
-        for _ in range(20):
+        for _ in range(spec.get("steps", 20)):
             t = time.perf_counter()
             state, out = step(state)
             times.append(time.perf_counter() - t)
@@ -208,12 +211,16 @@ def main() -> int:
         action="store_true",
         help="each mode with the C++ kernels built one library each and a few to a library",
     )
+    parser.add_argument("--backend", default=None, help="DecodeConfig.backend (default: the config's, inductor)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: bundled, regions, eager, cold only, 2 steps")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
+    if args.quick:
+        args.workloads, args.modes, args.backend = ["bundled"], ["regions"], args.backend or "eager"
     rows = []
     for workload in args.workloads:
         if workload == "qwen-coder":
@@ -228,7 +235,7 @@ def main() -> int:
             kernels = ("single", "batched") if args.compare_batches else ("batched",)
             for mode, isa, built in [(m, i, b) for m in args.modes for i in isas for b in kernels]:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
-                    for start in ("cold", "warm"):
+                    for start in ("cold",) if args.quick else ("cold", "warm"):
                         spec = {
                             "workload": workload,
                             "layers": layers,
@@ -239,6 +246,8 @@ def main() -> int:
                             "isa": isa,
                             "kernels": built,
                             "phases": args.phases,
+                            "backend": args.backend,
+                            "steps": 2 if args.quick else 20,
                         }
                         row = run_child(spec, cache)
                         rows.append(row)

@@ -28,8 +28,6 @@ PHASES = (
     ("inductor: fusion (Scheduler)", "torch._inductor.scheduler", "Scheduler.__init__"),
     ("inductor: code generation", "torch._inductor.graph", "GraphLowering.codegen"),
     ("inductor: waiting for C++ builds", "torch._inductor.async_compile", "AsyncCompile.wait"),
-    # fdecode builds a graph's kernels together before Inductor's wait (`fdecode.backends.cpu.kernel_batches`)
-    ("C++ kernel batches (fdecode)", "fdecode.backends.cpu.kernel_batches", "_Batch.build"),
 )
 
 

@@ -3,6 +3,7 @@
     python bench/depth_policy.py --collect      # once: the pair's greedy tokens and the draft's matches (~10 min)
     python bench/depth_policy.py                # replay: a second, no noise
     python bench/depth_policy.py --costs 0.35,0.56,0.68,0.80,0.95 --catch-up 8 --catch-up-cost 0.45
+    python bench/depth_policy.py --quick        # a smoke run: two of the recorded sequences
 
 Greedy decoding makes a draft's acceptance a property of the position alone: at position i of the target's
 tokens g, the draft proposes its own greedy continuation of prompt + g[:i], and it is accepted as far as
@@ -10,7 +11,7 @@ that continuation equals g. One forward of the draft over prompt + g gives, per 
 token matches (`match[i]`); a step at position i verifying v drafts commits min(run of matches from i, v) + 1
 tokens, whatever schedule led there. `--collect` computes those sequences with transformers (the target's
 greedy `generate`, then one draft forward) for the workload's prompts and a few more, into
-`bench/results/pair_matches.json`. The replay runs `DepthController` (the Engine's, unchanged: read one step
+`bench/results/qwen_coder_draft_matches.json`. The replay runs `DepthController` (the Engine's, unchanged: read one step
 behind, costs learnt from the steps it launches, starting from warm-up-like costs `--bias` off, as
 `step_costs` smooths them) over each
 sequence, and each fixed depth, with per-depth step seconds `--costs` (measured by `bench/depths.py`), each
@@ -35,7 +36,7 @@ import torch
 
 from fdecode.runtime.depth import DepthController, smoothed
 
-RESULTS = Path(__file__).parent / "results" / "pair_matches.json"
+RESULTS = Path(__file__).parent / "results" / "qwen_coder_draft_matches.json"
 EXTRA = {  # beyond the workload's prompts (`fdecode.bench.pair`): other kinds of answer, 96 tokens each
     "story": "Write a four-sentence story about a lighthouse keeper.",
     "bash": "Write a bash script that counts the lines of every .py file under the current folder.",
@@ -159,12 +160,16 @@ def main(argv=None) -> int:
     p.add_argument("--param", action="append", default=[], help="a DepthController keyword, name=value")
     p.add_argument("--catch-up", type=int, default=0, help="DecodeConfig.draft_catch_up (0: the draft runs at depth 0)")
     p.add_argument("--catch-up-cost", type=float, default=0.45, help="seconds of a catch-up step")
+    p.add_argument("--quick", action="store_true", help="a smoke run: the first two recorded sequences only")
+    p.add_argument("--json", type=Path, help="also write each sequence's row and the settings here")
     args = p.parse_args(argv)
     if args.collect:
         collect(args.matches)
         return 0
     if not args.matches.exists():
-        print(f"skipped: no {args.matches}; run with --collect (needs the pair: ../shared/models/qwen-coder-pair)")
+        from fdecode.assets import qwen_coder
+
+        print(f"skipped: no {args.matches}; run with --collect (needs the real pair: {qwen_coder.HOW_TO_GET})")
         return 0
     costs = [float(c) for c in args.costs.split(",")]
     start = [c * float(b) for c, b in zip(costs, args.bias.split(","))]
@@ -172,11 +177,13 @@ def main(argv=None) -> int:
     k = len(costs) - 1
     params = {name: float(value) if "." in value else int(value) for name, value in (p.split("=") for p in args.param)}
     sequences = {name: rec["match"] for name, rec in json.loads(args.matches.read_text()).items()}
+    if args.quick:
+        sequences = dict(list(sequences.items())[:2])
     rng = random.Random(0)
-    for rate in (0.2, 0.4, 0.6, 0.8):
+    for rate in () if args.quick else (0.2, 0.4, 0.6, 0.8):
         sequences[f"iid {rate}"] = drawn(rate, 96, rng)
         sequences[f"bursts {rate}"] = drawn(rate, 96, rng, stay=0.8)
-    ratios, alone = [], []
+    ratios, alone, rows = [], [], []
     print(f"costs {costs}, controller starts at {[round(c, 3) for c in start]}, noise {args.noise}, params {params}")
     for name, match in sequences.items():
         fixed = [replay(match, costs, k, d, catch_up=args.catch_up)[0] for d in range(k + 1)]
@@ -194,6 +201,15 @@ def main(argv=None) -> int:
         best = max(range(1, k + 1), key=fixed.__getitem__)
         ratios.append(tok_s / fixed[best])
         alone.append(tok_s / fixed[0])
+        rows.append(
+            {
+                "sequence": name,
+                "tokens_per_s": tok_s,
+                "fixed_tokens_per_s": fixed,
+                "best_depth": best,
+                "launched": "".join(map(str, launched)),
+            }
+        )
         print(
             f"{name:10} {tok_s:.2f} tok/s  {tok_s / fixed[best]:.3f}x the best depth ({best})  "
             f"{tok_s / fixed[0]:.2f}x depth 0  {''.join(map(str, launched))}"
@@ -202,6 +218,9 @@ def main(argv=None) -> int:
         f"against the best fixed depth: geometric mean {statistics.geometric_mean(ratios):.3f}, worst {min(ratios):.3f}"
     )
     print(f"against depth 0: geometric mean {statistics.geometric_mean(alone):.3f}, worst {min(alone):.3f}")
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "matches", "collect")}
+        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The ATen ops of the captured step, per draft kind and sampling mode: the table in docs/backends.md.
 
     python bench/ops_table.py [--device-kv-write npu]
+    python bench/ops_table.py --quick     # a smoke run: the greedy draft-LM column only
 
 Traces the step with `fdecode.inspect` on CPU (the AOTAutograd ATen graph every backend starts
 from): K = 3, B = 2, a 2-layer random target, a 1-layer random draft LM or MTP head. With
@@ -34,7 +35,7 @@ COLUMNS = (
 )
 
 
-def overloads(draft_kind: str, plan: str) -> dict[str, int]:
+def overloads(draft_kind: str, plan: str, backend: str = "aot_eager") -> dict[str, int]:
     cfg = ModelConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
     )
@@ -43,7 +44,7 @@ def overloads(draft_kind: str, plan: str) -> dict[str, int]:
         LlamaModel.random(cfg.replace(num_layers=1), seed=1) if draft_kind == "model" else MTPHead.random(cfg, seed=2)
     )
     config = fdecode.DecodeConfig(
-        num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager", sampling=plan != "greedy"
+        num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend=backend, sampling=plan != "greedy"
     )
     step = fdecode.compile(target, draft, config)
     return fdecode.inspect(step, step.prefill([[1, 2, 3], [4, 5]], max_new_tokens=8), plan=plan).overload_counts
@@ -64,15 +65,17 @@ def ge_column(name: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device-kv-write", default=None, help="trace with this device type's KV write (npu)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one column (draft LM, greedy)")
     args = parser.parse_args()
+    chosen = [("model", "greedy")] if args.quick else COLUMNS
     if args.device_kv_write:
         kv.KV_WRITE["cpu"] = kv.kv_write_for(args.device_kv_write)
         histogram.WAY["cpu"] = histogram.way_for(args.device_kv_write)
-    columns = [overloads(kind, plan) for kind, plan in COLUMNS]
+    columns = [overloads(kind, plan, "eager" if args.quick else "aot_eager") for kind, plan in chosen]
     names = sorted(set().union(*columns))
-    heads = " | ".join(f"{'draft LM' if kind == 'model' else 'MTP'}, {plan}" for kind, plan in COLUMNS)
+    heads = " | ".join(f"{'draft LM' if kind == 'model' else 'MTP'}, {plan}" for kind, plan in chosen)
     print(f"| ATen overload | {heads} | GE converter |")
-    print("|---|" + "---:|" * len(COLUMNS) + "---|")
+    print("|---|" + "---:|" * len(chosen) + "---|")
     for name in names:
         cells = " | ".join(str(col.get(name, "")) for col in columns)
         print(f"| `{name}` | {cells} | {ge_column(name)} |")

@@ -1,6 +1,7 @@
 """Micro-benchmark: `fdecode::prepare_next_draft` against the unfused small ops it replaces.
 
     python bench/prepare_op.py [--batch 1 4 16 64] [--hidden 1024]
+    python bench/prepare_op.py --quick     # a smoke run: B = 1, H = 64, few calls, aot_eager
 
 Three ways to compute the next draft's rows for B lanes, on the same inputs:
 - unfused: the reference written as ~30 small torch ops, run eagerly (what a step
@@ -45,7 +46,7 @@ def inputs(batch: int, hidden: int, k: int = 3, block_size: int = 16):
 
 
 def per_call_us(fn, args, reps: int = 300) -> float:
-    for _ in range(20):
+    for _ in range(min(reps, 20)):
         fn(*args)
     times = []
     for _ in range(5):
@@ -60,17 +61,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--quick", action="store_true", help="a smoke run: B = 1, H = 64, 5 calls a timing")
     args = p.parse_args()
-    compiled = torch.compile(prepare_next_draft_reference, fullgraph=True, dynamic=False)
+    reps = 5 if args.quick else 300
+    if args.quick:
+        args.batch, args.hidden = [1], 64
+    backend = "aot_eager" if args.quick else "inductor"  # the smoke run skips Inductor's code generation
+    compiled = torch.compile(prepare_next_draft_reference, fullgraph=True, dynamic=False, backend=backend)
     print(
         f"| B | unfused eager (us) | custom op (us) | compiled fused (us) | unfused / fused |  (H = {args.hidden}, K = 3)"
     )
     print("|---|---|---|---|---|")
     for batch in args.batch:
         a = inputs(batch, args.hidden)
-        unfused = per_call_us(prepare_next_draft_reference, a)
-        op = per_call_us(torch.ops.fdecode.prepare_next_draft, a)
-        fused = per_call_us(compiled, a)
+        unfused = per_call_us(prepare_next_draft_reference, a, reps)
+        op = per_call_us(torch.ops.fdecode.prepare_next_draft, a, reps)
+        fused = per_call_us(compiled, a, reps)
         print(f"| {batch} | {unfused:.1f} | {op:.1f} | {fused:.1f} | {unfused / fused:.1f}x |")
 
 

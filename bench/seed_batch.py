@@ -3,6 +3,7 @@
     python bench/seed_batch.py                                  # 8 requests, the three configurations
     python bench/seed_batch.py --requests 8 --repeat --json /tmp/seed_batch.json
     python bench/seed_batch.py --configs fixed-window --temperature 0.8 --dtype float32
+    python bench/seed_batch.py --quick     # a smoke run: 2 requests of 8 tokens, fixed-window, batch 2
 
 On the bundled pair (target `tiny-stdlib`, draft LM `tiny-stdlib-draft`, eager backend), N seeded random
 requests (distinct seeds, `--new-tokens` tokens, ignore_eos, prompts cut from the held-out windows at
@@ -39,7 +40,6 @@ import torch
 
 import fdecode
 import fdecode.prefill
-import fdecode.runtime.engine
 import fdecode.step
 from fdecode.assets import TINY, TINY_DRAFT, heldout_windows
 from fdecode.models import from_hf
@@ -63,10 +63,11 @@ class Record:
 
 
 @contextlib.contextmanager
-def recording(target):
-    """Record the target's forwards (`Record`) in every Engine run inside the block."""
+def recording(step):
+    """Record the target's forwards (`Record`) in every Engine run of `step` inside the block."""
     record = Record()
-    saved = fdecode.step.forward_rows, fdecode.prefill.forward_rows, fdecode.runtime.engine.prime
+    target = step.target
+    saved = fdecode.step.forward_rows, fdecode.prefill.forward_rows, step.prime
 
     def forward(model, *args, **kwargs):
         out = saved[0](model, *args, **kwargs)
@@ -87,24 +88,25 @@ def recording(target):
                 if lengths is None or r < lengths[i]:
                     record.rows[lane, pos, tok] = logits[i, r].clone()
 
-    def prime(target_, draft, cfg, state, lanes, prompts, **kwargs):
+    def prime(state, lanes, prompts, **kwargs):  # `Step.prime`, which an Engine's admissions call
         record.priming = (list(lanes), [len(p) for p in prompts])
         try:
-            return saved[2](target_, draft, cfg, state, lanes, prompts, **kwargs)
+            return saved[2](state, lanes, prompts, **kwargs)
         finally:
             record.priming = None
 
     fdecode.step.forward_rows = fdecode.prefill.forward_rows = forward
-    fdecode.runtime.engine.prime = prime
+    step.prime = prime
     try:
         yield record
     finally:
-        fdecode.step.forward_rows, fdecode.prefill.forward_rows, fdecode.runtime.engine.prime = saved
+        fdecode.step.forward_rows, fdecode.prefill.forward_rows = saved[:2]
+        del step.prime  # the method again
 
 
 def run_engine(step, requests) -> list[dict]:
     """Decode `requests` ((prompt, params) pairs) in one Engine; per request its tokens, lane and record."""
-    with recording(step.target) as record:
+    with recording(step) as record:
         engine = fdecode.Engine(step)
         ids = [engine.add_request(prompt, params) for prompt, params in requests]
         lanes = {}
@@ -266,7 +268,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="prompt lengths and the requests' seeds")
     p.add_argument("--repeat", action="store_true", help="decode each request alone twice")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 requests, 8 tokens, fixed-window, batch 2")
     args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.new_tokens, args.configs, args.batch = 2, 8, "fixed-window", 2
     torch.set_num_threads(args.threads)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     target, draft = from_hf(TINY, dtype=dtype), from_hf(TINY_DRAFT, dtype=dtype)

@@ -4,6 +4,7 @@
     python bench/step_phases.py --k 8 --json bench/results/step_phases.json
     python bench/step_phases.py --compare-onednn   # the compiled forwards with and without oneDNN, interleaved
     python bench/step_phases.py --compare-packed   # ... with oneDNN's packed weights and without, interleaved
+    python bench/step_phases.py --quick            # a smoke run: small random models, eager
 
 At B = 1 a decoder forward is bound by reading its weights: every row of a verify, and every draft
 forward, reads all of them once. The script measures the read bandwidth (the median of summing a
@@ -127,24 +128,37 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the compiled verify and draft forward with oneDNN reading the weights as "
         "they lie (no packed copies), interleaved with the default ones",
     )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small random models, eager, 8 tokens")
     args = parser.parse_args(argv)
-    reason = qwen_coder.missing_reason()
-    if reason is not None:
-        print(f"skipped: {reason}")
-        return 0
-    from transformers import AutoTokenizer
+    if args.quick:
+        from fdecode.bench import llama
 
-    target_dir, draft_dir = qwen_coder.safetensors_folders()
+        models, prompt, compiler, gib, new = (
+            (llama(512, 64, 2, seed=0), llama(512, 64, 1, seed=1)),
+            [5] * 24,
+            "eager",
+            0.01,
+            8,
+        )
+        args.repeats = 1
+    else:
+        reason = qwen_coder.missing_reason()
+        if reason is not None:
+            print(f"skipped: {reason}")
+            return 0
+        from transformers import AutoTokenizer
+
+        target_dir, draft_dir = qwen_coder.safetensors_folders()
+        prompt = chat_ids(AutoTokenizer.from_pretrained(target_dir), PROMPT)
+        models, compiler, gib, new = (str(target_dir), str(draft_dir)), "inductor", 1.0, 64
     k = args.k
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    prompt = chat_ids(tokenizer, PROMPT)
     cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=1, max_seq_len=512, backend="eager", sampling=False)
-    eager = fdecode.compile(str(target_dir), str(draft_dir), cfg)
+    eager = fdecode.compile(*models, cfg)
     target, draft = eager.target, eager.draft
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(gib)
     floor = {name: forward_bytes(m) / bandwidth for name, m in (("target", target), ("draft", draft))}
 
-    state = eager.prefill([prompt], max_new_tokens=64)
+    state = eager.prefill([prompt], max_new_tokens=new)
     tables, bs = state.block_tables, cfg.block_size
     rows = state.base_pos[:, None] + torch.arange(k + 1)
     tokens = state.tokens.clamp_min(0)
@@ -157,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         return draft(tokens[:, :1], rows[:, :1], scratch[:, :1], state.draft_kv, tables, block_size=bs)
 
     def eager_step():
-        fresh = eager.prefill([prompt], max_new_tokens=64)
+        fresh = eager.prefill([prompt], max_new_tokens=new)
         start = time.perf_counter()
         eager(fresh)
         return time.perf_counter() - start
 
-    inductor = dataclasses.replace(cfg, backend="inductor")
+    inductor = dataclasses.replace(cfg, backend=compiler)
     with torch.no_grad():
         measured = {
             "eager_target_verify": median_seconds(verify, args.repeats),
@@ -171,11 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         eager_step()
         measured["eager_step"] = statistics.median(eager_step() for _ in range(args.repeats))
         # The same forwards compiled as the step compiles them (Inductor, few-row matmuls weight-stationary).
-        if cpu.packs_weights(inductor, "inductor"):  # as fdecode.compile does for this config
+        if cpu.packs_weights(inductor, compiler):  # as fdecode.compile does for this config
             pack_linears(target, draft)
         compiled_verify, compiled_draft = (
-            capture("inductor", verify, inductor),
-            capture("inductor", draft_row, inductor),
+            capture(compiler, verify, inductor),
+            capture(compiler, draft_row, inductor),
         )
         measured["target_verify"] = median_seconds(compiled_verify, args.repeats)
         measured["draft_forward"] = median_seconds(compiled_draft, args.repeats)
@@ -188,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     compiled = fdecode.compile(target, draft, inductor)
-    state = compiled.prefill([prompt], max_new_tokens=64)
+    state = compiled.prefill([prompt], max_new_tokens=new)
     compiled(state.clone())  # compiles (minutes cold: BENCHMARKS.md, cold start)
     times, accepted = [], []
-    state = compiled.prefill([prompt], max_new_tokens=64)
+    state = compiled.prefill([prompt], max_new_tokens=new)
     while not bool(state.step_output.finished[0]):
         start = time.perf_counter()
         state, out = compiled(state)

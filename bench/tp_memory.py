@@ -1,6 +1,7 @@
 """Each tensor-parallel rank's resident weight bytes against TP = 1 (issue 51), from the shapes alone.
 
     python bench/tp_memory.py [--json bench/results/tp_memory.json]
+    python bench/tp_memory.py --quick     # a smoke run: the Qwen3.5 shape only
 
 Models are built on the meta device (no memory: the shapes are the real ones) and sharded for every rank
 of TP = 2 (and 4 where the KV heads divide) (`fdecode.models.sharding.shard_model`, which needs no process group to slice). For each
@@ -135,8 +136,10 @@ def measure(name: str, sizes: tuple[int, ...]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: the first shape only")
     args = parser.parse_args()
-    rows = [measure(name, sizes) for name, (_, sizes) in MODELS.items()]
+    models = list(MODELS.items())[:1] if args.quick else MODELS.items()
+    rows = [measure(name, sizes) for name, (_, sizes) in models]
     for row in rows:
         print(f"{row['model']}: TP = 1 {row['tp1_gib']:.2f} GiB")
         for size, r in row["ranks"].items():

@@ -3,8 +3,9 @@ hybrid (the small Qwen3.5 models' layer pattern: three Gated DeltaNet layers, th
 its MTP head, K = 3, greedy, the default backend.
 
     python bench/tp_step.py [--hidden 1024 --layers 8 --vocab 32768 --new-tokens 64 --reps 3] [--json PATH]
+    python bench/tp_step.py --quick     # a smoke run: a small model (hidden 256), eager, 4 tokens, one rep
 
-Each configuration runs in its own processes (TP = 2: two gloo ranks, spawned), builds the same seeded
+Each configuration runs in its own processes (TP = 1: this one; TP = 2: two gloo ranks, spawned), builds the same seeded
 model, warms the step up, then times `fdecode.generate` over the same prompt `--reps` times; it reports
 the median step time (wall time / decode steps), tokens per step, and the tokens, which must be identical
 in the two runs. On a CPU of a few cores the two ranks share the cores: the figure shows what the
@@ -91,14 +92,20 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--json", help="write both rows here")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: hidden 256, 4 layers, V 512, eager")
     args = parser.parse_args()
+    if args.quick:
+        args.hidden, args.layers, args.vocab, args.new_tokens, args.reps, args.backend = 256, 4, 512, 4, 1, "eager"
     settings = {k: getattr(args, k) for k in ("hidden", "layers", "vocab", "new_tokens", "reps", "backend")}
     out = tempfile.mkdtemp()
     rows = []
     for size in (1, 2):
-        torch.multiprocessing.start_processes(
-            run, args=(_free_port(), out, size, settings), nprocs=size, start_method="spawn"
-        )
+        if size == 1:  # one rank needs no process group: this process runs it
+            run(0, 0, out, 1, settings)
+        else:
+            torch.multiprocessing.start_processes(
+                run, args=(_free_port(), out, size, settings), nprocs=size, start_method="spawn"
+            )
         with open(os.path.join(out, f"tp{size}.json")) as f:
             rows.append(json.load(f))
     same = rows[0]["tokens"] == rows[1]["tokens"]

@@ -122,17 +122,20 @@ request's lane takes the next one without recompiling, and events arrive one ste
     (
         "code",
         """engine = fdecode.Engine(step)
-requests = {engine.add_request(tok.encode(p), max_new_tokens=48): p
-            for p in ["def fib(n):\\n", "import json\\n", "for i in range(10):\\n"]}  # 3 requests, 2 lanes
-late = engine.add_request(tok.encode("while True:\\n"), max_new_tokens=48)
-texts = {rid: [] for rid in [*requests, late]}
+requests = {  # 4 requests, 2 lanes: two wait for a free lane; one samples (top_k <= 128: a warmed plan)
+    engine.add_request(tok.encode(p), max_new_tokens=64, **kw): p
+    for p, kw in [("class Config:\\n    def get(self", {}), ("import json\\n\\ndef load(", {"temperature": 0.8, "top_k": 50, "seed": 1}),
+                  ("class Stack:\\n    def pu", {}), ("while True:\\n", {})]
+}
+late = list(requests)[-1]
+texts = {rid: [] for rid in requests}
 for i, event in enumerate(engine.stream()):
     texts[event.request_id] += event.new_tokens
     if i == 2:
-        engine.cancel(late)
+        engine.cancel(late)  # still waiting for a lane: it ends at once, with no tokens
     if event.finished:
-        shown = tok.decode(texts[event.request_id])[:50]
-        print(f"request {event.request_id} finished ({event.reason}, {len(texts[event.request_id])} tokens): {shown!r}")""",
+        print(f"--- request {event.request_id}: {event.reason}, {len(texts[event.request_id])} new tokens")
+        print(requests[event.request_id] + tok.decode(texts[event.request_id]))""",
     ),
     (
         "md",

@@ -74,5 +74,5 @@ def load_tokenizer(folder: str | os.PathLike):
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
-        raise ImportError(f"{folder} holds a transformers tokenizer; pip install transformers to load it") from err
+        raise ImportError(f'{folder} holds a transformers tokenizer; pip install -e ".[hf]" to load it') from err
     return AutoTokenizer.from_pretrained(str(folder))

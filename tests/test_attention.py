@@ -59,7 +59,7 @@ def test_flash_attn_missing_is_stated_on_cuda() -> None:
 
 def test_npu_kernel_eligibility(monkeypatch) -> None:
     good = dict(device="npu", dtype=torch.bfloat16, block_size=128)
-    missing = "torch_npu is not installed (pip install fdecode[npu])"
+    missing = 'torch_npu is not installed (pip install -e ".[npu]")'
     monkeypatch.setattr("fdecode.graphs.torchair.torch_npu_reason", lambda: missing)  # whatever this machine has
     kernel, reason = choose_attention(cfg(**good), SHAPES)  # stated, and the reference runs
     assert kernel == "torch" and reason == f"npu_fused_infer_attention: {missing}"

@@ -125,7 +125,7 @@ def test_an_unusable_device_raises_before_any_model_moves():
 def test_npu_config_without_torch_npu():
     cfg = config(device="npu:1", backend="torchair")
     assert cfg.device == "npu:1" and cfg.device_type == "npu"
-    assert eligible("torchair", cfg) == "torch_npu is not installed (pip install fdecode[npu])"
+    assert eligible("torchair", cfg) == 'torch_npu is not installed (pip install -e ".[npu]")'
     assert "CPU and CUDA only" in eligible("inductor", cfg)
     with pytest.raises(ValueError, match="torchair_mode"):
         config(torchair_mode="ge")

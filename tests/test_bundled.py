@@ -51,7 +51,7 @@ def test_shipped_weights_reproduce_the_reported_heldout_loss(models, heldout) ->
 
 
 def test_greedy_output_equals_transformers_generate(models, heldout) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason='needs transformers: pip install -e ".[hf]"')
     hf = transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
     prompt = heldout[3, :48]
     expect = hf.generate(

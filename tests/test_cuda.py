@@ -188,7 +188,7 @@ def test_staging_is_pinned_and_never_syncs() -> None:
 def test_flash_attn_matches_the_reference_on_paged_kv() -> None:
     """The flash-attn path reads the same keys as the torch reference: consecutive query rows ending at
     each lane's last position, a block table with unallocated (-1) tail blocks."""
-    pytest.importorskip("flash_attn", reason="flash-attn is not installed on this CUDA machine")
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed on this CUDA machine: pip install flash-attn")
     from fdecode.ops.attention import paged_attention, paged_context
 
     torch.manual_seed(0)

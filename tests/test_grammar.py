@@ -15,10 +15,10 @@ import json
 import pytest
 import torch
 
-regex = pytest.importorskip("regex")
-pytest.importorskip("outlines_core")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+regex = pytest.importorskip("regex", reason='needs regex: pip install -e ".[test]"')
+pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
+transformers = pytest.importorskip("transformers", reason='needs transformers: pip install -e ".[hf]"')
+pytest.importorskip("tokenizers", reason='needs transformers: pip install -e ".[hf]"')
 
 from support.tokenizers import byte_bpe, sentencepiece  # noqa: E402
 
@@ -31,11 +31,11 @@ from fdecode.grammar.vocabulary import token_bytes  # noqa: E402
 
 @pytest.fixture(scope="module")
 def qwen():
-    folder = qwen_coder.gguf_folder() / "qwen2.5-coder-0.5b-instruct"
-    if not (folder / "tokenizer.json").is_file():
+    folder = qwen_coder.tokenizer_folder()
+    if folder is None:
         pytest.skip(
-            f"no Qwen2.5-Coder tokenizer in {folder}: run {qwen_coder.SCRIPT} "
-            "(then python -m fdecode.assets.qwen_coder)"
+            f"no Qwen2.5-Coder tokenizer in {qwen_coder.folder()}: {qwen_coder.HOW_TO_GET}; "
+            "then, for GGUF files, python -m fdecode.assets.qwen_coder"
         )
     return transformers.AutoTokenizer.from_pretrained(folder)
 

@@ -218,8 +218,8 @@ def test_a_regex_grammar_on_a_real_tokenizer_decodes_text_the_regex_matches(whic
     """`Grammar.from_regex` over a tokenizer, a model of that vocabulary: greedy lanes equal transformers
     masked by the grammar's tables (`fdecode.grammar.lookup`, the reference reads), and the text of a
     lane that stopped is a whole match of the pattern."""
-    regex = pytest.importorskip("regex")
-    pytest.importorskip("outlines_core")
+    regex = pytest.importorskip("regex", reason='needs regex: pip install -e ".[test]"')
+    pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
     from support.tokenizers import byte_bpe, sentencepiece
 
     from fdecode.grammar.lookup import allowed_tokens, next_state

@@ -14,8 +14,8 @@ import transformers
 import fdecode
 from fdecode import SamplingParams
 
-regex = pytest.importorskip("regex")
-pytest.importorskip("outlines_core")
+regex = pytest.importorskip("regex", reason='needs regex: pip install -e ".[test]"')
+pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
 
 PATTERN = r"(ab|ba)(12)?"  # a finite language: after "ab12" only EOS may follow
 PROMPTS = [[5, 9, 40, 41], [7, 7, 3]]

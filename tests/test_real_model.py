@@ -124,7 +124,7 @@ def test_smollm2_regex_grammar_greedy_equals_the_regex_oracle(real, draft):
     """Real weights, the real 49,152-token vocabulary: a regex grammar's greedy lanes equal transformers
     under the regex-prefix oracle, with n-gram drafts and with a draft LM; a free lane in the same batch
     keeps its unconstrained tokens."""
-    pytest.importorskip("outlines_core")
+    pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
     hf, tokenizer, _ = real
     question = smollm2.chat_ids(
         tokenizer,
@@ -174,7 +174,7 @@ PERSON = {
 def test_smollm2_json_schema_output_parses_and_validates(real):
     import json
 
-    pytest.importorskip("outlines_core")
+    pytest.importorskip("outlines_core", reason='needs outlines-core: pip install -e ".[grammar]"')
     hf, tokenizer, _ = real
     prompt = smollm2.chat_ids(tokenizer, ("Describe a person called Ann, aged 31, who likes cats, as JSON.",))
     grammar = fdecode.Grammar.from_json_schema(PERSON, tokenizer, vocab_size=hf.config.vocab_size)

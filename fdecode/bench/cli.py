@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "the real Qwen2.5-Coder 1.5B target with its 0.5B draft on chat prompts, batch 1 per prompt (transformers "
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine as the default config runs "
         "it, choosing depths 0 .. K, and at K) and batch 4 (both Engines against transformers' batched generate); needs "
-        "../shared/models/qwen-coder-pair (fdecode/bench/pair.py); -k gives K (its first value); qwen-coder-write / "
+        "the pair in $FDECODE_QWEN_CODER (fdecode/assets/qwen_coder.py says how to get it); -k gives K (its first value); qwen-coder-write / "
         "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine as configured and at depth K)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")

@@ -55,8 +55,8 @@ def tokenizers() -> dict[int, tuple[str, object]]:
     if smollm2.missing() is None:
         smol = smollm2.tokenizer()
         found = {49_152: ("SmolLM2", smol), 151_936: ("SmolLM2, padded", smol)}
-    qwen = qwen_coder.gguf_folder() / "qwen2.5-coder-0.5b-instruct"
-    if (qwen / "tokenizer.json").is_file():
+    qwen = qwen_coder.tokenizer_folder()
+    if qwen is not None:
         found[151_936] = ("Qwen2.5", AutoTokenizer.from_pretrained(qwen))
     return found
 

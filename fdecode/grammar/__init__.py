@@ -11,7 +11,7 @@
     cache.py        compiled grammars by (kind, text, tokenizer identity, EOS ids, vocab size)
     grammar.py      Grammar.from_regex / from_json_schema, tables(), check_capacity()
 
-outlines-core is imported only when a grammar is built (`pip install 'fdecode[grammar]'`).
+outlines-core is imported only when a grammar is built (`pip install -e ".[grammar]"`).
 """
 
 from fdecode.grammar.grammar import Grammar

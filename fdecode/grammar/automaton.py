@@ -74,7 +74,7 @@ def import_outlines():
     try:
         import outlines_core
     except ImportError as e:
-        raise ImportError("grammars need outlines-core: pip install 'fdecode[grammar]'") from e
+        raise ImportError('grammars need outlines-core: pip install -e ".[grammar]"') from e
     return outlines_core
 
 

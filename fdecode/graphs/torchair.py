@@ -79,7 +79,7 @@ def _import_torchair():
 def torch_npu_reason() -> str | None:
     """None where torch_npu imports and sees an NPU, else what is missing."""
     if importlib.util.find_spec("torch_npu") is None:
-        return "torch_npu is not installed (pip install fdecode[npu])"
+        return 'torch_npu is not installed (pip install -e ".[npu]")'
     try:
         import torch_npu  # noqa: F401
     except Exception as err:

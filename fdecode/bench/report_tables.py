@@ -1,0 +1,218 @@
+"""Markdown tables of the result files in bench/results/, one renderer per kind of file (`fdecode.bench.report`
+assembles them into BENCHMARKS.md). Every figure a table shows is read from its file or computed from what the
+file holds (ratios, medians, geometric means); nothing is typed in here.
+
+Kinds: `fdecode bench --json` files (`results`: tokens per second; `sampling`: step time against a baseline
+system; `acceptance`: drafts accepted under a grammar), the real pair's per-prompt summary over several
+`fdecode bench` files, and the JSON of the scripts in bench/ (cold_start, step_phases, depth_policy,
+seed_batch, tp_memory, tp_step).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from fdecode.bench.results import Result, markdown, rate
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def load(name: str):
+    return json.loads((RESULTS / name).read_text())
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def speeds(name: str, workloads: tuple[str, ...] = (), systems: tuple[str, ...] = ()) -> list[str]:
+    """`fdecode bench`'s own table of the file's tokens-per-second rows (optionally some workloads / systems)."""
+    rows = [
+        Result(**r)
+        for r in load(name)["results"]
+        if (not workloads or r["workload"].split("[")[0] in workloads) and (not systems or r["system"] in systems)
+    ]
+    return markdown(rows).splitlines()
+
+
+def step_times(name: str, batches: tuple[int, ...] = ()) -> list[str]:
+    """The file's step-time rows (`sampling`): each system against the run's baseline system."""
+    rows = [
+        [
+            r["workload"],
+            r["batch"],
+            r["system"],
+            r["plan"],
+            f"{r['step_ms']:.2f} ({r['step_ms_min']:.2f}-{r['step_ms_max']:.2f})",
+            f"{r['ratio']:.2f}x",
+        ]
+        for r in load(name)["sampling"]
+        if not batches or r["batch"] in batches
+    ]
+    return table(["workload", "B", "system", "plan", "ms/step (min-max)", "x baseline"], rows)
+
+
+def acceptance(name: str) -> list[str]:
+    """Drafts accepted per verified step with and without a grammar (`acceptance` rows)."""
+    rows = [
+        [r["model"], r["prompt"], r["grammar"], r["tokens"], f"{r['accepted_per_step']:.2f}", r["parses"]]
+        for r in load(name)["acceptance"]
+    ]
+    return table(["model", "prompt", "grammar", "tokens", "tokens / verified step", "output parses"], rows)
+
+
+def _by_system(names: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+    """{prompt: {system: row}} over `fdecode bench` files of the qwen-coder workloads."""
+    out: dict[str, dict[str, dict]] = {}
+    for name in names:
+        for r in load(name)["results"]:
+            prompt = r["workload"].split("[")[1].rstrip("]")
+            out.setdefault(prompt, {})[r["system"]] = r
+    return out
+
+
+def launched(row: dict) -> str:
+    return ", ".join(f"{d} x {n}" for d, n in sorted(row["extra"].get("depths_launched", {}).items()))
+
+
+def real_pair(names: tuple[str, ...]) -> tuple[list[str], float]:
+    """The real pair at batch 1: tok/s of every system per prompt, the default config's ratios, and the
+    geometric mean of the default against transformers' assisted generation."""
+    prompts = _by_system(names)
+    speed, ratios, against = [], [], []
+    for prompt, sys in prompts.items():
+        default = sys["fdecode"]
+        depths = [sys[f"fdecode depth {d}"]["tokens_per_s"] for d in range(1, 5)]
+        spread = f"({rate(default['tokens_per_s_min'])}-{rate(default['tokens_per_s_max'])})"
+        speed.append(
+            [prompt, rate(sys["target-only"]["tokens_per_s"]), *map(rate, depths)]
+            + [f"**{rate(default['tokens_per_s'])}** {spread}", rate(sys["hf-generate"]["tokens_per_s"])]
+            + [rate(sys["hf-assisted"]["tokens_per_s"]), launched(default)]
+        )
+        assisted = default["tokens_per_s"] / sys["hf-assisted"]["tokens_per_s"]
+        against.append(assisted)
+        ratios.append(
+            [
+                prompt,
+                f"**{assisted:.2f}x**",
+                f"{default['tokens_per_s'] / sys['hf-generate']['tokens_per_s']:.2f}x",
+                f"{default['tokens_per_s'] / sys['target-only']['tokens_per_s']:.2f}x",
+                f"{default['tokens_per_s'] / max(depths):.2f}x (depth {1 + depths.index(max(depths))})",
+            ]
+        )
+    header = ["prompt", "target-only", "depth 1", "depth 2", "depth 3", "depth 4", "**default**"]
+    lines = table(header + ["transformers", "transformers assisted", "default launched (depth x steps)"], speed)
+    lines += ["", *table(["prompt", "vs assisted", "vs transformers", "vs target-only", "vs best fixed depth"], ratios)]
+    return lines, statistics.geometric_mean(against)
+
+
+def real_pair_batch(name: str) -> tuple[list[str], float]:
+    rows = {r["system"]: r for r in load(name)["results"]}
+    lines = table(
+        ["system", "tok/s", "launched (depth x steps)"],
+        [[s, rate(r["tokens_per_s"]), launched(r)] for s, r in rows.items()],
+    )
+    return lines, rows["fdecode"]["tokens_per_s"] / rows["hf-generate"]["tokens_per_s"]
+
+
+def cold_starts(name: str, revision: str) -> list[str]:
+    """Median first-token seconds per workload, cold and warm, of one revision's fresh processes."""
+    groups: dict[tuple, list[float]] = {}
+    for r in load(name)["runs"]:
+        if r["revision"] == revision:
+            groups.setdefault((r["workload"], r["layers"], r["start"]), []).append(r["first_step_s"])
+    keys = sorted({(w, n) for w, n, _ in groups}, key=lambda k: (k[0] != "qwen-coder", k[1]))
+    rows = []
+    for w, n in keys:
+        cold, warm = groups.get((w, n, "cold"), []), groups.get((w, n, "warm"), [])
+        what = "Qwen2.5-Coder 1.5B + 0.5B" if w == "qwen-coder" else f"random Llama, {n} layers + 2-layer draft"
+        rows.append([what, f"{statistics.median(cold):.1f} ({len(cold)})", f"{statistics.median(warm):.1f}"])
+    return table(["model (K = 4, B = 1, regions)", "cold s (runs)", "warm s"], rows)
+
+
+def first_steps(name: str, workload: str) -> list[str]:
+    rows = [
+        [r["mode"], r["start"], f"{r['first_step_s']:.2f}", f"{r['step_ms']:.2f}"]
+        for r in load(name)["bench_cold_start_py_run"]
+        if r["workload"] == workload
+    ]
+    return table(["layers", "start", "first step s", "step ms"], rows)
+
+
+def warmups(name: str) -> list[str]:
+    rows = [[r["start"], r["graphs"], f"{r['warmup_s']:.1f}"] for r in load(name)["bench_cold_start_py_warmup"]]
+    return table(["start", "graphs", "`step.warmup()` s"], rows)
+
+
+def step_phases(name: str) -> list[str]:
+    d = load(name)
+    m, floor, k = d["measured_s"], d["floor_s"], d["k"]
+    rows = [
+        [f"target verify, {k + 1} rows", f"{1e3 * m['target_verify_packed']:.0f}"]
+        + [f"{1e3 * m['target_verify_unpacked']:.0f}", f"{1e3 * floor['target']:.0f}"],
+        ["draft forward, 1 row", f"{1e3 * m['draft_forward_packed']:.0f}"]
+        + [f"{1e3 * m['draft_forward_unpacked']:.0f}", f"{1e3 * floor['draft']:.0f}"],
+        [
+            f"whole step (median of {d['steps']})",
+            f"{1e3 * m['compiled_step']:.0f}",
+            "",
+            f"{1e3 * d['step_floor_s']:.0f}",
+        ],
+    ]
+    header = ["compiled as the step compiles it", "ms (packed weights)", "ms (weights as they lie)"]
+    lines = table(header + [f"floor ms (bytes / {d['bandwidth_gb_s']:.1f} GB/s)"], rows)
+    t = d["tokens_per_s"]
+    lines += [
+        "",
+        f"{d['mean_accepted']:.2f} tokens per step: {t['compiled']:.2f} tok/s compiled, {t['floor']:.2f} at the "
+        f"floor; the target alone at its floor {t['target_only_floor']:.2f} tok/s.",
+    ]
+    return lines
+
+
+def replay(name: str) -> list[str]:
+    d = load(name)
+    rows, ratios = [], []
+    for r in d["rows"]:
+        fixed = r["fixed_tokens_per_s"]
+        best = fixed[r["best_depth"]]
+        ratios.append(r["tokens_per_s"] / best)
+        rows.append(
+            [r["sequence"], f"{r['tokens_per_s'] / fixed[0]:.2f}x", f"{ratios[-1]:.3f}x (depth {r['best_depth']})"]
+        )
+    rows.append(["**geometric mean**", "", f"**{statistics.geometric_mean(ratios):.3f}x**"])
+    return table(["sequence", "vs target-only (depth 0)", "vs best fixed depth >= 1"], rows)
+
+
+def seed_batches(names: tuple[str, ...]) -> list[str]:
+    rows = []
+    for name in names:
+        d = load(name)
+        a = d["args"]
+        for r in d["results"]:
+            differ = sum(q.get("diverge") is not None for q in r["requests"])
+            dtype = "bf16" if a["dtype"] == "auto" else a["dtype"]
+            rows.append([r["config"], a["temperature"], dtype, f"{differ}/{len(r['requests'])}", f"`{name}`"])
+    return table(["configuration", "T", "dtype", "requests that differ alone and batched", "file"], rows)
+
+
+def tp_memory(name: str) -> list[str]:
+    rows = []
+    for m in load(name):
+        cells = [f"{r['rank_gib']:.2f} GiB ({r['ratio']:.3f}x)" for r in m["ranks"].values()]
+        sizes = ", ".join(f"TP = {s}" for s in m["ranks"])
+        rows.append([m["model"], f"{m['tp1_gib']:.2f} GiB", sizes, " / ".join(cells)])
+    return table(["model (bf16, shapes only)", "TP = 1", "sizes", "per rank"], rows)
+
+
+def tp_step(name: str) -> list[str]:
+    d = load(name)
+    rows = [[r["tp"], r["backend"], f"{r['step_ms']:.1f}", f"{r['tokens_per_step']:.2f}"] for r in d["rows"]]
+    lines = table(["TP", "backend", "ms/step", "tokens/step"], rows)
+    return lines + ["", f"Tokens identical at TP = 1 and 2: {d['tokens_identical']}."]
