@@ -66,6 +66,9 @@ def test_the_drafter_chooses_the_engines_depth_policy(draft, changes, policy) ->
     target = fdecode_target(2)
     step = fdecode.compile(target, target if draft == "self" else draft, dataclasses.replace(CFG, **changes))
     assert isinstance(depth_policy(step), policy) and isinstance(fdecode.Engine(step).policy, policy)
+    chosen = depth_policy(step)  # one interface: a launch's depth, and the counts the metrics read
+    depth, _ = chosen.launch(None)
+    assert chosen.depth == depth and chosen.launches[depth] == sum(chosen.launches.values()) == 1
 
 
 def test_no_draft_kind_check_outside_the_drafts_package() -> None:

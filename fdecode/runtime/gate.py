@@ -36,6 +36,7 @@ class DraftGate:
         self.threshold, self.weight, self.max_pause = threshold, weight, max_pause
         self.verified = 0  # steps launched that verify their drafts
         self.first_row = 0  # steps launched that verify the first row only
+        self.depth: int | None = None  # the last launch's: K or 0 (`launch`)
         self.reset()
 
     def reset(self) -> None:
@@ -70,7 +71,8 @@ class DraftGate:
         """The `DepthPolicy` face of `speculate`: the next launch's depth (K, or 0 for a first-row step) and
         whether it verifies its drafts, which `observe_output` gets back with the step's output."""
         speculate = self.speculate()
-        return (self.num_draft_tokens if speculate else 0), speculate
+        self.depth = self.num_draft_tokens if speculate else 0
+        return self.depth, speculate
 
     def observe_output(self, packed: torch.Tensor, speculated: bool = True) -> None:
         """`observe` a verified step's packed output (`StepOutput.packed`, read on the host): the lanes still
@@ -83,6 +85,11 @@ class DraftGate:
             self.observe(int(counts.max()) - 1)
         else:
             self.trial = False
+
+    @property
+    def launches(self) -> dict[int, int]:
+        """Steps launched at each depth: K (verified) and 0 (first row)."""
+        return {self.num_draft_tokens: self.verified, 0: self.first_row}
 
     def observe_cost(self, depth: int, seconds: float) -> None:
         """Nothing: the gate weighs acceptance alone (a lookup costs nothing)."""

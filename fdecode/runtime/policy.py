@@ -3,7 +3,8 @@
 
 A policy answers `launch(ready)` with (depth, ticket), gets the ticket back with that step's output, read one
 step behind (`observe_output(packed, ticket)`), learns what a launch took (`observe_cost`) and hears of every
-admission (`admit`). The drafter decides which policy its kind uses (`Drafter.gated`, `Drafter.adapts`):
+admission (`admit`). Each also says the depth of its last launch (`depth`) and how many it launched at each (`launches`), for
+metrics. The drafter decides which policy its kind uses (`Drafter.gated`, `Drafter.adapts`):
 
 - `DepthController`: by cost and acceptance, among the depths whose graphs are made (draft LMs, MTP heads);
 - `DraftGate`: the on/off case, K or 0 (n-gram drafts, `DecodeConfig.draft_gate`);
@@ -23,6 +24,8 @@ from fdecode.runtime.gate import DraftGate
 
 class DepthPolicy(Protocol):
     reads_ready: bool  # whether `launch` chooses among the depths whose graphs are made (`Step.ready_depths`)
+    depth: int | None  # the depth of the last launch (None: none yet)
+    launches: dict[int, int]  # how many steps were launched at each depth
 
     def launch(self, ready: Collection[int] | None = None) -> tuple[int, object]: ...
 
@@ -40,9 +43,13 @@ class FixedDepth:
 
     def __init__(self, num_draft_tokens: int):
         self.num_draft_tokens = num_draft_tokens
+        self.depth: int | None = None
+        self.launches = {num_draft_tokens: 0}
 
     def launch(self, ready: Collection[int] | None = None) -> tuple[int, None]:
-        return self.num_draft_tokens, None
+        self.depth = self.num_draft_tokens
+        self.launches[self.depth] += 1
+        return self.depth, None
 
     def observe_output(self, packed: torch.Tensor, ticket: object) -> None:
         pass

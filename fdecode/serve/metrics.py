@@ -89,15 +89,11 @@ class ServerMetrics:
         self.accepted.labels(m).inc(accepted - self._totals[1])
         self._totals = (proposed, accepted)
         self.mean_accepted.labels(m).set(engine.metrics.mean_accepted_length)
-        depths = engine.depths
-        if depths is not None:
-            if depths.depth is not None:
-                self.depth.labels(m).set(depths.depth)
-            for depth, count in depths.launches.items():
-                self.depth_steps.labels(m, str(depth)).inc(count - self._launches.get(depth, 0))
-                self._launches[depth] = count
-        else:
-            self.depth.labels(m).set(engine.config.K)
+        policy = engine.policy  # how the Engine chooses each launch's depth (`fdecode.runtime.policy`)
+        self.depth.labels(m).set(engine.config.K if policy.depth is None else policy.depth)
+        for depth, count in policy.launches.items():
+            self.depth_steps.labels(m, str(depth)).inc(count - self._launches.get(depth, 0))
+            self._launches[depth] = count
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()
