@@ -38,6 +38,10 @@ from fdecode.ops.plan import GREEDY
 from fdecode.tokenizer import load_tokenizer
 
 REPS = 3  # timed runs of each system
+# Why the demo runs on one thread by default. Measured with `fdecode demo` on this project's 2-core AVX2 machine
+# while other jobs kept it busy (2026-12-05): one thread gave fdecode 1.13x target-only, one thread per core
+# (torch's default) 0.23x, its rounds spread 0.20-0.65x: oversubscribed cores measure the machine, not the step.
+THREADS_WHY = "one thread: on a busy machine one per core oversubscribes it and decides the ratio; --threads N"
 DEFAULT_PROMPT = '''class LRUCache:
     """A mapping that forgets its least recently used keys."""
 
@@ -82,6 +86,10 @@ def _tp_group(size: int):
 
 
 def demo(args: argparse.Namespace) -> int:
+    if args.threads < 0:
+        raise SystemExit(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     group = _tp_group(args.tp)
     rank0 = group is None or group.rank() == 0
     folder, target, draft, draft_name = _models(args)
@@ -99,6 +107,8 @@ def demo(args: argparse.Namespace) -> int:
     if group is not None:
         return _tp_demo(args, step, tokenizer, prompt, eos, group, rank0, f"{folder} (draft: {draft_name})")
     print(f"model: {folder} (draft: {draft_name})\nstep:  {step}", file=sys.stderr)
+    threads = f"{torch.get_num_threads()} torch thread{'s' * (torch.get_num_threads() > 1)}"
+    print(f"threads: {threads} ({THREADS_WHY if args.threads == 1 else 'as --threads asked'})", file=sys.stderr)
     windows = len(cfg.bucket_blocks)
     print(f"compiling ({windows} attention window{'s' * (windows > 1)}) ...", file=sys.stderr, flush=True)
     compile_s = sum(step.warmup(plans=(GREEDY,)).values())  # the demo decodes greedily: the only plan it runs
@@ -227,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         help="what compiles the step (default: %(default)s: inductor on a CPU)",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, under torchrun (default: %(default)s)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads every system runs with (default: %(default)s, see THREADS_WHY; 0: torch's own choice)",
+    )
     sub.add_parser("bench", help="before/after benchmark (see `fdecode bench --help`)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     sub.add_parser("profile", help="timeline picture of the before loop and the step", add_help=False)

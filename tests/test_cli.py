@@ -76,7 +76,9 @@ def test_demo_shows_target_only_the_decode_steps_mean_and_whole_lines(capsys):
     from fdecode.tokenizer import load_tokenizer
 
     assert main(["demo", "--max-new-tokens", "40", "-k", "3", "--backend", "eager"]) == 0
-    streamed, summary = capsys.readouterr().out.split("\n-- ", 1)
+    captured = capsys.readouterr()
+    streamed, summary = captured.out.split("\n-- ", 1)
+    assert "threads: 1 torch thread (one thread: on a busy machine" in captured.err  # chosen, and said why
     assert "target-only" in summary and "before loop" in summary and "summed over 1 attention window" in summary
     assert "median (min-max) of 3 interleaved rounds" in summary and "per round" in summary  # the spread shown
 
