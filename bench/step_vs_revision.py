@@ -1,6 +1,7 @@
 """The default config's step time, this tree against another revision, interleaved in fresh processes.
 
     python bench/step_vs_revision.py --before 95b78a7 --rounds 5
+    python bench/step_vs_revision.py --before 95b78a7 --model micro   # the host-time micro model (docs/host-time.md)
 
 Each round runs one child process per tree (the revision is checked out into a temporary git worktree),
 alternating; a child compiles the request-features workload's models (V = 151,936, target 256x4, draft
@@ -8,6 +9,9 @@ alternating; a child compiles the request-features workload's models (V = 151,93
 up, and times `--steps` steps from a prefilled state (one device read at the end). Both trees share one
 Inductor cache, so every child after a tree's first loads its graph. Reported: each tree's median
 ms/step over the rounds and the ratio now / before.
+
+`--model micro`: instead, the 1-layer, 32-wide target and draft at V = 64 (`fdecode.bench.host`), B = 1,
+K = 3, one thread; each child times `--steps` steps from a fresh prefill, 5 times, and reports the median.
 """
 
 from __future__ import annotations
@@ -22,6 +26,28 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def micro_child(steps: int) -> dict:
+    import torch
+
+    import fdecode
+    from fdecode.bench import llama
+
+    torch.set_num_threads(1)
+    k, prompt = 3, list(range(1, 17))
+    target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=1, max_seq_len=len(prompt) + (steps + 2) * (k + 1))
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    runs = []
+    for _ in range(6):  # the first run compiles or loads the graph
+        state = step.prefill([prompt], max_new_tokens=steps * (k + 1), eos_token_id=[])
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, out = step(state)
+        out.packed.tolist()
+        runs.append((time.perf_counter() - start) / steps)
+    return {"ms": 1e3 * statistics.median(runs[1:]), "torch_threads": torch.get_num_threads()}
 
 
 def child(steps: int) -> dict:
@@ -48,10 +74,10 @@ def child(steps: int) -> dict:
     return {"ms": 1e3 * (time.perf_counter() - start) / steps, "torch_threads": torch.get_num_threads()}
 
 
-def run_child(tree: str, steps: int) -> float:
+def run_child(tree: str, steps: int, model: str) -> float:
     env = {**os.environ, "PYTHONPATH": tree}
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", str(steps)],
+        [sys.executable, os.path.abspath(__file__), "--child", str(steps), "--model", model],
         env=env,
         cwd=tree,
         capture_output=True,
@@ -69,10 +95,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--model", choices=("default", "micro"), default="default")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child)))
+        print(json.dumps((micro_child if args.model == "micro" else child)(args.child)))
         return 0
     if args.before is None:
         parser.error("--before REV is required")
@@ -83,7 +110,7 @@ def main() -> int:
             times = {"before": [], "now": []}
             for round_ in range(args.rounds):
                 for name, tree in (("before", before), ("now", ROOT)):
-                    times[name].append(run_child(tree, args.steps))
+                    times[name].append(run_child(tree, args.steps, args.model))
                     print(f"round {round_}: {name} {times[name][-1]:.2f} ms/step", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
@@ -96,7 +123,14 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"before": args.before, "times_ms": times, "ratio": medians["now"] / medians["before"]}, f, indent=1
+                {
+                    "before": args.before,
+                    "model": args.model,
+                    "times_ms": times,
+                    "ratio": medians["now"] / medians["before"],
+                },
+                f,
+                indent=1,
             )
     return 0
 
