@@ -3,7 +3,8 @@
 Per model (`micro`: a 1-layer, 32-wide Llama target and draft at V = 64, one thread; `bundled`: the bundled
 model with its MTP head) and batch, with the default `DecodeConfig` (greedy lanes, K = 3):
 - step_ms: wall time of `step(state)`, the median over `reps` runs of `steps` steps from a fresh prefill, one
-  device read at each run's end (no profiler);
+  device read at each run's end (no profiler); cpu_ms: the process's CPU time over the same runs (on a machine
+  shared with other jobs, the figure their load disturbs least);
 - inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
   compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
   choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
@@ -60,15 +61,16 @@ def prompts_of(step, batch: int) -> list[list[int]]:
     return [[(7 * lane + i) % vocab for i in range(PROMPT_LEN + lane)] for lane in range(batch)]
 
 
-def timed_run(step, prompts, steps: int) -> float:
-    """Seconds per step of `steps` steps from a fresh prefill (device-resident, one read at the end)."""
+def timed_run(step, prompts, steps: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per step of `steps` steps from a fresh prefill (device-resident, one read at
+    the end)."""
     state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
     synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         state, out = step(state)
     out.packed.cpu()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def _ranges(prof, name: str, device: bool = False) -> list[tuple[float, float]]:
@@ -169,7 +171,8 @@ def run_host_workload(
             step = compile_step(target, draft, batch=batch, k=k, steps=steps, device=device, backend=backend)
             prompts = prompts_of(step, batch)
             timed_run(step, prompts, steps)  # compiles (or loads) the graph, fills the caches
-            seconds = statistics.median(timed_run(step, prompts, steps) for _ in range(reps))
+            runs = [timed_run(step, prompts, steps) for _ in range(reps)]
+            seconds, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
             split = profiled_run(step, prompts, steps)
             engine, engine_own = engine_run(step, prompts, steps)
             inside, outside = split["inside_us"], split["outside_us"]
@@ -182,6 +185,7 @@ def run_host_workload(
                     "backend": step.backend,
                     "threads": torch.get_num_threads(),
                     "step_ms": seconds * 1e3,
+                    "cpu_ms": cpu * 1e3,
                     "inside_ms": inside / 1e3,
                     "outside_ms": outside / 1e3,
                     "outside_share": outside / max(inside + outside, 1e-9),
@@ -197,14 +201,14 @@ def run_host_workload(
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | B | backend | threads | ms/step | inside ms | outside ms | outside share | device idle "
+        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | device idle "
         "| Engine ms/step | Engine's own ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         idle = "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.1f} %"
         lines.append(
-            f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | "
+            f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | {r['cpu_ms']:.3f} | "
             f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | {idle} | "
             f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} |"
         )
