@@ -9,6 +9,8 @@
 #                                   # fdecode.staging's pinned uploads / reads under it,
 #                                   # flash-attn == reference where flash-attn is present; plus the
 #                                   # Triton-interpreter and attention-argument checks
+#   bash bench/gpu_check.sh host-time   # fdecode bench --workloads host-time on CUDA: the host's time per step and
+#                                   # the device's idle time between steps (docs/host-time.md; not run yet)
 #   bash bench/gpu_check.sh bench   # fdecode bench on CUDA (cudagraphs, float32, so that the systems'
 #                                   # greedy tokens agree exactly, which the bench requires): tokens/s,
 #                                   # ms per step, the before loop and target-only side by side in one run
@@ -38,8 +40,13 @@ case "${1:-tests}" in
     python3 -m fdecode.bench --device cuda --dtype float32 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
       --workloads bundled-mtp --json "$out/bench-cuda-bundled.json" 2>&1 | tee "$out/gpu-bench-bundled.log"
     ;;
+  host-time)  # the host's share of a step and the device's idle time between steps (docs/host-time.md);
+              # written for issue 54 without a GPU: never run on one yet
+    python3 -m fdecode.bench --device cuda --workloads host-time --json "$out/host-time-cuda.json" \
+      2>&1 | tee "$out/gpu-host-time.log"
+    ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled]" >&2
+    echo "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|host-time]" >&2
     exit 2
     ;;
 esac

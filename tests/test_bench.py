@@ -195,3 +195,17 @@ def test_the_pair_goals_take_ratios_round_by_round():
     # medians 13 / 12 s, rounds 9/10, 22/21, 13/12: median 1.048
     assert "| qwen-coder[text] |  | 1.333x (1.400x) | 1.083x (1.048x) | fdecode depth 3 |" in table
     assert goal_markdown([r for r in rows if r.system != "fdecode"]) == ""
+
+
+@pytest.mark.slow
+def test_host_time_splits_the_step_at_the_compiled_code(tmp_path, capsys):
+    """`--workloads host-time --quick`: the small pair at B = 1, under Inductor (the split is read from
+    Inductor's own profiler range around its compiled graph, which no other backend has)."""
+    out = tmp_path / "host.json"
+    assert main(["--quick", "--workloads", "host-time", "--backend", "inductor", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["host"]
+    assert (row["model"], row["batch"], row["backend"], row["threads"]) == ("micro", 1, "inductor", 1)
+    assert row["step_ms"] > 0 and row["cpu_ms"] > 0 and row["inside_ms"] > 0 and row["outside_ms"] > 0
+    assert 0 < row["outside_share"] < 1 and row["device_idle"] is None  # no device apart from the host here
+    assert row["engine_ms"] > 0
+    assert "| micro | 1 | inductor | 1 |" in capsys.readouterr().out

@@ -26,6 +26,9 @@ import torch
 from fdecode.bench.features import FEATURE_SYSTEMS
 from fdecode.bench.grammar import markdown as grammar_markdown
 from fdecode.bench.grammar import run_grammar_acceptance, run_grammar_cost
+from fdecode.bench.host import MODELS as HOST_MODELS
+from fdecode.bench.host import markdown as host_markdown
+from fdecode.bench.host import run_host_workload
 from fdecode.bench.models import hf_pair, llama
 from fdecode.bench.pair import PAIR_WORKLOADS, goal_markdown, load_pair, run_pair_workload
 from fdecode.bench.results import markdown
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             "real-vocab",
             "request-features",
             "grammar",
+            "host-time",
             *PAIR_WORKLOADS,
         ],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
@@ -86,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         "or not (fdecode/bench/features.py); grammar (not in the default set): the same models at V = 49,152 and "
         "151,936, the default config against a grammar pool unused and every lane under a JSON schema, then "
         "acceptance with and without the schema on the real models present (fdecode/bench/grammar.py); "
+        "host-time (not in the default set): the step's wall time and its time inside and outside the compiled code, "
+        "the device's idle time between steps on a GPU and an Engine's own time, on a 1-layer 32-wide pair (one "
+        "thread) and the bundled model, B = 1 and 8 (--quick: the small pair, B = 1) (fdecode/bench/host.py); "
         "qwen3_5-mtp / qwen3_5-self (not "
         "in the default set): a random Qwen3.5-shaped hybrid (--target HIDDENxLAYERS, every 4th layer gated attention) "
         "with its random MTP head / as its own draft; deepseek_v3-mtp / deepseek_v3-self (not in the default set): "
@@ -118,9 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     baselines: dict[str, dict] = {}  # target-only, measured once per target (`run_workload`'s baseline)
     real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
     acceptance_rows = []  # the grammar workload's acceptance on real models
+    host_rows = []  # the host-time workload's rows
     # The real-vocab, request-features and grammar workloads' random target (hidden, layers) and timed steps.
     size, steps = ((64, 2), 8) if args.quick else ((256, 4), 30)
     for name in args.workloads:
+        if name == "host-time":
+            for model in HOST_MODELS[:1] if args.quick else HOST_MODELS:
+                host_rows += run_host_workload(
+                    model,
+                    [1] if args.quick else [1, 8],
+                    steps=10 if args.quick else 40,
+                    reps=2 if args.quick else 5,
+                    device=args.device,
+                    backend=args.backend,
+                )
+            continue
         if name == "grammar":
             sampling_rows += run_grammar_cost(
                 llama,
@@ -239,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print(sampling_markdown(rows, baseline=rows[0]["system"]))
     if acceptance_rows:
         print(grammar_markdown(acceptance_rows))
+    if host_rows:
+        print(host_markdown(host_rows))
     if args.json is not None:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
         with open(args.json, "w") as f:
@@ -248,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                     "results": [asdict(r) for r in results],
                     "sampling": sampling_rows,
                     "acceptance": acceptance_rows,
+                    "host": host_rows,
                 },
                 f,
                 indent=1,

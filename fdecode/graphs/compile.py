@@ -28,6 +28,7 @@ from fdecode.graphs.backends import (
     resolve_backend,
 )
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
+from fdecode.graphs.trusted import TrustedStates
 from fdecode.models.parallel import check_group
 from fdecode.models.regions import resolve_regions, shares_parameters
 from fdecode.models.resolve import config_of, resolve_config, resolve_target
@@ -183,6 +184,7 @@ class Step:
         self._graphs: dict[tuple[int | None, SamplingPlan, int], Callable] = {}
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
+        self._trusted = TrustedStates()  # the last state returned, whose layout its graph fixed (no re-checks)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = self._pure(config.blocks_per_lane, general_plan(config))
 
@@ -334,7 +336,10 @@ class Step:
         by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
         target-only decoding would."""
         depth = self.check_depth(requested_depth(speculate, depth, self.config.K))
-        self.check_state(state)
+        if self._trusted.maker(state) is None:
+            self.check_state(state)
+        else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
+            self._kv.check(state)
         blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state, depth)
         return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
 
@@ -382,14 +387,17 @@ class Step:
         window = blocks * cfg.block_size
         name = graph_name(plan, depth, cfg.K)
         first = (window, name) not in self.plan_compile_seconds
-        made = (self.graph_window(blocks), plan, depth) in self._graphs
+        key = (self.graph_window(blocks), plan, depth)
+        made = key in self._graphs
         graph = self._graph(blocks, plan, depth)
         if self.announce and not quiet and not made:
             self._announce_compile(blocks, plan, depth)
+        extra = () if key[0] is not None else (self.window_width(blocks),)
         start = time.perf_counter()
         # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
         with torch.no_grad(), cpu.compiling() if first else contextlib.nullcontext():
-            new_state, out = graph(state)
+            unguarded = None if first else self._trusted.call(state, key, self._graphs[key], extra)  # under no_grad
+            new_state, out = graph(state) if unguarded is None else unguarded(state, *extra)
         if first:
             seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
             self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
@@ -399,6 +407,7 @@ class Step:
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
+        self._trusted.made(new_state, key)
         return new_state, out
 
     def warmup(

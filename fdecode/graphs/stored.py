@@ -200,6 +200,15 @@ class StoredGraph:
             self._run, self._ahead_of_time = self._fallback(), False  # inputs that vary: Dynamo's own guards
             return self._run(*args)
 
+    def unguarded(self, *args) -> Callable | None:
+        """The compiled function behind the guard check, to call with arguments of the layout of `args`
+        (`fdecode.graphs.trusted`): None where the graph is not compiled ahead of time yet or its guards
+        refuse `args` now. The caller answers for every later call's layout."""
+        if self._run is None or not self._ahead_of_time or not self._run.guard_check(*plain(args)):
+            return None
+        compiled = self._run.fn
+        return lambda *call: compiled(*plain(call))
+
     def _first(self, args: tuple) -> Callable:
         if self.path.exists():
             try:

@@ -32,7 +32,17 @@ def random_case(gen: torch.Generator, device: str, trial: int = 0):
     dtype = DTYPES[trial % len(DTYPES)]
     width = WIDTHS[trial // len(DTYPES) % len(WIDTHS)]
     block_size = BLOCK_SIZES[trial // (len(DTYPES) * len(WIDTHS)) % len(BLOCK_SIZES)]
-    window, max_blocks = k + 1, int(randint(1, 6))
+    shape = dict(batch=batch, k=k, dtype=dtype, width=width, block_size=block_size, max_blocks=int(randint(1, 6)))
+    return case_of(gen, device, **shape)
+
+
+def case_of(gen: torch.Generator, device: str, *, batch, k, dtype, width, block_size, max_blocks):
+    """Random values of `prepare_next_draft`'s inputs of one shape (a compiled kernel's: see `random_case`)."""
+
+    def randint(lo: int, hi: int, shape=()) -> torch.Tensor:  # inclusive bounds
+        return torch.randint(lo, hi + 1, shape, generator=gen)
+
+    window = k + 1
     lengths = randint(0, window, (batch,))
     lengths[0] = window  # every case has a fully accepted lane and (below) an L = 1 and an inactive lane
     if batch > 1:

@@ -7,6 +7,7 @@ upgrade can break:
     onednn_linear.py    the oneDNN linear op, and eager prefill linears that match the graphs' (`eager_linears`)
     onednn_packed.py    oneDNN's packed copy of a large weight, kept for a step's life (`pack_linears`)
     kernel_batches.py   a graph's C++ kernels built as a few shared libraries, not one each
+    prepare.py          an Inductor pass compiling `fdecode::prepare_next_draft` into the step's C++ kernels
     vec_isa.py          the CPU's vector ISA trusted from its flags, without Inductor's probe builds
 
 The rest of fdecode asks this package only (`inductor_options`, `compiling`, `loading`, `packs_weights`,
@@ -29,13 +30,19 @@ def enabled(cfg, backend: str) -> bool:
 
 
 def inductor_options(cfg, backend: str) -> dict[str, object]:
-    """Inductor options of a tuned CPU step: the oneDNN linears pass, the trusted vector ISA; {} otherwise."""
+    """Inductor options of a tuned CPU step: the oneDNN linears pass, the fused op compiled in place of its
+    Python reference, the trusted vector ISA; {} otherwise."""
     if not enabled(cfg, backend):
         return {}
     from fdecode.backends.cpu.matmul import weight_stationary
+    from fdecode.backends.cpu.prepare import inline_prepare
     from fdecode.backends.cpu.vec_isa import isa_options
 
-    return {"post_grad_custom_pre_pass": weight_stationary, **isa_options()}
+    return {
+        "post_grad_custom_pre_pass": weight_stationary,
+        "post_grad_custom_post_pass": inline_prepare,
+        **isa_options(),
+    }
 
 
 def compiling():

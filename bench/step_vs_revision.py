@@ -1,0 +1,163 @@
+"""The default config's step time, this tree against another revision, interleaved in fresh processes.
+
+    python bench/step_vs_revision.py --before 95b78a7 --rounds 5
+    python bench/step_vs_revision.py --before 95b78a7 --model micro   # the host-time micro model (docs/host-time.md)
+    python bench/step_vs_revision.py --quick                          # a smoke run: micro, 1 round, against HEAD
+
+Each round runs one child process per tree (the revision is checked out into a temporary git worktree),
+alternating; a child compiles the request-features workload's models (V = 151,936, target 256x4, draft
+128x1, random weights) with the default `DecodeConfig` (inductor, B = 8, K = 4, greedy lanes), warms
+up, and times `--steps` steps from a prefilled state (one device read at the end). Both trees share one
+Inductor cache, so every child after a tree's first loads its graph. Reported: each tree's median
+ms/step over the rounds and the ratio now / before.
+
+`--model micro`: instead, the 1-layer, 32-wide target and draft at V = 64 (`fdecode.bench.host`), B = 1,
+K = 3, one thread (`--model bundled`: the bundled model with its MTP head, the process's threads); each child times `--steps` steps from a fresh prefill, 7 times, and reports the median
+wall time and the median CPU time of its thread (`time.thread_time`: on a machine shared with other jobs,
+the figure their load disturbs least; a one-thread step on the CPU is all the thread's own work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_child(steps: int, model: str) -> dict:
+    import torch
+
+    import fdecode
+
+    k, prompt = 3, list(range(1, 17))
+    if model == "micro":
+        from fdecode.bench import llama
+
+        torch.set_num_threads(1)
+        target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
+    else:
+        from fdecode.assets import TINY
+        from fdecode.models import from_hf
+
+        target, draft = from_hf(TINY, dtype=torch.float32), "mtp"
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=1, max_seq_len=len(prompt) + (steps + 2) * (k + 1))
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    runs, cpu = [], []
+    for _ in range(8):  # the first run compiles or loads the graph
+        state = step.prefill([prompt], max_new_tokens=steps * (k + 1), eos_token_id=[])
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        for _ in range(steps):
+            state, out = step(state)
+        out.packed.tolist()
+        runs.append((time.perf_counter() - start) / steps)
+        cpu.append((time.thread_time() - start_cpu) / steps)
+    return {
+        "ms": 1e3 * statistics.median(runs[1:]),
+        "cpu_ms": 1e3 * statistics.median(cpu[1:]),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def child(steps: int) -> dict:
+    import torch
+
+    import fdecode
+    from fdecode.bench import llama
+    from fdecode.bench.sampling import VOCAB
+
+    batch, k = 8, 4
+    target, draft = llama(VOCAB, 256, 4, seed=1), llama(VOCAB, 128, 1, seed=2)
+    budget = 2 * steps * (k + 1) + 1
+    cfg = fdecode.DecodeConfig(num_draft_tokens=k, max_batch=batch, max_seq_len=16 + batch + budget + 2 * (k + 1))
+    step = fdecode.compile(target, draft, cfg, announce=False)
+    prompts = [list(range(1 + lane, 17 + lane)) for lane in range(batch)]
+    state = step.prefill(prompts, max_new_tokens=budget, eos_token_id=[])
+    for _ in range(steps):  # warm-up: the graph compiles or loads, caches fill
+        state, out = step(state)
+    out.packed.tolist()
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, out = step(state)
+    out.packed.tolist()
+    return {"ms": 1e3 * (time.perf_counter() - start) / steps, "torch_threads": torch.get_num_threads()}
+
+
+def run_child(tree: str, steps: int, model: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": tree}
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", str(steps), "--model", model],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise RuntimeError(f"child in {tree} failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=False, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--model", choices=("default", "micro", "bundled"), default="default")
+    parser.add_argument("--quick", action="store_true", help="the micro model, 1 round of 3 steps, against HEAD")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.model, args.rounds, args.steps, args.before = "micro", 1, 3, args.before or "HEAD"
+    if args.child is not None:
+        print(json.dumps(child(args.child) if args.model == "default" else small_child(args.child, args.model)))
+        return 0
+    if args.before is None:
+        parser.error("--before REV is required")
+    with tempfile.TemporaryDirectory(prefix="fdecode-before-") as tmp:
+        before = os.path.join(tmp, "tree")
+        added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", before, args.before])
+        if added.returncode != 0:
+            print(f"step_vs_revision: cannot check out {args.before!r} here (not a git clone?); nothing measured")
+            return 0
+        try:
+            runs = {"before": [], "now": []}
+            for round_ in range(args.rounds):
+                for name, tree in (("before", before), ("now", ROOT)):
+                    runs[name].append(run_child(tree, args.steps, args.model))
+                    print(f"round {round_}: {name} {runs[name][-1]}", file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
+    figures = {"ms": "wall ms/step", "cpu_ms": "CPU ms/step (thread)"}
+    report = {"before": args.before, "model": args.model, "rounds": runs}
+    for field, title in figures.items():
+        if any(field not in run for run in runs["now"] + runs["before"]):
+            continue
+        times = {name: [run[field] for run in rs] for name, rs in runs.items()}
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        print(f"| tree | {title} (median, min-max) |\n|---|---|")
+        for name, ts in times.items():
+            label = args.before if name == "before" else "this tree"
+            print(f"| {label} | {medians[name]:.3f} ({min(ts):.3f}-{max(ts):.3f}) |")
+        # Round by round: each round's two children ran back to back, so a drift of the machine cancels.
+        paired = statistics.median(n / b for n, b in zip(times["now"], times["before"]))
+        print(
+            f"\nnow / before ({title}): {medians['now'] / medians['before']:.3f} of the medians, "
+            f"{paired:.3f} median of the rounds' ratios\n"
+        )
+        report[f"ratio_{field}"] = paired
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

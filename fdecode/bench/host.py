@@ -1,0 +1,215 @@
+"""The host's share of a step: `fdecode bench --workloads host-time` (docs/host-time.md).
+
+Per model (`micro`: a 1-layer, 32-wide Llama target and draft at V = 64, one thread; `bundled`: the bundled
+model with its MTP head) and batch, with the default `DecodeConfig` (greedy lanes, K = 3):
+- step_ms: wall time of `step(state)`, the median over `reps` runs of `steps` steps from a fresh prefill, one
+  device read at each run's end (no profiler); cpu_ms: the process's CPU time over the same runs (on a machine
+  shared with other jobs, the figure their load disturbs least);
+- inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
+  compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
+  choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
+- device_idle: on a GPU, the device's idle time between consecutive steps (from the last kernel of step n to
+  the first of step n + 1, the steps' ranges as the device ran them) as a share of the step; None on a CPU;
+- engine_ms: an `Engine`'s own time per step beside the step's (reading one step behind, admissions, events).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import fdecode
+from fdecode.bench.models import llama
+from fdecode.bench.timing import synchronize
+
+STEP = "fdecode/host-step"
+COMPILED = "## Call CompiledFxGraph"  # Inductor's range around a compiled graph's call (output_code.py)
+MODELS = ("micro", "bundled")
+PROMPT_LEN = 16
+
+
+def load(name: str):
+    """(target, draft, threads) of a host-time model; threads: None keeps the process's."""
+    if name == "micro":
+        return llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2), 1
+    if name == "bundled":
+        from fdecode.assets import TINY
+        from fdecode.models import from_hf
+
+        return from_hf(TINY, dtype=torch.float32), "mtp", None
+    raise ValueError(f"host-time models are {MODELS}, got {name!r}")
+
+
+def compile_step(target, draft, *, batch: int, k: int, steps: int, device: str, backend: str):
+    """The default config's step for `steps` steps of `batch` lanes of PROMPT_LEN-token prompts, warmed."""
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k,
+        max_batch=batch,
+        max_seq_len=PROMPT_LEN + batch + steps * (k + 1) + 2 * (k + 1),
+        device=device,
+        backend=backend,
+    )
+    return fdecode.compile(target, draft, cfg, announce=False)
+
+
+def prompts_of(step, batch: int) -> list[list[int]]:
+    vocab = step.target.config.vocab_size
+    return [[(7 * lane + i) % vocab for i in range(PROMPT_LEN + lane)] for lane in range(batch)]
+
+
+def timed_run(step, prompts, steps: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per step of `steps` steps from a fresh prefill (device-resident, one read at
+    the end)."""
+    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    synchronize()
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        state, out = step(state)
+    out.packed.cpu()
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+
+
+def _ranges(prof, name: str, device: bool = False) -> list[tuple[float, float]]:
+    """(start, end) us of the events named (or, for COMPILED, starting with) `name`, on the host or the device."""
+    from torch.autograd import DeviceType
+
+    want = DeviceType.CUDA if device else DeviceType.CPU
+    return sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if (e.name.startswith(name) if name == COMPILED else e.name == name) and e.device_type == want
+    )
+
+
+def shares(prof) -> dict[str, float | None]:
+    """inside_us / outside_us (medians over the steps) and device_idle (share of the step period, None where
+    the device ran nothing apart from the host) from a profile of steps in `STEP` ranges."""
+    steps, compiled = _ranges(prof, STEP), _ranges(prof, COMPILED)
+    inside = [sum(min(e, end) - max(s, start) for s, e in compiled if s < end and e > start) for start, end in steps]
+    outside = [(end - start) - i for (start, end), i in zip(steps, inside)]
+    device = _ranges(prof, STEP, device=True)  # the same ranges as the device ran their kernels
+    idle = None
+    if len(device) >= 2:
+        gaps = [max(b[0] - a[1], 0.0) for a, b in zip(device, device[1:])]
+        periods = [b[0] - a[0] for a, b in zip(device, device[1:])]
+        idle = statistics.median(g / p for g, p in zip(gaps, periods) if p > 0)
+    return {"inside_us": statistics.median(inside), "outside_us": statistics.median(outside), "device_idle": idle}
+
+
+def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
+    """`shares` of one run of `steps` steps under the profiler (CUDA activity where the step runs there)."""
+    from fdecode.profile import quiet_stderr
+
+    activities = [ProfilerActivity.CPU]
+    if step.config.device_type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    prof = profile(activities=activities)
+    with quiet_stderr():
+        prof.start()
+    try:
+        for _ in range(steps):
+            with record_function(STEP):
+                state, out = step(state)
+        out.packed.cpu()
+    finally:
+        with quiet_stderr():
+            prof.stop()
+    return shares(prof)
+
+
+class _TimedStep:
+    """The step as an Engine sees it, with the seconds spent in its calls summed (`engine_run`)."""
+
+    def __init__(self, step):
+        self._step, self.seconds = step, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._step, name)
+
+    def __call__(self, state, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._step(state, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def engine_run(step, prompts, steps: int) -> tuple[float, float]:
+    """(seconds per Engine step, of which outside the step's calls) over `steps` steps of an Engine serving
+    `prompts` (their admission included, as a server's would be)."""
+    timed = _TimedStep(step)
+    engine = fdecode.Engine(timed)
+    for prompt in prompts:
+        engine.add_request(prompt, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    engine.step()  # admits the requests (priming), launches nothing yet
+    timed.seconds = 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    synchronize()
+    wall = (time.perf_counter() - start) / steps
+    return wall, wall - timed.seconds / steps
+
+
+def run_host_workload(
+    model: str, batches, *, k: int = 3, steps: int = 40, reps: int = 5, device: str = "cpu", backend: str = "auto"
+) -> list[dict]:
+    """One row per batch of `model` (see the module docstring for the figures)."""
+    target, draft, threads = load(model)
+    saved = torch.get_num_threads()
+    if threads is not None and device == "cpu":
+        torch.set_num_threads(threads)
+    rows = []
+    try:
+        for batch in batches:
+            print(f"... host-time {model} B={batch} K={k}", file=sys.stderr, flush=True)
+            step = compile_step(target, draft, batch=batch, k=k, steps=steps, device=device, backend=backend)
+            prompts = prompts_of(step, batch)
+            timed_run(step, prompts, steps)  # compiles (or loads) the graph, fills the caches
+            runs = [timed_run(step, prompts, steps) for _ in range(reps)]
+            seconds, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+            split = profiled_run(step, prompts, steps)
+            engine, engine_own = engine_run(step, prompts, steps)
+            inside, outside = split["inside_us"], split["outside_us"]
+            rows.append(
+                {
+                    "workload": "host-time",
+                    "model": model,
+                    "batch": batch,
+                    "k": k,
+                    "backend": step.backend,
+                    "threads": torch.get_num_threads(),
+                    "step_ms": seconds * 1e3,
+                    "cpu_ms": cpu * 1e3,
+                    "inside_ms": inside / 1e3,
+                    "outside_ms": outside / 1e3,
+                    "outside_share": outside / max(inside + outside, 1e-9),
+                    "device_idle": split["device_idle"],
+                    "engine_ms": engine * 1e3,
+                    "engine_own_ms": engine_own * 1e3,
+                }
+            )
+    finally:
+        torch.set_num_threads(saved)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | device idle "
+        "| Engine ms/step | Engine's own ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        idle = "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.1f} %"
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | {r['cpu_ms']:.3f} | "
+            f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | {idle} | "
+            f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""A stored Inductor step skips Dynamo's guard check on the states it returned itself (`fdecode.graphs.trusted`),
+and only on those.
+
+One compile of a 1-layer, 32-wide pair (the host-time micro model) serves every check: over a chain of steps the
+guards run once per (graph that made the state, graph that runs it), not once per step; the tokens equal the
+eager step's; a fresh prefill is checked again; a state of another layout is still refused with check_state's
+error before anything runs, whether derived from a trusted state or made by a step of another config.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.aot_compile import AOTCompiledFunction
+
+import fdecode
+from fdecode.bench import llama
+
+PROMPTS = [list(range(1, 17)), list(range(5, 25))]
+
+
+def compile_pair(backend: str, batch: int = 2):
+    target = llama(64, 32, 1, seed=1)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=batch, max_seq_len=128, backend=backend)
+    return fdecode.compile(target, llama(64, 32, 1, seed=2), cfg, announce=False)
+
+
+def tokens(step, steps: int) -> list:
+    state = step.prefill(PROMPTS, max_new_tokens=80, eos_token_id=[])
+    packed = []
+    for _ in range(steps):
+        state, out = step(state)
+        packed.append(out.packed.tolist())
+    return packed, state
+
+
+@pytest.mark.slow
+def test_guards_run_once_per_pair_of_graphs_and_other_layouts_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FDECODE_CACHE_DIR", str(tmp_path))
+    checks = []
+    guard_check = AOTCompiledFunction.guard_check
+    monkeypatch.setattr(
+        AOTCompiledFunction, "guard_check", lambda self, *a, **k: checks.append(1) or guard_check(self, *a, **k)
+    )
+    step = compile_pair("inductor")
+    assert all(type(g).__name__ == "StoredGraph" for g in step.graphs.values())
+    compiled, state = tokens(step, 12)
+    # The first call (the prefilled state) compiles and runs through the guards; the second checks them once,
+    # explicitly, on the state the first returned and trusts the pair (greedy graph -> greedy graph); the ten
+    # after check nothing.
+    assert len(checks) == 2, checks
+    reference, _ = tokens(compile_pair("eager"), 12)
+    assert compiled == reference
+
+    # A new prefill's state is not trusted: its first step runs the guards again.
+    stale = state
+    _, state = tokens(step, 2)
+    assert len(checks) == 3, checks
+    with pytest.raises(ValueError, match="taken over by a later step.prefill"):
+        step(stale)  # the chain before that prefill: its KV is the new chain's
+
+    # Other layouts are refused before anything runs, even from the trusted state.
+    with pytest.raises(ValueError, match=r"state.tokens is \(2, 5\)"):
+        step(state.replace(tokens=torch.zeros(2, 5, dtype=torch.long)))
+    other = compile_pair("eager", batch=3).prefill([PROMPTS[0]] * 3, max_new_tokens=8)
+    with pytest.raises(ValueError, match="this step expects"):
+        step(other)
+    state, _ = step(state)  # the trusted chain still runs, unguarded
+    assert len(checks) == 3, checks
