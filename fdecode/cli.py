@@ -39,8 +39,9 @@ from fdecode.tokenizer import load_tokenizer
 
 REPS = 3  # timed runs of each system
 # Why the demo runs on one thread by default. Measured with `fdecode demo` on this project's 2-core AVX2 machine
-# while other jobs kept it busy (2026-12-05): one thread gave fdecode 1.13x target-only, one thread per core
-# (torch's default) 0.23x, its rounds spread 0.20-0.65x: oversubscribed cores measure the machine, not the step.
+# (2026-12-05). Busy with other jobs: one thread gave fdecode 1.13x target-only, one thread per core (torch's
+# default) 0.23x, its rounds spread 0.20-0.65x. Nearly quiet: one thread 1.40x (339 tok/s; target-only 243),
+# one per core 1.28x (99 tok/s; target-only 77). Oversubscribed cores measure the machine, not the step.
 THREADS_WHY = "one thread: on a busy machine one per core oversubscribes it and decides the ratio; --threads N"
 DEFAULT_PROMPT = '''class LRUCache:
     """A mapping that forgets its least recently used keys."""
