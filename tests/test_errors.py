@@ -34,7 +34,7 @@ def step():
         ([[1, 2]], {"max_new_tokens": 0}, ValueError, "positive"),
         ([[1, 2]], {"eos_token_id": 500}, ValueError, "eos token id"),
         ([[1, 2]], {"eos_token_id": [1, 2, 3, 4, 5]}, ValueError, "max_stop_ids"),
-        ("hello", {}, TypeError, "list of token-id"),
+        ("hello", {}, TypeError, r"must be a list of"),  # one text, not a list of prompts
         ([[1.5, 2]], {}, TypeError, "must be ints"),
         ([torch.ones(2, 2, dtype=torch.long)], {}, TypeError, "1-D integer tensor"),
     ],
@@ -180,7 +180,6 @@ BATCH_MESSAGES = [
     ([[1, 2], [1, 99]], {}, ValueError, r"prompt 1: token id 99 is outside the vocabulary \[0, 96\)"),
     ([[1, 2], []], {}, ValueError, r"prompt 1 is empty"),
     ([[1, 2], [1.5]], {}, TypeError, r"prompt 1: token ids must be ints, got 1\.5"),
-    ([[1, 2], "ab"], {}, TypeError, r"prompt 1: expected a sequence of token ids, got str"),
     (
         [[1, 2], {"input_ids": [3]}],
         {},
@@ -214,6 +213,15 @@ def test_batch_error_messages_carry_one_label(step, prompts, kwargs, error, mess
         fdecode.generate(step, prompts, progress=False, **kwargs)
     with pytest.raises(error, match=f"^{message}$"):
         step.prefill(prompts, **kwargs)
+
+
+def test_a_text_prompt_needs_a_tokenizer_and_prefill_takes_token_ids_only(step):
+    """generate takes text where it has a tokenizer (`fdecode.text`): this step's target has none, so it says
+    how to give one; `Step.prefill` takes token ids only, and names the prompt that is not."""
+    with pytest.raises(ValueError, match=r"^text prompts need a tokenizer: pass tokenizer="):
+        fdecode.generate(step, [[1, 2], "ab"], max_new_tokens=4, progress=False)
+    with pytest.raises(TypeError, match=r"^prompt 1: expected a sequence of token ids, got str$"):
+        step.prefill([[1, 2], "ab"], max_new_tokens=4)
 
 
 @pytest.mark.parametrize(
