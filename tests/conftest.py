@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 import torch
+from support.durations import SLOW_SECONDS, measured
 
 # pytest-xdist (`-n 2` in pyproject.toml): one worker per core, each on one thread (its child processes
 # too: the notebook's kernel, TP ranks, the CLI) and compiling Inductor's C++ itself rather than through a
@@ -55,5 +56,10 @@ SLOW_FILES = (
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The fast tier (`pytest -m "not slow"`): every test measured above SLOW_SECONDS is slow too.
+    seconds = measured()
+    for item in items:
+        if seconds.get(item.nodeid, 0.0) > SLOW_SECONDS:
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable: file order kept otherwise
