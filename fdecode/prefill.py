@@ -152,6 +152,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
     """A state with every lane inactive, no blocks handed out, over KV pools `kv` (target, draft) taken
     as they are (nothing is read before it is written)."""
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
+    drafter = drafter_for(draft)
     zeros = dict(dtype=torch.int64, device=device)
     return (
         DecodeState(
@@ -161,8 +162,8 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
             target_kv=kv[0],
             draft_kv=kv[1],
             **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-            history=torch.full((batch, drafter_for(draft).history_width(cfg)), -1, **zeros),
-            missed=torch.full((batch, drafter_for(draft).missed_width(draft, cfg)), -1, **zeros),
+            history=torch.full((batch, drafter.history_width(cfg)), -1, **zeros),
+            missed=torch.full((batch, drafter.missed_width(draft, cfg)), -1, **zeros),
             active=torch.zeros(batch, dtype=torch.bool, device=device),
             remaining=torch.zeros(batch, **zeros),
             stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -250,6 +251,7 @@ def prime(
     Inputs must already be checked (`check_*`, `request_params`). Consumes `state` (its KV is written in place).
     """
     n, bs, device = len(lanes), cfg.block_size, torch.device(cfg.device)
+    drafter = drafter_for(draft)
     vocab = target.config.vocab_size
     longest = max(len(p) for p in prompts)  # host quantities come from host data: no device read
     tokens = torch.zeros(n, longest, dtype=torch.int64)
@@ -311,7 +313,7 @@ def prime(
         # MTP pairs the token at p with the target hidden at p - 1 (a draft LM ignores hidden_in).
         shifted = torch.cat([hidden.new_zeros(n, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
         draft_states = None
-        if drafter_for(draft).forwards:  # an n-gram draft has no forward: its history is the prompt itself
+        if drafter.forwards:  # an n-gram draft has no forward: its history is the prompt itself
             _, _, draft_states = forward_rows(
                 draft,
                 tokens,
@@ -325,7 +327,7 @@ def prime(
                 recurrent=first_copy(fresh, "draft"),
                 valid=real,
             )
-    history = torch.full((n, drafter_for(draft).history_width(cfg)), -1, dtype=torch.int64, device=device)
+    history = torch.full((n, drafter.history_width(cfg)), -1, dtype=torch.int64, device=device)
     history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)
@@ -343,7 +345,7 @@ def prime(
         grammar_next=state.grammar_next,
         history=history,
         missed=torch.full(
-            (n, drafter_for(draft).missed_width(draft, cfg)), -1, dtype=torch.int64, device=device
+            (n, drafter.missed_width(draft, cfg)), -1, dtype=torch.int64, device=device
         ),  # nothing missed yet
         active=active,
         remaining=remaining,
