@@ -12,7 +12,7 @@ with the others. For each request it reports whether the two token lists differ 
 they first do. Configurations, which separate the candidate causes:
 
 - default       `adaptive_depth=True`, with `step.warmup(depths=0..K)` so the Engine may launch every depth
-                (without those graphs `Step.ready_depths` holds an adaptive Engine at depth K);
+                (without those graphs `Schedule.ready_depths` holds an adaptive Engine at depth K);
 - fixed-depth   `adaptive_depth=False`: every step verifies K drafts (the same schedule alone and batched),
                 attention windows still chosen per launch from the batch's longest lane (`context_buckets`);
 - fixed-window  `adaptive_depth=False` and `context_buckets=(max_seq_len,)`: one window for every step.

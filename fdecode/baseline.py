@@ -21,7 +21,7 @@ import torch
 from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
-from fdecode.graphs.compile import fresh_code
+from fdecode.graphs.pure import fresh_code
 from fdecode.ops.ngram import lookup_list
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer

@@ -44,8 +44,6 @@ from fdecode.processing import processed, tallied
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
 
-CATCH_UP = -1  # `decode_step`'s depth for the step that catches a draft LM up (`fdecode.ops.catch_up`)
-
 
 def transition_randoms(state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All random numbers of one transition, drawn at once from the lanes' (seed, counter): the
@@ -122,6 +120,7 @@ def decode_step(
     context_blocks: int | torch.Tensor | None = None,
     plan: SamplingPlan | None = None,
     depth: int | None = None,
+    catch_up: bool = False,
     draft_regions: bool,
 ) -> tuple[DecodeState, StepOutput]:
     """One speculative decoding iteration: validate -> sample -> advance (prepare the next draft, propose).
@@ -139,15 +138,14 @@ def decode_step(
     for recurrent drafts); the rest of the next window is -1 (nothing proposed: never accepted, and a random
     lane's rejection there draws from p itself, so every depth is exact). depth 0 commits one token per
     lane, as target-only decoding would (`fdecode.runtime.gate` decides when, for n-gram drafts); a draft LM
-    sits it out (`fdecode.ops.catch_up`) and proposes nothing. depth CATCH_UP: depth 0 whose draft forward
-    first takes the tokens the draft sat out, then proposes one draft.
+    sits it out (`fdecode.ops.catch_up`) and proposes nothing. catch_up (with depth 0): the draft's forward
+    first takes the tokens it sat out, then proposes one draft.
     draft_regions: whether the draft's layers may run as compile regions (`cfg.layer_regions` and no parameter
     shared with the target: `fdecode.models.regions.shares_parameters`), checked by the caller once per graph
     (`pure_step`): inside the trace Dynamo would walk every parameter of both models.
     """
     plan = general_plan(cfg) if plan is None else plan
     depth = cfg.K if depth is None else depth
-    catch_up, depth = depth == CATCH_UP, max(depth, 0)
     verified = validate(target, cfg, state, context_blocks, depth)
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
     committed = commit(target, cfg, state, verified, noise, accept_u, plan, depth)

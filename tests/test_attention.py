@@ -10,7 +10,7 @@ from support import kernel_semantics
 
 import fdecode
 from fdecode.graphs.backends import choose_attention
-from fdecode.graphs.compile import fresh_code
+from fdecode.graphs.pure import fresh_code
 from fdecode.ops.attention import paged_attention, paged_context
 
 SHAPES = ((8, 2, 64), (8, 2, 64))  # (num_heads, num_kv_heads, head_dim) of target and draft

@@ -79,7 +79,7 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
         return call
 
     target = fdecode_target(2)
-    # Eager: the replays are simulated around whatever `_graph` returns, so no compile is needed.
+    # Eager: the replays are simulated around each graph's runs (`graph_set.run`), so no compile is needed.
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
     prompts = [[5, 17, 33, 2, 9], [7, 3]]
     honest = fdecode.compile(target, independent_draft("partial", target), cfg)
@@ -87,18 +87,18 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
     assert fdecode_loop(honest, prompts, 16, steps)[0] == expected
 
     replaying = fdecode.compile(target, independent_draft("partial", target), cfg)
-    real_graph, graphs = type(replaying)._graph, {}
+    real_run, graphs = replaying.graph_set.run, {}
 
-    def graph(self, blocks, plan, speculate):  # one "recorded graph" per window, plan and kind, as the step keeps them
-        if (blocks, plan, speculate) not in graphs:
-            graphs[blocks, plan, speculate] = replay_like(
-                real_graph(self, blocks, plan, speculate),
+    def run(state, blocks, key, **kw):  # one "recorded graph" per window and key, as the step keeps them
+        if (blocks, key) not in graphs:
+            graphs[blocks, key] = replay_like(
+                lambda state: real_run(state, blocks, key, **kw),
                 lambda r: r[1].packed,
                 lambda r, packed: (r[0], StepOutput(packed)),
             )
-        return graphs[blocks, plan, speculate]
+        return graphs[blocks, key](state)
 
-    monkeypatch.setattr(type(replaying), "_graph", graph)
+    monkeypatch.setattr(replaying.graph_set, "run", run)
     assert fdecode_loop(replaying, prompts, 16, steps)[0] == expected  # device-resident: outputs read at the end
     assert fdecode.generate(replaying, prompts, max_new_tokens=16, progress=False) == expected  # the Engine's reads
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.graph_runs import record_runs
 from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 from torch._dynamo.utils import counters
 
@@ -38,19 +39,12 @@ def recording(step) -> list[tuple[int, int]]:
 
     Reading base_pos syncs, which is fine here: the test checks the host's bound against the truth."""
     calls: list[tuple[int, int]] = []
-    graph = step._graph
 
-    def spy(blocks, plan, speculate=True):
-        run = graph(blocks, plan, speculate)
+    def observe(state, blocks, _key) -> None:
+        active = state.base_pos[state.active]
+        calls.append((int(active.max()) if active.numel() else -1, blocks * step.config.block_size))
 
-        def call(state):
-            active = state.base_pos[state.active]
-            calls.append((int(active.max()) if active.numel() else -1, blocks * step.config.block_size))
-            return run(state)
-
-        return call
-
-    step._graph = spy
+    record_runs(step, observe)
     return calls
 
 
@@ -270,7 +264,12 @@ def test_a_window_of_one_block_has_a_graph_of_its_own() -> None:
     target = fdecode_target(2)
     draft = independent_draft("partial", target)
     step = fdecode.compile(target, draft, config(backend="aot_eager", block_size=16, context_buckets=(16, 32, 64)))
-    assert step.dynamic_window and [step.graph_window(n) for n in step.config.bucket_blocks] == [1, None, None, None]
+    assert step.dynamic_window and [step.graph_set.window_of(n) for n in step.config.bucket_blocks] == [
+        1,
+        None,
+        None,
+        None,
+    ]
     one = fdecode.compile(target, draft, config(backend="aot_eager", block_size=16, context_buckets=(16,)))
     assert one.config.bucket_blocks == (1, 7) and not one.dynamic_window
     assert not fdecode.compile(target, draft, config(backend="eager")).dynamic_window  # eager compiles nothing

@@ -122,8 +122,8 @@ def test_each_depth_is_one_graph_that_never_recompiles():
     with torch._dynamo.config.patch(error_on_recompile=True):
         for depth in (3, 1, 0, 1, 3, 0, 3):
             state, _ = step(state, depth=depth)
-    # -1: the catch-up graph, which the first step that drafts after a depth-0 step runs (`fdecode.ops.catch_up`)
-    assert sorted(depth for _, _, depth in step.graphs) == [-1, 0, 1, 3]
+    # (0, True): the catch-up graph, which the first step that drafts after a depth-0 step runs (`fdecode.ops.catch_up`)
+    assert sorted((key.depth, key.catch_up) for key in step.graphs) == [(0, False), (0, True), (1, False), (3, False)]
     # Depth 1: the target's 2 layers over 2 rows, one draft forward (its first, 2 rows, 2 layers).
     # (at depth K: 2 + K writes, tests/test_graph.py)
     shallow = fdecode.inspect(step, state, depth=1)

@@ -252,7 +252,7 @@ def test_an_engine_waits_for_no_compile_and_runs_the_depths_warmup_made():
         assert [got[i] for i in ids] == [hf_greedy(p, 12) for p in PROMPTS]
         launched = {d for d, n in engine.policy.launches.items() if n}
         assert launched == ({2} if warm is None else {1, 2}), engine.policy
-    assert step.ready_depths(engine.state) == (1, 2) and step.depths == (0, 1, 2)
+    assert step.schedule.ready_depths(engine.state) == (1, 2) and step.depths == (0, 1, 2)
 
 
 def test_costs_count_the_weights_each_depth_reads():

@@ -98,8 +98,13 @@ def test_inspect_catches_a_host_sync():
 
     class SyncingStep:
         target, draft, config, backend = step.target, step.draft, step.config, "test"
-        plans, plan_for, graph_window = step.plans, staticmethod(step.plan_for), staticmethod(step.graph_window)
-        check_depth, graph_depth = staticmethod(step.check_depth), staticmethod(step.graph_depth)
+        plans, plan_for, schedule, graph_set, graphs = (
+            step.plans,
+            staticmethod(step.plan_for),
+            step.schedule,
+            step.graph_set,
+            step.graphs,
+        )
 
     original = torch.ops.fdecode.prepare_next_draft
 

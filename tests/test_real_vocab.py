@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from support.graph_runs import record_runs
 from support.stats import ALPHA, chi2_pvalue
 
 import fdecode
@@ -21,6 +22,11 @@ from fdecode.ops.plan import GREEDY, SamplingPlan, all_plans, exact, plan_for, r
 from fdecode.step import general_plan
 
 BIG_V = 32_768
+
+
+def plan_names(runs: list) -> list[str]:
+    """The sampling plan of each graph run recorded by `record_runs`, in order."""
+    return [key.plan.name for key in runs]
 
 
 def big_vocab_pair() -> tuple[LlamaModel, LlamaModel]:
@@ -41,15 +47,13 @@ def test_one_token_filters_equal_greedy_over_thousands_of_samples():
     greedy = fdecode.generate(step, prompts, max_new_tokens=new)
     seeds = list(range(100, 100 + lanes))
     step.warmup(plans=[p for p in step.plans if p.name in ("top_k<=128", "full")])  # each filter's own plan
-    plans = []
-    run = step._run
-    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
+    runs = record_runs(step)
     for params, plan in ((dict(top_k=1), "top_k<=128"), (dict(min_p=1.0), "full")):
-        plans.clear()
+        runs.clear()
         sampled = fdecode.generate(step, prompts, max_new_tokens=new, temperature=1.0, seed=seeds, **params)
         assert sum(map(len, sampled)) == lanes * new  # 1536 sampled tokens per filter
         assert sampled == greedy, params
-        assert set(plans) == {plan}
+        assert set(plan_names(runs)) == {plan}
 
 
 def test_plan_follows_the_lanes_parameters():
@@ -90,9 +94,7 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(plans=[p for p in step.plans if p.name in ("greedy", "top_k<=128")])  # the two this traffic needs
     graphs = dict(step.graphs)
-    plans = []
-    run = step._run
-    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
+    runs = record_runs(step)
     engine = fdecode.Engine(step)
     engine.add_request([1, 2, 3], max_new_tokens=30)
     for _ in range(3):
@@ -100,9 +102,9 @@ def test_admitting_a_random_request_switches_graphs_without_compiling_after_warm
     engine.add_request([4, 5], max_new_tokens=6, temperature=0.8, top_k=5, seed=1)
     engine.run()
     assert step.graphs == graphs  # every graph was captured by warmup
-    first_random = plans.index("top_k<=128")
-    assert set(plans[:first_random]) == {"greedy"}
-    assert plans[-1] == "greedy" and "greedy" in plans[first_random:]
+    first_random = plan_names(runs).index("top_k<=128")
+    assert set(plan_names(runs)[:first_random]) == {"greedy"}
+    assert plan_names(runs)[-1] == "greedy" and "greedy" in plan_names(runs)[first_random:]
 
 
 @pytest.mark.slow
@@ -145,16 +147,16 @@ def test_a_lanes_tokens_do_not_depend_on_the_plan_its_batch_runs():
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(plans=step.plans)  # the specialised plans too (unasked, a random batch runs the general plan)
-    plans = []
-    run = step._run
-    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
+    runs = record_runs(step)
     alone = fdecode.generate(step, [[5, 17, 33]], max_new_tokens=16, temperature=0.9, top_k=10, seed=42)[0]
-    assert set(plans) == {"top_k<=128"}
-    plans.clear()
+    assert set(plan_names(runs)) == {"top_k<=128"}
+    runs.clear()
     mixed = fdecode.generate(
         step, [[5, 17, 33], [7, 3]], max_new_tokens=16, temperature=[0.9, 1.0], top_k=[10, 0], seed=[42, 1]
     )
-    assert plans[0] == "full+top_k"  # (once the other lane finishes, the batch runs the candidate plan again)
+    assert (
+        plan_names(runs)[0] == "full+top_k"
+    )  # (once the other lane finishes, the batch runs the candidate plan again)
     assert mixed[0] == alone
 
 
@@ -187,16 +189,14 @@ def test_warmup_makes_the_covering_plans_and_every_batch_runs_one_of_them():
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=40, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     step.warmup(progress=False)
-    assert {plan.name for _, plan, _ in step.graphs} == {"greedy", "full+top_k+top_p"}
+    assert {key.plan.name for key in step.graphs} == {"greedy", "full+top_k+top_p"}
     graphs = dict(step.graphs)
-    plans = []
-    run = step._run
-    step._run = lambda state, blocks, plan, **kw: (plans.append(plan.name), run(state, blocks, plan, **kw))[1]
+    runs = record_runs(step)
     params = dict(max_new_tokens=12, temperature=0.9, top_k=10, seed=42)
     general = fdecode.generate(step, [[5, 17, 33], [7, 3]], **params)
-    assert set(plans) == {"full+top_k+top_p"} and step.graphs == graphs  # nothing compiled
-    assert fdecode.generate(step, [[5, 17, 33]], max_new_tokens=12) and set(plans[-1:]) == {"greedy"}
+    assert set(plan_names(runs)) == {"full+top_k+top_p"} and step.graphs == graphs  # nothing compiled
+    assert fdecode.generate(step, [[5, 17, 33]], max_new_tokens=12) and set(plan_names(runs)[-1:]) == {"greedy"}
     step.warmup(plans=step.plans, progress=False)
-    plans.clear()
+    runs.clear()
     assert fdecode.generate(step, [[5, 17, 33], [7, 3]], **params) == general
-    assert set(plans) == {"top_k<=128"}
+    assert set(plan_names(runs)) == {"top_k<=128"}

@@ -4,17 +4,15 @@ checked on the CPU, on a real step's state."""
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 from support.llama_models import fdecode_target, independent_draft
 
 import fdecode
+from fdecode.graphs import graph_set
 from fdecode.graphs.replay_outputs import owned_outputs, owning_outputs
 from fdecode.state import DecodeState, StepOutput
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3]]
-compile_module = importlib.import_module("fdecode.graphs.compile")  # the package exports a function of that name
 
 
 def eager_step():
@@ -43,7 +41,7 @@ def test_a_step_whose_outputs_are_copied_every_call_commits_the_same_tokens(monk
 
         return owning_outputs(counted)
 
-    monkeypatch.setattr(compile_module, "capture", capture)
+    monkeypatch.setattr(graph_set, "capture", capture)  # where a Step captures its graphs
     step = eager_step()
     state = step.prefill(PROMPTS, max_new_tokens=12)
     kv = state.target_kv

@@ -17,6 +17,8 @@ from support.kernel_files import kernel_files
 import fdecode
 from fdecode.bench import llama
 from fdecode.graphs.backends import capture
+from fdecode.graphs.graph_key import GraphKey
+from fdecode.graphs.pure import pure_step
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
 
 # A fresh process: a random 2-layer target (weights from argv[2]) with a 1-layer draft, Inductor, six steps
@@ -96,7 +98,9 @@ def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) 
     plan = step.plans[0]
 
     def key(s=step, blocks=8, depth=None) -> str:
-        return graph_key(s._pure(blocks, plan, depth), "inductor")
+        return graph_key(
+            pure_step(s.target, s.draft, s.config, GraphKey(blocks, plan, 3 if depth is None else depth)), "inductor"
+        )
 
     base = key()
     assert key() == base and len(base) == 32
@@ -120,11 +124,11 @@ def test_the_key_follows_what_the_graph_is_compiled_from(monkeypatch, tmp_path) 
     )
     others.append(key(fdecode.compile(strided, draft, cfg)))
     assert len({base, *others}) == len(others) + 1
-    fn = step._pure(8, plan)
-    assert step.stored_path(fn) == tmp_path / f"{fn.__name__}-{base}.step"
-    assert fdecode.compile(target, draft, dataclasses.replace(cfg, backend="dynamo")).stored_path(fn) is None
+    fn = pure_step(step.target, step.draft, step.config, GraphKey(8, plan, 3))
+    assert step.graph_set.stored_path(fn) == tmp_path / f"{fn.__name__}-{base}.step"
+    assert fdecode.compile(target, draft, dataclasses.replace(cfg, backend="dynamo")).graph_set.stored_path(fn) is None
     monkeypatch.setenv("FDECODE_CACHE_DIR", "off")
-    assert cache_dir() is None and step.stored_path(fn) is None
+    assert cache_dir() is None and step.graph_set.stored_path(fn) is None
 
 
 def test_a_stored_graph_keeps_the_guards_the_key_does_not_cover() -> None:

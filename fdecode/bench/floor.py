@@ -15,7 +15,7 @@ import torch
 
 from fdecode.bench.timing import median_run
 from fdecode.graphs.backends import capture
-from fdecode.graphs.compile import fresh_code
+from fdecode.graphs.pure import fresh_code
 
 
 def compute_floor(step, reps: int) -> float:

@@ -1,16 +1,16 @@
 """`fdecode.compile`: bind models and config into a `Step`, captured by the chosen backend
-(docs/design.md, "Backends and kernels")."""
+(docs/design.md, "Backends and kernels").
+
+A `Step` is the user's handle: `step(state)`, `step.prefill(...)`, `step.warmup()`. It composes three parts:
+its graphs (`fdecode.graphs.graph_set.GraphSet`: capture, disk store, announcements, by `GraphKey`), the
+host-side choice of which graph runs (`fdecode.graphs.schedule.Schedule`: window, plan, depth) and its KV
+pools (`fdecode.state.ownership.KVPools`).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import statistics
-import time
-import types
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from types import MappingProxyType
 
 import torch
 
@@ -18,135 +18,47 @@ from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.drafts import Drafter
 from fdecode.drafts.resolve import resolve_draft
-from fdecode.graphs.backends import (
-    DYNAMIC_WINDOW,
-    STATIC_KV,
-    capture,
-    choose_attention,
-    device_reason,
-    latent_reason,
-    resolve_backend,
-)
-from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
+from fdecode.graphs.backends import choose_attention, device_reason, latent_reason, resolve_backend
+from fdecode.graphs.graph_key import GraphKey
+from fdecode.graphs.graph_set import GraphSet
+from fdecode.graphs.pure import pure_step
+from fdecode.graphs.schedule import Schedule, requested_depth
 from fdecode.graphs.trusted import TrustedStates
+from fdecode.graphs.warmup import warm
 from fdecode.models.parallel import check_group
-from fdecode.models.regions import resolve_regions, shares_parameters
+from fdecode.models.regions import resolve_regions
 from fdecode.models.resolve import config_of, resolve_config, resolve_target
 from fdecode.models.sharding import check_divides, parallelize_pair
-from fdecode.ops.plan import SamplingPlan, all_plans, covering, exact, plan_for, rank
+from fdecode.ops.plan import SamplingPlan, all_plans, covering
 from fdecode.params import PerPrompt, SamplingParams
-from fdecode.prefill import Prompts, empty_state, new_kv, prefill, prime
-from fdecode.progress import bar, notice
+from fdecode.prefill import Prompts, empty_state, prefill, prime
+from fdecode.progress import notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
-from fdecode.state.recurrent import check_leaves, is_hybrid
-from fdecode.step import CATCH_UP, decode_step, general_plan
-
-TIMED_RUNS = 5  # `Step.warmup` times each depth's step this many times, in rounds (the median is its cost)
-
-
-def fresh_code(fn: Callable, name: str) -> Callable:
-    """`fn` with a code object of its own. Dynamo caches compiled graphs (and counts recompiles,
-    up to `cache_size_limit`) per code object; giving every Step its own means two steps with
-    different configs never evict each other or count as each other's recompiles."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def pure_step(
-    target, draft, config: DecodeConfig, blocks: int | None, plan: SamplingPlan, depth: int | None = None
-) -> Callable:
-    """The pure step for a window of `blocks` blocks, or (None) for any window: then it takes the window
-    as a second argument, a [blocks, 0] tensor (`window_width`) whose length the graph reads as a symbolic
-    size. A code object of its own (`fresh_code`) per window, plan and depth (see `decode_step`; None: K)."""
-    depth = config.K if depth is None else depth
-    config = plan_config(config, plan)
-    draft_regions = config.layer_regions and not shares_parameters(target, draft)  # once, not in every trace
-    name = "".join(c if c.isalnum() else "_" for c in plan.name) + depth_suffix(config, depth)
-    if blocks is None:
-
-        def any_window(state: DecodeState, width: torch.Tensor) -> tuple[DecodeState, StepOutput]:
-            return decode_step(
-                target, draft, config, state, context_blocks=width, plan=plan, depth=depth, draft_regions=draft_regions
-            )
-
-        return fresh_code(any_window, f"fdecode_step_any_window_{name}")
-
-    def step(state: DecodeState) -> tuple[DecodeState, StepOutput]:
-        return decode_step(
-            target, draft, config, state, context_blocks=blocks, plan=plan, depth=depth, draft_regions=draft_regions
-        )
-
-    return fresh_code(step, f"fdecode_step_ctx{blocks * config.block_size}_{name}")
-
-
-def plan_config(config: DecodeConfig, plan: SamplingPlan) -> DecodeConfig:
-    """The config a plan's graph is traced with: without the logit processors where the plan leaves them out
-    (no lane uses one; their state leaves pass through untouched)."""
-    if not plan.unprocessed:
-        return config
-    return dataclasses.replace(config, penalties=False, min_tokens=False, max_logit_bias=0)
-
-
-def depth_suffix(config: DecodeConfig, depth: int) -> str:
-    if depth == CATCH_UP:
-        return "_catch_up"
-    return "" if depth == config.K else "_first_row" if depth == 0 else f"_depth{depth}"
-
-
-def graph_name(plan: SamplingPlan, depth: int, k: int) -> str:
-    """A step graph's name in messages and `Step.plan_compile_seconds`: the plan's, marked for first-row
-    graphs (depth 0), the catch-up graph (`CATCH_UP`) and graphs that verify fewer than the K drafts."""
-    if depth == k:
-        return plan.name
-    if depth == CATCH_UP:
-        return f"{plan.name} (first row, draft catch-up)"
-    return f"{plan.name} (first row only)" if depth == 0 else f"{plan.name} (depth {depth})"
-
-
-def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
-    """The depth `Step.__call__` and `fdecode.inspect` were asked for: `depth`, or K (0 with speculate=False)."""
-    if not isinstance(speculate, bool):
-        raise TypeError(f"speculate must be True or False, got {speculate!r}")
-    if depth is None:
-        return k if speculate else 0
-    if not speculate and depth != 0:
-        raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
-    return depth
-
-
-def window_width(config: DecodeConfig, blocks: int) -> torch.Tensor:
-    """The window argument of the graph of every window: [blocks, 0] (no memory) on the step's device,
-    its length marked dynamic from 2 blocks to the whole lane, so one compile serves every window."""
-    width = torch.empty((blocks, 0), dtype=torch.int8, device=config.device)
-    torch._dynamo.mark_dynamic(width, 0, min=2, max=config.blocks_per_lane)
-    return width
+from fdecode.state.checks import check_layout
+from fdecode.state.recurrent import is_hybrid
+from fdecode.step import general_plan
 
 
 class Step:
     """A compiled decode step: `state, out = step(state)`; `state = step.prefill(prompts)`.
 
     Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (what the step asks of its
-    draft kind, `fdecode.drafts`), `draft_kind` ("mtp", "ngram" or "model"), `config`, `backend` (what runs), `fallback_reason` (why that is
-    not the requested backend, else None), `config.attention` (the paged-attention
-    kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets` (attention
-    windows in tokens), `plans` (sampling plans), `compile_seconds` (per window: first calls of its
-    graphs, compile included, summed over plans), `plan_compile_seconds` ((window, plan name) ->
-    seconds), `depth_seconds` (depth -> seconds of one step at the widest window, timed by `warmup`:
-    what an adaptive `Engine` weighs each depth by), `seeds` (default seeds), `fn` (the uncompiled pure function, whole-lane window,
-    exact for any lanes).
+    draft kind, `fdecode.drafts`), `draft_kind` ("mtp", "ngram" or "model"), `config`, `backend` (what runs),
+    `fallback_reason` (why that is not the requested backend, else None), `config.attention` (the
+    paged-attention kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets`
+    (attention windows in tokens), `plans` (sampling plans), `graphs` (the graphs made, by `GraphKey`),
+    `compile_seconds` (per window: first calls of its graphs, compile included, summed over plans),
+    `plan_compile_seconds` ((window, graph name) -> seconds), `depth_seconds` (depth -> seconds of one step
+    at the widest window, timed by `warmup`: what an adaptive `Engine` weighs each depth by), `seeds`
+    (default seeds), `schedule` (which graph a step runs, `fdecode.graphs.schedule`), `fn` (the uncompiled
+    pure function, whole-lane window, exact for any lanes).
 
-    Context buckets and sampling plans: a step attends over the smallest window that holds every
-    position it can touch, chosen on the host from `state.max_position` (an upper bound the host
-    tracks without reading the device), and runs the cheapest sampling plan exact for its lanes whose
-    graph is made, else the cheapest exact one (`plan_for`, from the host's record of their parameters,
-    `state.lane_sampling`). Each plan is a graph of its own, compiled on first use (or by `warmup()`: the
-    greedy and the general plan, exact for any lanes); switching plans picks another graph and never
-    recompiles one. Where `dynamic_window` is True (`DecodeConfig.dynamic_window`
-    and a backend in `DYNAMIC_WINDOW`), one graph per plan serves every window of 2 blocks or more: its
-    window width is a symbolic size, so a stream crossing into a wider window compiles nothing (a
-    window of 1 block has a graph of its own: Dynamo specializes sizes 0 and 1). Elsewhere each
-    (window, plan) is a graph. `announce` (default True): each compile says so on stderr in one line,
-    and `warmup()` shows a progress bar.
+    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from host bookkeeping
+    (`state.max_position`, `state.lane_sampling`, `state.draft_lag`), without a device read (`schedule`,
+    `fdecode.graphs.schedule`); each is a graph of its own, made on first use or by `warmup()` (`graph_set`,
+    `fdecode.graphs.graph_set`). `announce` (default True): each compile says so on stderr in one line, and
+    `warmup()` shows a progress bar.
     """
 
     def __init__(
@@ -171,22 +83,28 @@ class Step:
         self.attention_reason = attention_reason
         # Default seeds of requests that give none, the same on every tensor-parallel rank.
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
-        self.compile_seconds: dict[int, float] = {}
-        self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self.depth_seconds: dict[int, float] = {}
-        self.announce = announce
         self.idles_draft = drafter.idles(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
-        # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
-        self.dynamic_window = (
-            config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
-        )
-        # (window in blocks, or None: the graph of every window of 2+ blocks; plan; depth) -> what runs
-        self._graphs: dict[tuple[int | None, SamplingPlan, int], Callable] = {}
-        self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
-        self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
+        self.graph_set = GraphSet(target, draft, config, backend=backend, announce=announce)
+        k = config.K  # recurrent (linear-attention) models run depth 0 or K
+        depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
+        self.schedule = Schedule(config, self.graph_set, depths=depths, idles_draft=self.idles_draft)
+        self.depths = depths  # the depths this step runs (`__call__`)
+        # One graph per plan and depth for every window of 2+ blocks (`GraphSet.dynamic_window`).
+        self.dynamic_window = self.graph_set.dynamic_window
+        self.compile_seconds = self.graph_set.compile_seconds  # (the graph set's own dicts, filled as graphs run)
+        self.plan_compile_seconds = self.graph_set.plan_compile_seconds
+        # The step's KV pools and who may use them (`fdecode.state.ownership`).
+        self._kv = KVPools(self.graph_set.new_kv)
         self._trusted = TrustedStates()  # the last state returned, whose layout its graph fixed (no re-checks)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
-        self.fn = self._pure(config.blocks_per_lane, general_plan(config))
+        self.fn = pure_step(target, draft, config, GraphKey(config.blocks_per_lane, general_plan(config), k))
+
+    @property
+    def graphs(self) -> Mapping[GraphKey, Callable]:
+        """The step graphs made so far, by `GraphKey` (window in blocks, None for the graph of every window; plan;
+        depth; catch_up): a read-only view (a `StoredGraph` where one was loaded from or written to the disk store)."""
+        return self.graph_set.graphs
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -200,10 +118,11 @@ class Step:
         return all_plans(cfg.sampling, cfg.top_k_candidates, cfg.logit_processors)
 
     @property
-    def graphs(self) -> Mapping[tuple[int | None, SamplingPlan, int], Callable]:
-        """The step graphs made so far, by (window in blocks, None for the graph of every window; plan; depth):
-        a read-only view (a `StoredGraph` where one was loaded from or written to the disk store)."""
-        return MappingProxyType(self._graphs)
+    def covering_plans(self) -> tuple[SamplingPlan, ...]:
+        """What `warmup()` makes by default: the greedy plan and the general one, exact for any lanes
+        (`fdecode.ops.plan.covering`). With their graphs made, every batch runs one of them or a cheaper plan
+        made too, and none compiles."""
+        return covering(self.config.sampling, self.config.logit_processors)
 
     @property
     def kv_pools(self) -> list:
@@ -211,119 +130,14 @@ class Step:
         return list(self._kv.pools)
 
     @property
-    def covering_plans(self) -> tuple[SamplingPlan, ...]:
-        """What `warmup()` makes by default: the greedy plan and the general one, exact for any lanes
-        (`fdecode.ops.plan.covering`). With their graphs made, every batch runs one of them or a cheaper plan
-        made too, and none compiles."""
-        cfg = self.config
-        return covering(cfg.sampling, cfg.logit_processors)
-
-    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
-        """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
-        active (from host bookkeeping, `state.lane_sampling`; unknown lanes: exact for any parameters) whose
-        graph for its window and depth is made. Where none is made: the greedy plan for a batch of greedy lanes,
-        and for any random lane the general plan, exact for every setting the config allows, so the first
-        random request makes one graph and no later sampling setting makes another (the cheaper specialised
-        plans, `all_plans`, are made only by `warmup(plans=...)`). In a step compiled with logit processors,
-        a batch none of whose lanes uses one can run its plan's twin without them."""
-        cfg = self.config
-        if state.lane_sampling is None:
-            return general_plan(cfg)
-        made = self._made_plans(state, cfg.K if depth is None else depth)
-        if made:
-            return made[0]
-        # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
-        plan = plan_for(self._lanes(state), candidates=cfg.top_k_candidates, processors=cfg.logit_processors)
-        return general_plan(cfg) if plan.random else plan
-
-    @staticmethod
-    def _lanes(state: DecodeState) -> list[tuple]:
-        return [lane for lane in state.lane_sampling if lane is not None]
-
-    def _made_plans(self, state: DecodeState, depth: int) -> list[SamplingPlan]:
-        """The plans exact for `state`'s lanes that may be active (unknown lanes: only the general plan) whose graph
-        of its window and of `depth` is made, cheapest first."""
-        key, at = self.graph_window(self.config.bucket_for(state.max_position)), self.graph_depth(state, depth)
-        made = [plan for k, plan, d in self._graphs if k == key and d == at]
-        if state.lane_sampling is None:
-            return [plan for plan in made if plan == general_plan(self.config)]
-        lanes = self._lanes(state)
-        return sorted((plan for plan in made if exact(plan, lanes)), key=rank)
-
-    def graph_window(self, blocks: int) -> int | None:
-        """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
-        else `blocks` (a graph of its own)."""
-        return None if self.dynamic_window and blocks >= 2 else blocks
-
-    def _pure(self, blocks: int | None, plan: SamplingPlan, depth: int | None = None) -> Callable:
-        return pure_step(self.target, self.draft, self.config, blocks, plan, depth)
-
-    @property
     def gated(self) -> bool:
         """Whether an `Engine` on this step pauses verifying drafts that do not pay (`fdecode.runtime.gate`):
         `DecodeConfig.draft_gate` with an n-gram draft. Its first-row graphs compile too (`warmup` included)."""
         return self.drafter.gated(self.config)
 
-    def window_width(self, blocks: int) -> torch.Tensor:
-        """The dynamic graph's window argument for `blocks` blocks (`window_width`), made once."""
-        width = self._widths.get(blocks)
-        if width is None:
-            width = self._widths[blocks] = window_width(self.config, blocks)
-        return width
-
-    def _graph(self, blocks: int, plan: SamplingPlan, depth: int) -> Callable:
-        """The step for a window of `blocks` blocks, a sampling plan and a depth, captured on first use."""
-        key = self.graph_window(blocks)
-        graph = self._graphs.get((key, plan, depth))
-        if graph is None:
-            graph = self._graphs[key, plan, depth] = self._capture(self._pure(key, plan, depth))
-        if key is not None:
-            return graph
-        width = self.window_width(blocks)
-        return lambda state: graph(state, width)
-
-    def _capture(self, fn: Callable) -> Callable:
-        """`fn` as the backend runs it: kept on disk where it can be (`stored_path`), else captured as usual."""
-        path = self.stored_path(fn)
-        if path is None:
-            return capture(self.backend, fn, self.config)
-        models = {"target": self.target, "draft": self.draft}  # by their names in `pure_step`'s closure
-        return StoredGraph(
-            fn,
-            path,
-            models,
-            ahead=capture(self.backend, fn, self.config, guard_filter=serializable_guards(models)),
-            fallback=lambda: capture(self.backend, fn, self.config),
-        )
-
-    def stored_path(self, fn: Callable) -> Path | None:
-        """The file `fn`'s compiled graph is kept in (`fdecode.graphs.stored`), or None where it is not kept:
-        the cache is off (`FDECODE_CACHE_DIR=off`), the backend is not Inductor, or the step is tensor-parallel."""
-        folder = cache_dir()
-        if folder is None or self.backend != "inductor" or getattr(self.target, "tp", None) is not None:
-            return None
-        return folder / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
-
-    def _announce_compile(self, blocks: int, plan: SamplingPlan, depth: int) -> None:
-        """One line on stderr before a graph's first call (its compile, or its load from disk), so a pause is
-        never silent. Called once the graph is made (`_graph`), before it runs."""
-        if self.backend == "eager":
-            return
-        windows = (
-            f"one graph for every window up to {self.config.max_seq_len} tokens"
-            if self.graph_window(blocks) is None
-            else f"the {blocks * self.config.block_size}-token window's graph"
-        )
-        what = f"({self.backend}, {graph_name(plan, depth, self.config.K)} sampling plan, {windows})"
-        path = getattr(self._graphs[self.graph_window(blocks), plan, depth], "path", None)  # a `StoredGraph`'s file
-        if path is not None and path.exists():
-            notice(f"loading the compiled decode step {what} from {path}")
-            return
-        stored = "" if path is None else f", then kept in {path.parent} for later processes"
-        notice(
-            f"compiling the decode step {what}; the first call waits for it{stored} "
-            "(step.warmup() compiles every graph up front)"
-        )
+    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
+        """The plan a step of `depth` (None: K) runs on `state` (`Schedule.plan_for`)."""
+        return self.schedule.plan_for(state, depth)
 
     def __call__(
         self, state: DecodeState, *, speculate: bool = True, depth: int | None = None
@@ -335,78 +149,23 @@ class Step:
         and writes the same state and is exact; each is a graph of its own (compiled on first use, or
         by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
         target-only decoding would."""
-        depth = self.check_depth(requested_depth(speculate, depth, self.config.K))
+        depth = self.schedule.check_depth(requested_depth(speculate, depth, self.config.K))
         if self._trusted.maker(state) is None:
             self.check_state(state)
         else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
             self._kv.check(state)
-        blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state, depth)
-        return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
-
-    def graph_depth(self, state: DecodeState, depth: int) -> int:
-        """The graph a step of `depth` runs on `state`: `depth`, except where the draft sits out depth-0 steps
-        (`idles_draft`, `fdecode.ops.catch_up`): the catch-up graph (`CATCH_UP`: it verifies the first row,
-        feeds the draft the tokens it missed, proposes one draft) for a step that drafts after depth-0 steps
-        (`state.draft_lag` > 0, or unknown), or for a depth-0 step once the draft missed `draft_catch_up` steps."""
-        if not self.idles_draft:
-            return depth
-        lag = state.draft_lag
-        if depth == 0:
-            return 0 if lag is not None and lag < self.config.draft_catch_up else CATCH_UP
-        return depth if lag == 0 else CATCH_UP
-
-    @property
-    def depths(self) -> tuple[int, ...]:
-        """The depths this step runs (`__call__`): 0 .. K; 0 and K for recurrent (linear-attention) models."""
-        k = self.config.K
-        return (0, k) if is_hybrid(self.target) or self.drafter.recurrent(self.draft) else tuple(range(k + 1))
-
-    def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
-        """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
-        lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
-        eager too, so that a schedule does not depend on the backend."""
-        return tuple(d for d in self.depths if self._made_plans(state, d))
-
-    def check_depth(self, depth) -> int:
-        """`depth` if this step runs it (one of `depths`), else raises."""
-        k = self.config.K
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
-            raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
-        if depth not in self.depths:
-            raise ValueError(
-                f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
-                f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)"
-            )
-        return depth
+        return self._run(state, *self.schedule.key(state, depth))
 
     def _run(
-        self, state: DecodeState, blocks: int, plan: SamplingPlan, *, quiet: bool = False, depth: int | None = None
+        self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False
     ) -> tuple[DecodeState, StepOutput]:
-        cfg = self.config
-        depth = cfg.K if depth is None else depth
-        window = blocks * cfg.block_size
-        name = graph_name(plan, depth, cfg.K)
-        first = (window, name) not in self.plan_compile_seconds
-        key = (self.graph_window(blocks), plan, depth)
-        made = key in self._graphs
-        graph = self._graph(blocks, plan, depth)
-        if self.announce and not quiet and not made:
-            self._announce_compile(blocks, plan, depth)
-        extra = () if key[0] is not None else (self.window_width(blocks),)
-        start = time.perf_counter()
-        # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
-        with torch.no_grad(), cpu.compiling() if first else contextlib.nullcontext():
-            unguarded = None if first else self._trusted.call(state, key, self._graphs[key], extra)  # under no_grad
-            new_state, out = graph(state) if unguarded is None else unguarded(state, *extra)
-        if first:
-            seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
-            self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
+        new_state, out = self.graph_set.run(state, blocks, key, trusted=self._trusted, quiet=quiet)
         new_state.record_sampling(state.lane_sampling)
-        lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `graph_depth`) counts one more
-        new_state.record_lag((None if lag is None else lag + 1) if depth == 0 and self.idles_draft else 0)
+        lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `Schedule.graph_depth`) counts one more
+        new_state.record_lag((None if lag is None else lag + 1) if key.depth == 0 and self.idles_draft else 0)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
         # Every lane advances by at most W positions per step.
-        new_state.bound_positions(None if state.max_position is None else state.max_position + cfg.W)
+        new_state.bound_positions(None if state.max_position is None else state.max_position + self.config.W)
         self._trusted.made(new_state, key)
         return new_state, out
 
@@ -423,11 +182,11 @@ class Step:
         is a specialised one, such as the candidate plan of top_k <= 128, runs the general plan instead);
         `step.plans` makes the specialised graphs too, which every batch then runs where they are exact.
         depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
-        progress: a tqdm bar over the (plan, window) runs (None: `self.announce`; never for eager).
+        progress: a tqdm bar over the (plan, window) runs (None: `graph_set.announce`; never for eager).
 
         Each depth's step is then timed at the widest window, in its first plan warmed (greedy where warmed: the
         cheapest, and with a real vocabulary each timed step of another plan costs as long as one of greedy's):
-        the median of `TIMED_RUNS` rounds over the depths goes in `depth_seconds`, the costs an `Engine` with
+        the median of `TIMED_RUNS` rounds (`fdecode.graphs.warmup`) over the depths goes in `depth_seconds`, the costs an `Engine` with
         `adaptive_depth` weighs depths by (where a depth was timed before, the least).
 
         After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything.
@@ -438,44 +197,27 @@ class Step:
         cfg = self.config
         if depths is None:
             depths = (cfg.K, 0) if self.gated else (cfg.K,)
-        depths = [self.check_depth(depth) for depth in depths]
-        if self.idles_draft and 0 in depths:  # the graph that ends a run of depth-0 steps
-            depths.append(CATCH_UP)
+        steps = [(self.schedule.check_depth(depth), False) for depth in depths]
+        if self.idles_draft and (0, False) in steps:  # the graph that ends a run of depth-0 steps
+            steps.append((0, True))
         runs = [
-            (blocks, plan, depth)
+            (blocks, self.graph_set.key(blocks, plan, depth, catch_up=catch_up))
             for plan in (self.covering_plans if plans is None else plans)
-            for depth in depths
+            for depth, catch_up in steps
             for blocks in cfg.bucket_blocks
         ]
-        show = (self.announce if progress is None else progress) and self.backend != "eager"
-        state = self.empty_state()  # one KV pool for every graph: an all-inactive step stays all-inactive
-        with bar(total=len(runs), desc="fdecode: compiling", unit="window", disable=not show) as shown:
-            for blocks, plan, depth in runs:
-                shown.set_postfix_str(f"{graph_name(plan, depth, cfg.K)}, {blocks * cfg.block_size}-token window")
-                state, _ = self._run(state, blocks, plan, quiet=True, depth=depth)
-                shown.update(1)
-            warmed = list(dict.fromkeys(plan for _, plan, _ in runs))
-            first = next((plan for plan in warmed if not plan.random), warmed[0] if warmed else None)
-            timed = list(dict.fromkeys((first, depth) for _, _, depth in runs if depth != CATCH_UP))  # depths only
-            times: dict[tuple[SamplingPlan, int], list[float]] = {run: [] for run in timed}
-            for _ in range(TIMED_RUNS):  # round after round of every graph: a drift of the machine's speed is shared
-                for plan, depth in timed:
-                    start = time.perf_counter()
-                    state, out = self._run(state, cfg.bucket_blocks[-1], plan, quiet=True, depth=depth)
-                    out.packed.cpu()  # waits for the step (an accelerator runs it asynchronously)
-                    times[plan, depth].append(time.perf_counter() - start)
-            for (_plan, depth), seconds in times.items():
-                seconds = statistics.median(seconds)
-                self.depth_seconds[depth] = min(seconds, self.depth_seconds.get(depth, seconds))
+        warmed = list(dict.fromkeys(key.plan for _, key in runs))
+        first = next((plan for plan in warmed if not plan.random), warmed[0] if warmed else None)
+        widest = cfg.bucket_blocks[-1]
+        timed = list(dict.fromkeys(self.graph_set.key(widest, first, k.depth) for _, k in runs if not k.catch_up))
+        show = (self.graph_set.announce if progress is None else progress) and self.backend != "eager"
+        # One throwaway state, whose KV pool goes back to the step.
+        seconds = warm(
+            self._run, self.empty_state(), runs, timed, blocks=widest, block_size=cfg.block_size, k=cfg.K, show=show
+        )
+        for key, cost in seconds.items():
+            self.depth_seconds[key.depth] = min(cost, self.depth_seconds.get(key.depth, cost))
         return dict(self.compile_seconds)
-
-    def _new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fresh target + draft KV pool (`self._kv` hands pools out and takes them back)."""
-        target_kv, draft_kv = new_kv(self.target, self.draft, self.config)
-        if self.backend in STATIC_KV:  # graph replay (CUDA, ACL graphs) neither copies nor re-records for them
-            torch._dynamo.mark_static_address(target_kv)
-            torch._dynamo.mark_static_address(draft_kv)
-        return target_kv, draft_kv
 
     def prefill(
         self,
@@ -544,29 +286,7 @@ class Step:
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
-        if not isinstance(state, DecodeState):
-            raise TypeError(f"expected a DecodeState, got {type(state).__name__}")
-        cfg = self.config
-        if tuple(state.tokens.shape) != (cfg.max_batch, cfg.W):
-            raise ValueError(
-                f"state.tokens is {tuple(state.tokens.shape)}, this step expects [max_batch, K+1] = "
-                f"[{cfg.max_batch}, {cfg.W}]: was the state made by a step with another DecodeConfig?"
-            )
-        want = torch.device(cfg.device)
-        have = state.tokens.device
-        if have.type != want.type or (want.index is not None and have.index != want.index):
-            raise ValueError(f"state is on {state.tokens.device}, the step runs on {cfg.device}")
-        if state.target_kv.dtype != cfg.dtype:
-            raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
-        check_leaves(state, self.target, self.draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
-        widths = (("history", self.drafter.history_width(cfg)), ("missed", self.drafter.missed_width(self.draft, cfg)))
-        for name, width in widths:
-            shape = (cfg.max_batch, width)
-            if tuple(getattr(state, name).shape) != shape:
-                raise ValueError(
-                    f"state.{name} is {tuple(getattr(state, name).shape)}, this step's {self.draft_kind} draft holds "
-                    f"{shape}: was the state made by a step with another draft or DecodeConfig?"
-                )
+        check_layout(state, self.config, self.target, self.draft, self.drafter)
         # After the layout (a state of another config says so first): consumed, re-primed, over another
         # step's pool, or over a pool without a ticket of it: raises.
         self._kv.check(state)

@@ -29,7 +29,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fdecode.graphs.compile import fresh_code, graph_name, pure_step, requested_depth, window_width
+from fdecode.graphs.pure import fresh_code, pure_step, window_width
+from fdecode.graphs.schedule import requested_depth
 from fdecode.ops.plan import SamplingPlan
 from fdecode.state import DecodeState
 
@@ -233,10 +234,10 @@ def inspect(
 
     # A fresh code object per call: repeated inspections neither hit an old trace nor count as
     # recompiles of the user's step.
-    key = step.graph_window(blocks)  # None: the graph of every window, traced with a symbolic width
-    depth = step.graph_depth(state, step.check_depth(requested_depth(speculate, depth, cfg.K)))  # what `step` runs
-    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key, plan, depth), "fdecode_inspect")
-    window = () if key is not None else (window_width(cfg, blocks),)
+    depth = step.schedule.check_depth(requested_depth(speculate, depth, cfg.K))
+    _, key = step.schedule.key(state, depth, blocks=blocks, plan=plan)  # the graph `step` runs
+    fresh = fresh_code(pure_step(step.target, step.draft, cfg, key), "fdecode_inspect")
+    window = () if key.window is not None else (window_width(cfg, blocks),)
     # Fake leaves (static shapes, as the step compiles with dynamic=False); the weights stay real and are
     # read as fakes. The shape environment gives a captured scalar read (`.item()`) a symbol, not a value.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
@@ -265,8 +266,8 @@ def inspect(
     return GraphReport(
         backend=step.backend,
         context=blocks * cfg.block_size,
-        dynamic_window=key is None,
-        plan=graph_name(plan, depth, cfg.K),
+        dynamic_window=key.window is None,
+        plan=key.name(cfg.K),
         graph_count=len(dynamo_graphs),
         graph_break_count=max(len(dynamo_graphs) - 1, sum(new_breaks.values())),
         break_reasons=sorted(new_breaks),
@@ -283,9 +284,8 @@ def inspect(
 
 def step_graphs(step, blocks: int) -> list[Callable]:
     """The callables the step runs for a window of `blocks` blocks (one per sampling plan it has run)."""
-    graphs = getattr(step, "_graphs", {})
-    window = step.graph_window(blocks)  # None: the graph of every window
-    return [graph for key, graph in graphs.items() if (key[0] if isinstance(key, tuple) else key) == window]
+    window = step.graph_set.window_of(blocks)  # None: the graph of every window
+    return [graph for key, graph in step.graphs.items() if key.window == window]
 
 
 def real_backend_facts(step, blocks: int) -> tuple[int, list[str], list[str]]:

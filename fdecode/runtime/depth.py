@@ -83,7 +83,7 @@ class DepthController:
     Where the step's draft LM sits depth-0 steps out (`catch_up` = `DecodeConfig.draft_catch_up`, `Drafter.idles`),
     the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
-    depth-0 launches in a row, and the controller counts them as the step does (`Step.graph_depth`). A trial due
+    depth-0 launches in a row, and the controller counts them as the step does (`Schedule.graph_depth`). A trial due
     waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
@@ -212,7 +212,7 @@ class DepthController:
 
     def launch(self, ready: Collection[int] | None = None) -> tuple[int, dict[int, tuple[int, int]]]:
         """The next launch's depth, and per lane (drafts it verifies, admission) for `observe_output`. ready: the
-        depths whose graphs are made (`Step.ready_depths`; None: all), so that no launch waits for a compile."""
+        depths whose graphs are made (`Schedule.ready_depths`; None: all), so that no launch waits for a compile."""
         depth = self.depth = self.choose(ready)
         launch = sum(self.launches.values())
         if depth > 0 and not self.trying:  # the rates chose to draft
@@ -221,7 +221,7 @@ class DepthController:
             self.probe_every, self.judge_at = min(2 * self.probe_every, self.max_probe), None
         self.launches[depth] += 1
         self.paused = self.paused + 1 if depth == 0 else 0
-        # As the step decides (`Step.graph_depth`): a catch-up verifies nothing and proposes one draft.
+        # As the step decides (`Schedule.graph_depth`): a catch-up verifies nothing and proposes one draft.
         self.caught_up = self.catch_up > 0 and (self.lag > 0 if depth > 0 else self.lag >= self.catch_up)
         idle = depth == 0 and self.catch_up > 0 and not self.caught_up
         self.lag = self.lag + 1 if idle else 0

@@ -254,7 +254,7 @@ class Engine:
         started, compiled = time.perf_counter(), self._compiled()
         if self.num_active:
             self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
-            ready = self.step_fn.ready_depths(self.state) if self.policy.reads_ready else None
+            ready = self.step_fn.schedule.ready_depths(self.state) if self.policy.reads_ready else None
             depth, ticket = self.policy.launch(ready)
             self.state, out = self.step_fn(self.state, depth=depth)
             launched = out.packed

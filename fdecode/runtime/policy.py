@@ -23,7 +23,7 @@ from fdecode.runtime.gate import DraftGate
 
 
 class DepthPolicy(Protocol):
-    reads_ready: bool  # whether `launch` chooses among the depths whose graphs are made (`Step.ready_depths`)
+    reads_ready: bool  # whether `launch` chooses among the depths whose graphs are made (`Schedule.ready_depths`)
     depth: int | None  # the depth of the last launch (None: none yet)
     launches: dict[int, int]  # how many steps were launched at each depth
 

@@ -1,0 +1,115 @@
+"""`Schedule`: the host-side choice of the graph a step runs: its window, sampling plan and depth
+(docs/design.md, "Context buckets and sampling plans").
+
+From host bookkeeping only, never a device read: the window is the smallest that holds every position the
+step can touch (`DecodeConfig.bucket_for` of `state.max_position`), the plan the cheapest exact for the lanes
+that may be active whose graph is made (`plan_for`), and the depth the one asked for, or the catch-up graph
+where a draft that sits out depth-0 steps must first take the tokens it missed (`graph_depth`,
+`fdecode.ops.catch_up`). The result is a `GraphKey` of the Step's `GraphSet`.
+"""
+
+from __future__ import annotations
+
+from fdecode.config import DecodeConfig
+from fdecode.graphs.graph_key import GraphKey
+from fdecode.graphs.graph_set import GraphSet
+from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
+from fdecode.state import DecodeState
+from fdecode.step import general_plan
+
+
+def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
+    """The depth `Step.__call__` and `fdecode.inspect` were asked for: `depth`, or K (0 with speculate=False)."""
+    if not isinstance(speculate, bool):
+        raise TypeError(f"speculate must be True or False, got {speculate!r}")
+    if depth is None:
+        return k if speculate else 0
+    if not speculate and depth != 0:
+        raise ValueError(f"speculate=False is depth 0; got depth={depth} with it")
+    return depth
+
+
+class Schedule:
+    """Which graph of `graph_set` a step of a given depth runs on a state.
+
+    depths: the depths the step runs (0 .. K; 0 and K for recurrent models); idles_draft: the draft sits out
+    depth-0 steps and catches up later (`fdecode.ops.catch_up`)."""
+
+    def __init__(self, config: DecodeConfig, graph_set: GraphSet, *, depths: tuple[int, ...], idles_draft: bool):
+        self.config = config
+        self.graph_set = graph_set
+        self.depths = depths
+        self.idles_draft = idles_draft
+
+    def key(
+        self, state: DecodeState, depth: int, *, blocks: int | None = None, plan: SamplingPlan | None = None
+    ) -> tuple[int, GraphKey]:
+        """(window in blocks, graph key) of a step of `depth` (checked: `check_depth`) on `state`; `blocks` and
+        `plan` where given (`fdecode.inspect`), else the window and plan chosen for `state`."""
+        blocks = self.config.bucket_for(state.max_position) if blocks is None else blocks
+        plan = self.plan_for(state, depth) if plan is None else plan
+        return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+
+    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
+        """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
+        active (from host bookkeeping, `state.lane_sampling`; unknown lanes: exact for any parameters) whose
+        graph for its window and depth is made. Where none is made: the greedy plan for a batch of greedy lanes,
+        and for any random lane the general plan, exact for every setting the config allows, so the first
+        random request makes one graph and no later sampling setting makes another (the cheaper specialised
+        plans, `all_plans`, are made only by `warmup(plans=...)`). In a step compiled with logit processors,
+        a batch none of whose lanes uses one can run its plan's twin without them."""
+        cfg = self.config
+        if state.lane_sampling is None:
+            return general_plan(cfg)
+        made = self.made_plans(state, cfg.K if depth is None else depth)
+        if made:
+            return made[0]
+        # A step without sampling admits greedy lanes only (`request_params`), so their plan is greedy.
+        plan = plan_for(_lanes(state), candidates=cfg.top_k_candidates, processors=cfg.logit_processors)
+        return general_plan(cfg) if plan.random else plan
+
+    def made_plans(self, state: DecodeState, depth: int) -> list[SamplingPlan]:
+        """The plans exact for `state`'s lanes that may be active (unknown lanes: only the general plan) whose graph
+        of its window and of `depth` is made, cheapest first."""
+        window = self.graph_set.window_of(self.config.bucket_for(state.max_position))
+        at, catch_up = self.graph_depth(state, depth)
+        made = [k.plan for k in self.graph_set.graphs if (k.window, k.depth, k.catch_up) == (window, at, catch_up)]
+        if state.lane_sampling is None:
+            return [plan for plan in made if plan == general_plan(self.config)]
+        lanes = _lanes(state)
+        return sorted((plan for plan in made if exact(plan, lanes)), key=rank)
+
+    def graph_depth(self, state: DecodeState, depth: int) -> tuple[int, bool]:
+        """(depth, catch_up) of the graph a step of `depth` runs on `state`: `depth`, except where the draft sits
+        out depth-0 steps (`idles_draft`, `fdecode.ops.catch_up`): the catch-up graph (depth 0, catch_up: it
+        verifies the first row, feeds the draft the tokens it missed, proposes one draft) for a step that drafts
+        after depth-0 steps (`state.draft_lag` > 0, or unknown), or for a depth-0 step once the draft missed
+        `draft_catch_up` steps."""
+        if not self.idles_draft:
+            return depth, False
+        lag = state.draft_lag
+        if depth == 0:
+            return (0, False) if lag is not None and lag < self.config.draft_catch_up else (0, True)
+        return (depth, False) if lag == 0 else (0, True)
+
+    def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
+        """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
+        lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
+        eager too, so that a schedule does not depend on the backend."""
+        return tuple(d for d in self.depths if self.made_plans(state, d))
+
+    def check_depth(self, depth) -> int:
+        """`depth` if the step runs it (one of `depths`), else raises."""
+        k = self.config.K
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
+            raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
+        if depth not in self.depths:
+            raise ValueError(
+                f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
+                f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)"
+            )
+        return depth
+
+
+def _lanes(state: DecodeState) -> list[tuple]:
+    return [lane for lane in state.lane_sampling if lane is not None]
