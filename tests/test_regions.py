@@ -161,7 +161,7 @@ def test_the_trace_does_not_walk_the_models_parameters(deep_pair, monkeypatch):
         traced.append(torch.compiler.is_compiling())
         return shares_parameters(first, second)
 
-    for module in ("fdecode.step", "fdecode.graphs.compile"):  # the module, not the function `fdecode.graphs` exports
+    for module in ("fdecode.step", "fdecode.graphs.pure"):  # where `decode_step` and `pure_step` call it
         monkeypatch.setattr(importlib.import_module(module), "shares_parameters", spy, raising=False)
     target, draft = deep_pair
     step = step_of(target, draft, regions=True)
