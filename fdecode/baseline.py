@@ -223,7 +223,8 @@ class BeforeLoop:
 
 
 class TargetOnly:
-    """Greedy autoregressive decoding with the target alone: one compiled forward per token."""
+    """Greedy autoregressive decoding with the target alone: one compiled forward per token (`next_token`, the
+    captured function: (tokens [B, 1], positions, KV, block tables, recurrent state) -> (next [B, 1], state))."""
 
     def __init__(self, step, *, backend: str = "inductor") -> None:
         self.step = step
@@ -245,7 +246,7 @@ class TargetOnly:
             )
             return logits.argmax(dim=-1), after
 
-        self._next = capture(backend, fresh_code(next_token, "target_only_step"), cfg)
+        self.next_token = capture(backend, fresh_code(next_token, "target_only_step"), cfg)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int) -> tuple[list[list[int]], int]:
@@ -255,7 +256,7 @@ class TargetOnly:
         produced = [token]
         recurrent = (state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(self.step.target) else None
         for _ in range(max_new_tokens - 1):
-            token, recurrent = self._next(token, position, state.target_kv, state.block_tables, recurrent)
+            token, recurrent = self.next_token(token, position, state.target_kv, state.block_tables, recurrent)
             position = position + 1
             produced.append(token.clone())  # a CUDA-graph replay reuses its output buffer: keep a copy (no sync)
         out = torch.cat(produced, dim=1).cpu().tolist()

@@ -55,6 +55,11 @@ class Fence:
     def passed(self) -> bool:
         return self._event is None or self._event.query()
 
+    @property
+    def event(self) -> torch.Event | None:
+        """The accelerator event behind the fence, None on the CPU (where every copy has already happened)."""
+        return self._event
+
 
 class Uploads:
     """Packed host -> device uploads through one persistent staging buffer (pinned on an accelerator).
@@ -71,6 +76,21 @@ class Uploads:
         self._retired: list[torch.Tensor] = []  # outgrown buffers, kept until their copies are done
         self._used = 0  # bytes of the buffer that copies may still be reading
         self._sent = Fence(self.device)  # recorded after the latest copy out of the buffer
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The staging buffer uploads pack into now ([capacity] uint8 host memory)."""
+        return self._buffer
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes of `buffer` that copies may still be reading (the next upload packs after them)."""
+        return self._used
+
+    @property
+    def retired(self) -> tuple[torch.Tensor, ...]:
+        """Outgrown buffers, kept until every copy out of them has finished."""
+        return tuple(self._retired)
 
     def __call__(self, *host: torch.Tensor) -> tuple[torch.Tensor, ...]:
         offsets, total = [], 0

@@ -104,7 +104,8 @@ def test_loops_survive_graph_replays_that_reuse_their_output_buffers(monkeypatch
 
     baseline = TargetOnly(honest, backend="eager")
     want = baseline.generate(prompts, max_new_tokens=12)
-    baseline._next = replay_like(baseline._next, lambda r: r[0], lambda r, token: (token, r[1]))  # (token, recurrent)
+    # `next_token` returns (token, recurrent state): the token is the replayed output.
+    baseline.next_token = replay_like(baseline.next_token, lambda r: r[0], lambda r, token: (token, r[1]))
     assert baseline.generate(prompts, max_new_tokens=12) == want
 
 

@@ -161,6 +161,7 @@ def test_each_window_is_one_graph_without_recompiles() -> None:
             state, out = step(state)
             outs += out.tokens[0, : int(out.num_tokens[0])].tolist()
     assert len({w for _, w in calls}) >= 3
+    assert len(step.graphs) == 4  # the warmed window graphs only: a run of the stream made none
     assert state.step_output.finished[0]
     prompt_out = hf_greedy(PROMPTS[0], 80)
     assert outs == prompt_out[1:]  # the first token came with the prefill

@@ -106,11 +106,11 @@ def test_an_mtp_head_is_neither_converted_nor_bound_in_place():
     before, head_before = snapshot(target), snapshot(head)
     step = fdecode.compile(target, head, fdecode.DecodeConfig(**STEP))
     assert step.draft_kind == "mtp" and step.draft is not head
-    assert head._shared is None  # the caller's head was not bound to the step's target
+    assert head.shared is None  # the caller's head was not bound to the step's target
     assert_unchanged(head, head_before)
     assert_unchanged(target, before)
     assert all(p.dtype == torch.bfloat16 for p in step.draft.parameters())
-    assert step.draft._shared[0] is step.target.embed_tokens
+    assert step.draft.shared[0] is step.target.embed_tokens
     step(step.prefill(PROMPTS, max_new_tokens=4))
 
 
@@ -120,9 +120,9 @@ def test_the_targets_own_mtp_head_follows_the_targets_copy():
     before = snapshot(target)
     step = fdecode.compile(target, "mtp", fdecode.DecodeConfig(**STEP, dtype=torch.bfloat16))
     assert step.draft is step.target.mtp
-    assert step.draft._shared == (step.target.embed_tokens, step.target.lm_head)
+    assert step.draft.shared == (step.target.embed_tokens, step.target.lm_head)
     assert step.target.embed_tokens.weight.dtype == torch.bfloat16
-    assert target.mtp._shared[0] is target.embed_tokens  # the caller's head still reads the caller's model
+    assert target.mtp.shared[0] is target.embed_tokens  # the caller's head still reads the caller's model
     assert_unchanged(target, before)
     step(step.prefill(PROMPTS, max_new_tokens=4))
 

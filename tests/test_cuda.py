@@ -170,7 +170,7 @@ def test_staging_is_pinned_and_never_syncs() -> None:
     assert accelerated("cuda") and not accelerated("cpu")
     uploads, fence = Uploads("cuda", capacity=64), Fence("cuda")
     read = host_buffer(6, torch.int64, "cuda")
-    assert uploads._buffer.is_pinned() and read.is_pinned()
+    assert uploads.buffer.is_pinned() and read.is_pinned()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -182,7 +182,7 @@ def test_staging_is_pinned_and_never_syncs() -> None:
             assert read.tolist() == [2 * (j + i) + int(1.5 * i) for j in range(6)]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert uploads._buffer.numel() == 128
+    assert uploads.buffer.numel() == 128
 
 
 def test_flash_attn_matches_the_reference_on_paged_kv() -> None:

@@ -131,6 +131,7 @@ def test_no_recompile_over_admissions_and_retirements(max_batch):
         engine.run()
     # No recompile, and no graph per admission either: the greedy plan's and the general plan's, one window.
     assert sorted(name for _, name in step.plan_compile_seconds) == ["full+top_k+top_p", "greedy"]
+    assert len(step.graphs) == 2
 
 
 @pytest.mark.slow

@@ -262,7 +262,7 @@ def test_mtp_head_shares_target_io_and_writes_only_its_slots() -> None:
     # The shared weights follow the target and stay shared after a dtype move.
     target.mtp = head
     target.to(torch.float64)
-    assert head._shared[0].weight.data_ptr() == target.embed_tokens.weight.data_ptr()
+    assert head.shared[0].weight.data_ptr() == target.embed_tokens.weight.data_ptr()
     logits64, _ = head(tokens, positions, slots, kv.double(), tables, block_size=BLOCK, hidden_in=hidden_in.double())
     torch.testing.assert_close(logits64, logits, rtol=0, atol=1e-5)  # logits are float32 whatever the weights
 
@@ -307,7 +307,7 @@ def test_mtp_weights_round_trip(tmp_path: Path, layout: str) -> None:
         save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     loaded = from_hf(tmp_path)
     assert isinstance(loaded.mtp, MTPHead)
-    assert loaded.mtp._shared[0] is loaded.embed_tokens and loaded.mtp._shared[1] is loaded.lm_head
+    assert loaded.mtp.shared[0] is loaded.embed_tokens and loaded.mtp.shared[1] is loaded.lm_head
     want, got = model.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 

@@ -44,7 +44,7 @@ def by_hand(head: MTPHead, tokens: list[int], hiddens: torch.Tensor, layer: int)
     """(logits [V], chained hidden [H]) of the last row: MTP layer `layer` of `head` over the rows
     (tokens[q], hiddens[q]), q = 0 .. T-1, in a throwaway cache; the chained hidden is what the next
     forward takes (the normed output for `HybridMTPHead`, the layer output for `NextNMTPHead`)."""
-    embed, lm_head = head._shared
+    embed, lm_head = head.shared
     n = len(tokens)
     # parts: the enorm / hnorm / eh_proj / norm of this layer (shared, or the module's own)
     if isinstance(head, HybridMTPHead):

@@ -15,13 +15,13 @@ def test_the_notebook_bar_only_where_ipywidgets_is_installed(monkeypatch) -> Non
     without ipywidgets fdecode takes the text bar, which a notebook shows as text."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else real(name, *a))
-    assert progress._bar_class() is tqdm.std.tqdm
     with progress.bar(total=1, disable=True) as shown:
         assert type(shown) is tqdm.std.tqdm
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "ipywidgets" else real(name, *a)
     )
-    assert progress._bar_class() is tqdm.auto.tqdm
+    with progress.bar(total=1, disable=True) as shown:
+        assert type(shown) is tqdm.auto.tqdm
 
 
 def test_a_notice_is_one_prefixed_line_on_stderr(capsys) -> None:

@@ -242,3 +242,4 @@ def test_admitting_requests_into_a_live_state_never_recompiles() -> None:
         engine.run()
     # No graph per admission either: the greedy plan's and the general plan's.
     assert sorted(name for _, name in engine.step_fn.plan_compile_seconds) == ["full+top_k+top_p", "greedy"]
+    assert len(engine.step_fn.graphs) == 2

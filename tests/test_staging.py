@@ -63,27 +63,27 @@ def test_uploads_round_trip_any_dtype_and_shape() -> None:
         assert got.dtype == h.dtype and got.shape == h.shape and torch.equal(got, h)  # not overwritten
         assert torch.equal(later, h + 1 if h.dtype != torch.bool else ~h)
     assert first[0].untyped_storage().data_ptr() == first[1].untyped_storage().data_ptr()  # one copy
-    assert uploads._buffer.numel() == 512  # persistent: it was reused, not regrown
+    assert uploads.buffer.numel() == 512  # persistent: it was reused, not regrown
 
 
 def test_uploads_never_overwrite_bytes_a_copy_may_still_read(fake_accelerator) -> None:
     uploads = Uploads("cpu", capacity=256)
     (event,) = FakeEvent.made
-    buffer = uploads._buffer
+    buffer = uploads.buffer
     uploads(torch.arange(8))  # 64 bytes in flight
     uploads(torch.arange(8))
-    assert uploads._used == 128 and uploads._buffer is buffer  # the second took the next part
+    assert uploads.in_flight == 128 and uploads.buffer is buffer  # the second took the next part
     uploads(torch.arange(32))  # 256 more bytes than are free: a bigger buffer, the old one kept
     assert (
-        uploads._buffer is not buffer
-        and uploads._buffer.numel() == 512
-        and len(uploads._retired) == 1
-        and uploads._retired[0] is buffer
+        uploads.buffer is not buffer
+        and uploads.buffer.numel() == 512
+        and len(uploads.retired) == 1
+        and uploads.retired[0] is buffer
     )
     event.synchronize()  # the device passed every copy: the buffer is reused from the start
     uploads(torch.arange(8))
-    assert uploads._used == 64 and uploads._retired == []
-    assert all(any(p is b for p in fake_accelerator) for b in (buffer, uploads._buffer))  # staged in pinned memory
+    assert uploads.in_flight == 64 and uploads.retired == ()
+    assert all(any(p is b for p in fake_accelerator) for b in (buffer, uploads.buffer))  # staged in pinned memory
     assert event.records == 4
 
 
@@ -111,12 +111,9 @@ def test_engine_reads_through_pinned_buffers_and_one_event_on_any_accelerator(fa
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=48, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
     engine = fdecode.Engine(step)
-    ready = engine._ready._event
+    ready = engine.ready_event
     assert isinstance(ready, FakeEvent)
-    assert any(b is engine._out_host for b in fake_accelerator) and any(
-        b is engine._prime_host for b in fake_accelerator
-    )
-    assert any(b is engine._uploads._buffer for b in fake_accelerator)
+    assert all(any(b is pinned for pinned in fake_accelerator) for b in engine.host_buffers)  # reads and uploads
     for prompt in ([1, 2, 3], [4, 5], [6]):
         engine.add_request(prompt, max_new_tokens=6)
     got = engine.run()
@@ -124,7 +121,7 @@ def test_engine_reads_through_pinned_buffers_and_one_event_on_any_accelerator(fa
     with pytest.MonkeyPatch.context() as undo:  # the same requests on the plain CPU path
         undo.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)
         plain = fdecode.Engine(step)
-        assert plain._ready._event is None
+        assert plain.ready_event is None
         for prompt in ([1, 2, 3], [4, 5], [6]):
             plain.add_request(prompt, max_new_tokens=6)
         assert plain.run() == got

@@ -233,6 +233,17 @@ class Engine:
         return len(self._waiting)
 
     @property
+    def host_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The host memory it reads into and uploads from (pinned on an accelerator): the step output's and
+        priming's read buffers, and its uploads' staging buffer (`fdecode.staging.Uploads.buffer`)."""
+        return self._out_host, self._prime_host, self._uploads.buffer
+
+    @property
+    def ready_event(self) -> torch.Event | None:
+        """The event it records after each launch or admission and waits on once per read (None on the CPU)."""
+        return self._ready.event
+
+    @property
     def metrics(self) -> SpecMetrics:
         """Acceptance over every step read so far (`fdecode.runtime.metrics`): totals, mean accepted length,
         acceptance per draft position. Updated in place by `step()`; counted from the rows read anyway."""

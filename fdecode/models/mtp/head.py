@@ -42,6 +42,11 @@ class MTPHead(nn.Module):
         self._shared: tuple[nn.Embedding, nn.Linear] | None = None
         self.requires_grad_(False)
 
+    @property
+    def shared(self) -> tuple[nn.Embedding, nn.Linear] | None:
+        """(embed_tokens, lm_head) of the target this head is bound to (`bind`), None while unbound."""
+        return self._shared
+
     def bind(self, target: LlamaModel) -> MTPHead:
         if target.config.hidden_size != self.config.hidden_size or target.config.vocab_size != self.config.vocab_size:
             raise ValueError("MTP head and target disagree on hidden_size or vocab_size")
