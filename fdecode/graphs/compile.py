@@ -186,8 +186,8 @@ class Step:
 
         Each depth's step is then timed at the widest window, in its first plan warmed (greedy where warmed: the
         cheapest, and with a real vocabulary each timed step of another plan costs as long as one of greedy's):
-        the median of `TIMED_RUNS` rounds (`fdecode.graphs.warmup`) over the depths goes in `depth_seconds`, the costs an `Engine` with
-        `adaptive_depth` weighs depths by (where a depth was timed before, the least).
+        the median of `TIMED_RUNS` rounds over the depths (`fdecode.graphs.warmup`) goes in `depth_seconds`, the
+        costs an `Engine` with `adaptive_depth` weighs depths by (where a depth was timed before, the least).
 
         After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything.
         The throwaway state's KV pool goes back to the step, so the next `prefill` runs in the very addresses the
