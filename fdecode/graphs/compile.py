@@ -162,7 +162,8 @@ class Step:
         new_state, out = self.graph_set.run(state, blocks, key, trusted=self._trusted, quiet=quiet)
         new_state.record_sampling(state.lane_sampling)
         lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `Schedule.graph_depth`) counts one more
-        new_state.record_lag((None if lag is None else lag + 1) if key.depth == 0 and self.idles_draft else 0)
+        idle = key.depth == 0 and not key.catch_up and self.idles_draft  # (a catch-up step ran the draft)
+        new_state.record_lag((None if lag is None else lag + 1) if idle else 0)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
         # Every lane advances by at most W positions per step.
         new_state.bound_positions(None if state.max_position is None else state.max_position + self.config.W)
