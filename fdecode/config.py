@@ -83,7 +83,7 @@ class DecodeConfig:
     # up itself. 0: a draft LM runs at every step. MTP heads (which read the target's hidden states) and
     # recurrent or n-gram drafts run at every step (`fdecode.drafts.Drafter.idles`).
     # 16: on the real pair a catch-up costs ~180 ms over depth 0 plus ~3 ms a missed row, so a stream held at
-    # depth 0 pays it every C + 1 tokens (BENCHMARKS.md, "What the idle draft's steps cost").
+    # depth 0 pays it every C + 1 tokens (docs/design.md, "Adaptive depth and the idle draft", has the figures).
     draft_catch_up: int = 16
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).

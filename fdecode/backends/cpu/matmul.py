@@ -12,7 +12,7 @@ per lane) and the CPU's BLAS at one or two threads, that call costs well over on
 product, which streams the weight once. The same product computed the other way round,
 (w [n, k] @ x^T [k, M])^T, streams the weight as the single row does (the product comes out transposed
 and is copied back to row-major order, a few rows' worth, by an extern call: `aten._reshape_copy`, see
-`_row_major`); BENCHMARKS.md has the figures. That difference is most of a CPU
+`_row_major`); a micro-benchmark since retired measured it (git history keeps it). That difference is most of a CPU
 verify's price over a one-token step, so the pass rewrites every such mm / addmm in a CPU graph; one row (a matrix-vector product
 already) and more than `MAX_ROWS` rows are left alone. The result is the same product: only the
 summation order inside the BLAS call may differ, by float rounding.
@@ -29,7 +29,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from fdecode.backends.cpu import onednn_linear
 
 aten = torch.ops.aten
-MAX_ROWS = 64  # a verify of 16 lanes at K = 3; no slower than mm(x, w^T) up to here (BENCHMARKS.md)
+MAX_ROWS = 64  # a verify of 16 lanes at K = 3; no slower than mm(x, w^T) up to here (that micro-benchmark)
 TRANSPOSES = (aten.permute.default, aten.t.default)
 
 

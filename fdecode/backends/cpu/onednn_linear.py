@@ -3,7 +3,8 @@
 On a CPU the step's large linears run few rows (a verify's K + 1, a draft's one or two). For those the BLAS
 behind `F.linear` (MKL) streams a weight at a third to a half of what the same weight's read costs, and
 oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel Inductor uses for frozen weights) streams
-a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (BENCHMARKS.md, "oneDNN linears"). Inductor
+a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (measured per weight on the real pair's
+shapes with a micro-benchmark since retired, which git history keeps). Inductor
 lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights, and a step's weights are
 its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
 (`fdecode.backends.cpu.matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
@@ -11,7 +12,7 @@ its graph's inputs, so the call is wrapped in an op of our own that Inductor lea
 
 oneDNN reads the weight as it lies, or, for two rows or more, the copy in its own layout that
 `onednn_packed` keeps where `pack_linears` made one (a CPU Inductor step's linears, at `fdecode.compile`):
-1.5-2.2x faster again at 2-8 rows (BENCHMARKS.md, "Packed oneDNN weights").
+1.5-2.2x faster again at 2-8 rows (`onednn_packed`; BENCHMARKS.md, "Where a step of the real pair goes").
 
 Registered through `torch.library.Library`, not `torch.library.custom_op`: a step makes hundreds of these
 calls, and the lower-level registration costs ~30 us a call against ~55 us (most of it oneDNN's own).
@@ -41,7 +42,7 @@ def dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
-MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (BENCHMARKS.md)
+MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (the same micro-benchmark)
 
 
 def available() -> bool:

@@ -5,7 +5,8 @@ into its blocked layout as it streams it, at every call. `torch.ops.mkldnn._reor
 that reordered copy once (it is what Inductor bakes into a graph whose weights are frozen constants). A
 step's weights are its graphs' inputs, not constants, so `pack` keeps the copy here instead, keyed by the
 weight, and `onednn_linear` uses it wherever one is kept. Measured on the real pair's shapes, one weight
-after another so that no cache holds them (BENCHMARKS.md, "Packed oneDNN weights"): a packed weight streams
+after another so that no cache holds them (a micro-benchmark since retired, which git history keeps; the real
+pair's forwards packed and not: BENCHMARKS.md, "Where a step of the real pair goes"): a packed weight streams
 1.5-2.2x as fast at 2-8 rows, ~1.35x at 16 and ~1.1x at 64, but at one row 2-15 % slower than the weight
 as it lies, so a one-row product (`MIN_ROWS`) keeps the plain call. `onednn_linear.pack_linears` packs a step's models'
 large linear weights when `fdecode.compile` makes an Inductor step on the CPU (`DecodeConfig.pack_weights`).
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-MIN_ROWS = 2  # a product of fewer rows reads the weight as it lies: at one row that is faster (BENCHMARKS.md)
+MIN_ROWS = 2  # a product of fewer rows reads the weight as it lies: at one row that is faster (see above)
 
 
 @dataclass
