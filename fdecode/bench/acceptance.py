@@ -74,14 +74,13 @@ def run(options: Options) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| draft | K | tokens / verified step | drafts accepted | accepted by position | verified steps |",
-        "|---|---|---|---|---|---|",
-    ]
+    """One row per draft, one column per K: tokens per verified step (the share of steps accepting each draft
+    position)."""
+    ks = sorted({r["k"] for r in rows})
+    cells: dict[str, dict[int, str]] = {}
     for r in rows:
         positions = ", ".join("-" if p is None else f"{p:.2f}" for p in r["by_position"])
-        lines.append(
-            f"| {r['draft']} | {r['k']} | {r['mean_accepted_length']:.2f} | {100 * r['acceptance_rate']:.0f} % | "
-            f"{positions} | {r['verified_steps']} |"
-        )
+        cells.setdefault(r["draft"], {})[r["k"]] = f"{r['mean_accepted_length']:.2f} ({positions})"
+    lines = ["| draft | " + " | ".join(f"K = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    lines += [f"| {draft} | " + " | ".join(by_k.get(k, "") for k in ks) + " |" for draft, by_k in cells.items()]
     return "\n".join(lines)

@@ -8,8 +8,8 @@ at max_seq_len 4,096 (it should grow with the context). At each point two steps 
 context buckets (a step attends over the smallest window holding its positions) and `context_buckets=
 (max_seq_len,)`, every step attending over the whole lane. Each figure: seconds per step over `steps`
 device-resident steps from a fresh (untimed) prefill, the median (min-max) of `reps` rounds after a warm-up
-round, the two steps round-robin (`fdecode.bench.timing.interleaved_seconds`). `--quick`: hidden 64,
-vocabulary 256, two capacities and one longer context, 3 steps.
+round, the two steps round-robin (`fdecode.bench.timing.interleaved_seconds`). `--quick`: hidden 64, 2
+layers, vocabulary 256, two capacities and one longer context, 3 steps.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ QUICK_POINTS = ((256, 100), (1024, 100), (1024, 400))
 
 
 def run(options: Options) -> list[dict]:
-    hidden, vocab, steps, points = (64, 256, 3, QUICK_POINTS) if options.quick else (256, 4096, 10, POINTS)
-    target, draft = llama(vocab, hidden, 4, seed=1), llama(vocab, hidden, 1, seed=2)
+    hidden, layers, vocab, steps, points = (
+        (64, 2, 256, 3, QUICK_POINTS) if options.quick else (256, 4, 4096, 10, POINTS)
+    )
+    target, draft = llama(vocab, hidden, layers, seed=1), llama(vocab, hidden, 1, seed=2)
     gen = torch.Generator().manual_seed(0)
     compiled: dict[tuple, fdecode.Step] = {}  # (max_seq_len, batch, K, whole lane) -> its step, reused across points
 
