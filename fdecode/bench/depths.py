@@ -1,8 +1,8 @@
 """`fdecode bench --workloads depths`: every depth of one step, fixed and chosen, side by side in one process.
 
 The bundled model (`fdecode.assets.TINY`) with its MTP head and with its 2-layer draft LM, greedy, held-out
-prompts (the acceptance workload's, `fdecode.bench.acceptance`), for each batch and K of the command. One
-step is compiled per draft, batch and K with the default config (`adaptive_depth=True`), and every depth's
+prompts (the first 64 bytes of every third window, as long as `fdecode.bench.acceptance`'s), for each batch and
+K of the command. One step is compiled per draft, batch and K with the default config (`adaptive_depth=True`), and every depth's
 graph made before anything is timed (`step.warmup(depths=0 .. K)`, which also times them: the costs the
 Engine starts from). Systems: "depth d", every step at depth d = 0 .. K (`step(state, depth=d)`, each output
 read at once; depth 0 is the target alone), "Engine depth K" (an `Engine`, reading one step behind, every
