@@ -1,14 +1,20 @@
 """The `fdecode bench` workloads with a table of their own (`fdecode.bench.registry`): each one's `--quick` run
 through the CLI, eager (their figures are timings or counts of the step as it runs, not Inductor's code), its
 JSON rows under "tables", what the rows must say whatever the timings, and the table the results page would
-render from the file (`fdecode.bench.report_tables.rows`)."""
+render from the file (`fdecode.bench.report_tables.rows`). In the slow tier, as tests/test_bench.py's `--quick`
+runs are: 1-4 s each here (one thread), which the fast tier (`pytest -m "not slow"`, ~2 minutes) has no room for,
+and an edit to the library is checked by its own tests, not by its benchmarks."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from fdecode.bench import main, report_tables, ttft
 from fdecode.bench.registry import Options
+
+pytestmark = pytest.mark.slow
 
 
 def quick(workload: str, tmp_path, monkeypatch, capsys) -> list[dict]:
