@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -93,6 +94,7 @@ def test_what_onednn_does_not_take():
         torch.testing.assert_close(gm(*args), fn(*args), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow  # compiles with Inductor: ~2 s on a warm cache, 20-50 s on a cold one (fresh clone, edited op)
 def test_a_compiled_cpu_forward_matches_eager():
     """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input, and a one-output
     linear, whose transposed product is already row-major)."""
