@@ -67,3 +67,13 @@ def test_guards_run_once_per_pair_of_graphs_and_other_layouts_are_refused(tmp_pa
         step(other)
     state, _ = step(state)  # the trusted chain still runs, unguarded
     assert len(checks) == 3, checks
+
+
+def test_the_last_state_is_still_refused_once_its_pool_is_taken_over():
+    """The state a step returned last skips the layout checks, not its chain's: once a prefill takes its pool over,
+    stepping it raises (eager: the trust is the Step's, whatever runs the graph)."""
+    step = compile_pair("eager")
+    state, _ = step(step.prefill(PROMPTS, max_new_tokens=8, eos_token_id=[]))
+    step.prefill(PROMPTS, max_new_tokens=8, eos_token_id=[])
+    with pytest.raises(ValueError, match="taken over by a later step.prefill"):
+        step(state)

@@ -339,7 +339,7 @@ class Step:
         if self._trusted.maker(state) is None:
             self.check_state(state)
         else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
-            self._kv.check(state)
+            self._kv.check_returned(state)
         blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state, depth)
         return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
 
