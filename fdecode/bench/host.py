@@ -8,6 +8,8 @@ model with its MTP head) and batch, with the default `DecodeConfig` (greedy lane
 - inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
   compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
   choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
+- cpu_outside / cpu_outside_share: the same split without the profiler, in CPU time of the thread (Inductor's
+  compiled graphs timed as they run, median over `reps` runs): the figure to read on a shared machine;
 - device_idle: on a GPU, the device's idle time between consecutive steps (from the last kernel of step n to
   the first of step n + 1, the steps' ranges as the device ran them) as a share of the step; None on a CPU;
 - engine_ms: an `Engine`'s time per step, and engine_own_ms the part outside the step's calls (reading one step
@@ -123,6 +125,34 @@ def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
     return shares(prof)
 
 
+def cpu_split(step, prompts, steps: int) -> tuple[float, float]:
+    """(CPU seconds of the thread per step, of which inside Inductor's compiled graphs) over `steps` steps: the
+    profiler-free split (`CompiledFxGraph.__call__` timed while it runs; wall-clock profiler ranges are mostly
+    other jobs' time on a shared machine). CPU-only: a GPU step's kernels are not the thread's time."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    inside, original = [0.0], CompiledFxGraph.__call__
+
+    def timed(self, inputs):
+        start = time.thread_time()
+        try:
+            return original(self, inputs)
+        finally:
+            inside[0] += time.thread_time() - start
+
+    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    CompiledFxGraph.__call__ = timed
+    try:
+        start = time.thread_time()
+        for _ in range(steps):
+            state, out = step(state)
+        total = time.thread_time() - start
+    finally:
+        CompiledFxGraph.__call__ = original
+    out.packed.cpu()
+    return total / steps, inside[0] / steps
+
+
 class _TimedStep:
     """The step as an Engine sees it, with the wall and thread CPU seconds spent in its calls summed (`engine_run`)."""
 
@@ -177,6 +207,8 @@ def run_host_workload(
             runs = [timed_run(step, prompts, steps) for _ in range(reps)]
             seconds, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
             split = profiled_run(step, prompts, steps)
+            cpu_splits = [cpu_split(step, prompts, steps) for _ in range(reps)]
+            cpu_total, cpu_inside = (statistics.median(r[i] for r in cpu_splits) for i in (0, 1))
             engine, engine_own, engine_cpu, engine_own_cpu = engine_run(step, prompts, steps)
             inside, outside = split["inside_us"], split["outside_us"]
             rows.append(
@@ -193,6 +225,8 @@ def run_host_workload(
                     "outside_ms": outside / 1e3,
                     "outside_share": outside / max(inside + outside, 1e-9),
                     "device_idle": split["device_idle"],
+                    "cpu_outside_ms": (cpu_total - cpu_inside) * 1e3,
+                    "cpu_outside_share": (cpu_total - cpu_inside) / max(cpu_total, 1e-9),
                     "engine_ms": engine * 1e3,
                     "engine_own_ms": engine_own * 1e3,
                     "engine_cpu_ms": engine_cpu * 1e3,
@@ -206,15 +240,17 @@ def run_host_workload(
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | device idle "
+        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | CPU outside ms "
+        "| CPU outside share | device idle "
         "| Engine ms/step | Engine's own ms | Engine CPU ms/step | Engine's own CPU ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         idle = "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.1f} %"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | {r['cpu_ms']:.3f} | "
-            f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | {idle} | "
+            f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | "
+            f"{r['cpu_outside_ms']:.3f} | {100 * r['cpu_outside_share']:.1f} % | {idle} | "
             f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} | {r['engine_cpu_ms']:.3f} | {r['engine_own_cpu_ms']:.3f} |"
         )
     return "\n".join(lines)
