@@ -8,6 +8,7 @@ parameters) is a tensor in `DecodeState` instead, so it never causes a recompile
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from dataclasses import dataclass, field
@@ -200,7 +201,7 @@ class DecodeConfig:
             if not isinstance(buckets, tuple) or not all(isinstance(n, int) and n > 0 for n in buckets):
                 raise ValueError(f"DecodeConfig.context_buckets must be a tuple of positive ints, got {buckets!r}")
 
-    @property
+    @functools.cached_property  # read at every step (`bucket_for`); the fields never change
     def bucket_blocks(self) -> tuple[int, ...]:
         """Attention windows in blocks, ascending; the last one is a whole lane (`blocks_per_lane`)."""
         lane = self.blocks_per_lane

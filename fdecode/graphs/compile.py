@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import statistics
 import time
 import types
@@ -42,6 +43,7 @@ from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves, is_hybrid
 from fdecode.step import CATCH_UP, decode_step, general_plan
 
+MADE_MEMO = 256  # `Step._made_plans` answers kept (window, depth, lanes' sampling, graphs made)
 TIMED_RUNS = 5  # `Step.warmup` times each depth's step this many times, in rounds (the median is its cost)
 
 
@@ -185,6 +187,7 @@ class Step:
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._kv = KVPools(self._new_kv)  # the step's KV pools and who may use them (`fdecode.state.ownership`)
         self._trusted = TrustedStates()  # the last state returned, whose layout its graph fixed (no re-checks)
+        self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `_made_plans` answers, read at every step
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = self._pure(config.blocks_per_lane, general_plan(config))
 
@@ -244,11 +247,20 @@ class Step:
         """The plans exact for `state`'s lanes that may be active (unknown lanes: only the general plan) whose graph
         of its window and of `depth` is made, cheapest first."""
         key, at = self.graph_window(self.config.bucket_for(state.max_position)), self.graph_depth(state, depth)
+        memo = (key, at, state.lane_sampling, len(self._graphs))  # graphs are only ever added
+        found = self._made.get(memo)
+        if found is None:
+            found = self._made[memo] = self._find_made_plans(state, key, at)
+            if len(self._made) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
+                del self._made[next(iter(self._made))]
+        return list(found)
+
+    def _find_made_plans(self, state: DecodeState, key: int | None, at: int) -> tuple[SamplingPlan, ...]:
         made = [plan for k, plan, d in self._graphs if k == key and d == at]
         if state.lane_sampling is None:
-            return [plan for plan in made if plan == general_plan(self.config)]
+            return tuple(plan for plan in made if plan == general_plan(self.config))
         lanes = self._lanes(state)
-        return sorted((plan for plan in made if exact(plan, lanes)), key=rank)
+        return tuple(sorted((plan for plan in made if exact(plan, lanes)), key=rank))
 
     def graph_window(self, blocks: int) -> int | None:
         """Which graph runs a window of `blocks` blocks: None for the graph of every window (`dynamic_window`),
@@ -339,7 +351,7 @@ class Step:
         if self._trusted.maker(state) is None:
             self.check_state(state)
         else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
-            self._kv.check(state)
+            self._kv.check_returned(state)
         blocks, plan = self.config.bucket_for(state.max_position), self.plan_for(state, depth)
         return self._run(state, blocks, plan, depth=self.graph_depth(state, depth))
 
@@ -355,7 +367,7 @@ class Step:
             return 0 if lag is not None and lag < self.config.draft_catch_up else CATCH_UP
         return depth if lag == 0 else CATCH_UP
 
-    @property
+    @functools.cached_property  # read at every step (`check_depth`); the models never change
     def depths(self) -> tuple[int, ...]:
         """The depths this step runs (`__call__`): 0 .. K; 0 and K for recurrent (linear-attention) models."""
         k = self.config.K
