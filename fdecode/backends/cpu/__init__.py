@@ -5,7 +5,10 @@ upgrade can break:
 
     matmul.py           an Inductor pass running a step's linears by oneDNN from the weight as it lies
     onednn_linear.py    the oneDNN linear op, and eager prefill linears that match the graphs' (`eager_linears`)
-    onednn_packed.py    oneDNN's packed copy of a large weight, kept for a step's life (`pack_linears`)
+    onednn_packed.py    oneDNN's packed layout of a large weight, in place of a checkpoint file's (`pack_linears`)
+    file_pages.py       a weight that is a mapped checkpoint file's bytes, and giving its pages back
+    packed_store.py     packed layouts of checkpoint weights kept on disk, mapped by later processes
+    onednn_blob.py      a packed layout as bytes, and a packed weight over bytes fdecode maps
     kernel_batches.py   a graph's C++ kernels built as a few shared libraries, not one each
     prepare.py          an Inductor pass compiling `fdecode::prepare_next_draft` into the step's C++ kernels
     vec_isa.py          the CPU's vector ISA trusted from its flags, without Inductor's probe builds
@@ -71,8 +74,8 @@ def packs_weights(cfg, backend: str) -> bool:
     return cfg.pack_weights and enabled(cfg, backend) and available()
 
 
-def pack_linears(*models) -> int:
-    """Pack the models' large linear weights (`onednn_linear.pack_linears`); bytes added."""
+def pack_linears(*models):
+    """Pack the models' large linear weights (`onednn_linear.pack_linears`): a `Packing`, bytes by where."""
     from fdecode.backends.cpu.onednn_linear import pack_linears as pack
 
     return pack(*models)
