@@ -55,6 +55,7 @@ def test_a_checkpoint_folders_weights_are_packed_in_place_and_compute_the_same(f
     weights = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     assert len(linears) == 2 * 5 + 1
     assert (step.packing.in_place, step.packing.beside, step.packing.loaded) == (weights, 0, 0)
+    assert step.packing.written == weights
     assert "packed weights: 0.02 GiB in place" in repr(step)
     assert len(list(cache.glob("*.packed"))) == len(linears)  # stored for the next process
     # The originals' pages are given back (a page at either end may hold a neighbour's bytes) ...
@@ -82,7 +83,7 @@ def test_a_second_compile_maps_the_stored_layout_without_packing(folder, cache):
     del first
     gc.collect()
     again = fdecode.compile(folder, "ngram", config(), announce=False)
-    assert again.packing.loaded == again.packing.in_place > 0 and again.packing.beside == 0
+    assert again.packing.loaded == again.packing.in_place > 0 and again.packing.beside == again.packing.written == 0
     assert "stored by an earlier run" in repr(again)
     assert again.prefill([PROMPT]).step_output.tokens.tolist() == out
 

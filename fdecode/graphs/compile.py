@@ -638,6 +638,11 @@ def compile(
             f"kept oneDNN's layout of the large linear weights beside them: +{packing.beside / 2**30:.2f} GiB "
             "(weights of no checkpoint folder; DecodeConfig.pack_weights=False: none)"
         )
+    if announce and packing is not None and packing.written:
+        notice(
+            f"stored oneDNN's layout of the checkpoint's large linear weights on disk, once: "
+            f"{packing.written / 2**30:.2f} GiB in {cpu.packed_folder()} (a later start maps it)"
+        )
     step = Step(
         target_model,
         draft_model,

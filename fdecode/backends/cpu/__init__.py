@@ -14,7 +14,7 @@ upgrade can break:
     vec_isa.py          the CPU's vector ISA trusted from its flags, without Inductor's probe builds
 
 The rest of fdecode asks this package only (`inductor_options`, `compiling`, `loading`, `packs_weights`,
-`pack_linears`, `eager_linears`). `FDECODE_CPU_TUNING=0` in the environment turns all of it off: CPU steps
+`pack_linears`, `packed_folder`, `eager_linears`). `FDECODE_CPU_TUNING=0` in the environment turns all of it off: CPU steps
 then compile with Inductor's defaults, prefill runs plain linears and nothing is packed (slower, never
 wrong: the tests pin the same tokens either way).
 """
@@ -79,6 +79,13 @@ def pack_linears(*models):
     from fdecode.backends.cpu.onednn_linear import pack_linears as pack
 
     return pack(*models)
+
+
+def packed_folder():
+    """Where packed layouts of checkpoint weights are stored (`packed_store.folder`), None where nowhere."""
+    from fdecode.backends.cpu.packed_store import folder
+
+    return folder()
 
 
 def eager_linears(device_type: str):

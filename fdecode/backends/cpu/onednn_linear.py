@@ -20,6 +20,7 @@ calls, and the lower-level registration costs ~30 us a call against ~55 us (most
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -83,9 +84,10 @@ class Packing:
     in_place: int = 0  # in place of checkpoint files' weights (their pages given back): no second copy
     beside: int = 0  # beside weights of no checkpoint file (a transformers model's, converted ones): a copy
     loaded: int = 0  # of `in_place`, mapped as a former process stored them: nothing packed
+    written: int = 0  # of `in_place`, packed now and written to disk (`packed_store`) for the next process
 
     def __add__(self, other: Packing) -> Packing:
-        return Packing(self.in_place + other.in_place, self.beside + other.beside, self.loaded + other.loaded)
+        return Packing(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
     def __str__(self) -> str:
         gib = 2**30
@@ -104,7 +106,8 @@ def pack_linears(*models: nn.Module) -> Packing:
                 done = onednn_packed.pack(m.weight, mappings)
                 if done is not None:
                     part = done.nbytes
-                    total += Packing(part * done.in_place, part * (not done.in_place), part * done.loaded)
+                    in_place = part * done.in_place
+                    total += Packing(in_place, part - in_place, part * done.loaded, part * done.written)
     return total
 
 

@@ -54,6 +54,7 @@ class Packed:
     nbytes: int  # the packed layout's bytes
     in_place: bool  # True: in place of the original (a checkpoint file's bytes); False: beside it
     loaded: bool  # mapped from `packed_store` as a former process stored it: nothing packed
+    written: bool  # packed now and written to `packed_store`
 
 
 _KEPT: dict[tuple, _Packed] = {}
@@ -103,7 +104,8 @@ def pack(weight: torch.Tensor, mappings: list | None = None) -> Packed | None:
         if source is not None:
             file_pages.release(weight)
         kept = _KEPT[key] = _Packed(weight._version, layout, memory=memory, in_place=source is not None)
-        done = Packed(weight.numel() * weight.element_size(), source is not None, stored is not None)
+        nbytes = weight.numel() * weight.element_size()
+        done = Packed(nbytes, source is not None, stored is not None, stored is None and memory is not None)
     if id(weight) not in kept.holders:
         kept.holders.add(id(weight))
         weakref.finalize(weight, _release, key, id(weight))
