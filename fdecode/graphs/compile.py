@@ -636,7 +636,7 @@ def compile(
     if announce and packing is not None and packing.beside:
         notice(
             f"kept oneDNN's layout of the large linear weights beside them: +{packing.beside / 2**30:.2f} GiB "
-            "(weights of no checkpoint folder; DecodeConfig.pack_weights=False: none)"
+            "(weights that are no checkpoint file's bytes; DecodeConfig.pack_weights=False: none)"
         )
     if announce and packing is not None and packing.written:
         notice(

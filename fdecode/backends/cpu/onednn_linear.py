@@ -82,7 +82,7 @@ class Packing:
     """What `pack_linears` did: bytes of packed weights, by where they lie."""
 
     in_place: int = 0  # in place of checkpoint files' weights (their pages given back): no second copy
-    beside: int = 0  # beside weights of no checkpoint file (a transformers model's, converted ones): a copy
+    beside: int = 0  # beside weights that are no checkpoint file's bytes (converted, edited ones): a copy
     loaded: int = 0  # of `in_place`, mapped as a former process stored them: nothing packed
     written: int = 0  # of `in_place`, packed now and written to disk (`packed_store`) for the next process
 

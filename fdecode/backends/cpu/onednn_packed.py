@@ -16,7 +16,7 @@ One copy or two. A weight that is still the bytes of a checkpoint file the proce
 of a folder loads: `file_pages.file_backed`) is packed *in place*: its packed layout is kept on disk
 (`packed_store`, mapped, so a later process packs nothing) and the original's pages are given back
 (`file_pages.release`); every product then reads the packed layout, and whatever else reads the original
-gets it from the file again. Any other weight (a transformers model's, one fdecode converted) keeps its
+gets it from the file again. Any other weight (converted, dequantized, edited since it was read) keeps its
 packed copy *beside* it in memory: a second copy. A copy follows its weight: it is dropped when the weight
 is freed (`weakref.finalize`), and made again when the weight is changed in place (its version counter
 moves: `load_state_dict`, `copy_`, an optimizer's step), so a stale copy is never used. One write goes
