@@ -18,15 +18,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 
 import torch
 
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4
-_FILE_PAGE = 1 << 61  # pagemap: a page of a file (or shared memory), not a private anonymous one
-_PRESENT = 1 << 63
+_FILE_PAGE = 61  # pagemap bits: a page of a file (or shared memory), not a private anonymous one
+_PRESENT = 63
 
 
 @dataclass(frozen=True)
@@ -58,13 +57,23 @@ def _span(weight: torch.Tensor) -> tuple[int, int]:
     return start, start + weight.numel() * weight.element_size()
 
 
-def _pages_are_the_files(start: int, end: int) -> bool:
-    """Whether every page of [start, end) the process holds is still a page of the mapped file."""
+def _pagemap(start: int, end: int) -> torch.Tensor:
+    """The `/proc/self/pagemap` entries of the pages over [start, end), as int64."""
     first, last = start // PAGE, (end - 1) // PAGE
     with open("/proc/self/pagemap", "rb") as pagemap:
         pagemap.seek(first * 8)
-        data = pagemap.read((last - first + 1) * 8)
-    return all(not e & _PRESENT or e & _FILE_PAGE for e in struct.unpack(f"{len(data) // 8}Q", data))
+        data = bytearray(pagemap.read((last - first + 1) * 8))
+    return torch.frombuffer(data, dtype=torch.int64)
+
+
+def _bit(entries: torch.Tensor, bit: int) -> torch.Tensor:
+    return (entries >> bit) & 1 == 1  # int64 holds bit 63 as the sign; the shift keeps it
+
+
+def _pages_are_the_files(start: int, end: int) -> bool:
+    """Whether every page of [start, end) the process holds is still a page of the mapped file."""
+    entries = _pagemap(start, end)
+    return bool((~_bit(entries, _PRESENT) | _bit(entries, _FILE_PAGE)).all())
 
 
 def file_backed(weight: torch.Tensor, mappings: list | None = None) -> FileBytes | None:
@@ -104,12 +113,7 @@ def release(weight: torch.Tensor) -> int:
 
 def resident_bytes(weight: torch.Tensor) -> int:
     """Bytes of `weight`'s pages the process holds now (`/proc/self/pagemap`)."""
-    start, end = _span(weight)
-    first, last = start // PAGE, (end - 1) // PAGE
-    with open("/proc/self/pagemap", "rb") as pagemap:
-        pagemap.seek(first * 8)
-        data = pagemap.read((last - first + 1) * 8)
-    return PAGE * sum(bool(e & _PRESENT) for e in struct.unpack(f"{len(data) // 8}Q", data))
+    return PAGE * int(_bit(_pagemap(*_span(weight)), _PRESENT).sum())
 
 
 def _linux() -> bool:
