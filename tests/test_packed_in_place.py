@@ -69,12 +69,16 @@ def test_a_checkpoint_folders_weights_are_packed_in_place_and_compute_the_same(f
     reference = from_hf(folder)  # another mapping of the same file, not packed
     gen = torch.Generator().manual_seed(0)
     for mine, ref in zip(linears, packed_linears(reference)):
-        for rows in (1, 2, 5):  # one row reads the packed layout too: the original is not kept
+        for rows in (1, 2, 5):
             x = torch.randn(rows, mine.in_features, generator=gen)
             torch.testing.assert_close(
                 onednn_linear(x, mine.weight, None), F.linear(x, ref.weight), rtol=1e-5, atol=1e-5
             )
+    # One row reads the packed layout too: the originals stay given back.
+    assert all(file_pages.resident_bytes(m.weight) <= 2 * file_pages.PAGE for m in linears)
+    for mine, ref in zip(linears, packed_linears(reference)):
         assert torch.equal(mine.weight, ref.weight)  # what still reads the original gets the file's bytes
+    assert all(file_pages.resident_bytes(m.weight) >= m.weight.numel() * 4 - 2 * file_pages.PAGE for m in linears)
 
 
 def test_a_second_compile_maps_the_stored_layout_without_packing(folder, cache):
