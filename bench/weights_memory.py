@@ -3,6 +3,7 @@ passing the weights (issue 53, items 2 and 5).
 
     flock /tmp/fdecode-realpair.lock python bench/weights_memory.py [--cache DIR] [--json FILE]
     python bench/weights_memory.py --proxy 2     # random checkpoints of the pair's shapes, 2 layers each
+    python bench/weights_memory.py --quick       # a smoke run: tiny random checkpoints, eager, nothing packed
 
 Each row is a fresh process on the plain path (`fdecode.compile` + `step.prefill` + steps, no warmup call):
 Qwen2.5-Coder-1.5B-Instruct with the 0.5B draft (`fdecode.assets.qwen_coder`), float32, K = 4, B = 1, greedy.
@@ -44,16 +45,19 @@ def weights_bytes(*models) -> int:
     return total
 
 
-def proxy_folders(cache: str, layers: int, vocab: int) -> tuple[str, str]:
+PAIR_SHAPES = {"target": (1536, 8960, 12, 128), "draft": (896, 4864, 14, 64)}  # hidden, MLP, heads, head dim
+QUICK_SHAPES = {"target": (128, 256, 4, 32), "draft": (64, 128, 2, 32)}
+
+
+def proxy_folders(cache: str, layers: int, vocab: int, quick: bool = False) -> tuple[str, str]:
     """Random float32 checkpoints of the real pair's layer shapes (Qwen2: 1.5B's and 0.5B's hidden, heads,
     MLP) at `layers` layers each and `vocab` tokens, saved once under `cache`: a stand-in run without the pair."""
     from fdecode.models import LlamaModel, ModelConfig
     from fdecode.models.loading.hf import save_hf
 
-    shapes = {"target": (1536, 8960, 12, 128), "draft": (896, 4864, 14, 64)}
     out = []
-    for i, (name, (hidden, mlp, heads, head_dim)) in enumerate(shapes.items()):
-        folder = os.path.join(cache, f"proxy-{layers}-{vocab}", name)
+    for i, (name, (hidden, mlp, heads, head_dim)) in enumerate((QUICK_SHAPES if quick else PAIR_SHAPES).items()):
+        folder = os.path.join(cache, f"proxy-{layers}-{vocab}{'-quick' * quick}", name)
         if not os.path.exists(os.path.join(folder, "model.safetensors")):
             cfg = ModelConfig(
                 vocab_size=vocab,
@@ -84,7 +88,9 @@ def child(spec: dict) -> dict:
 
         file_pages.file_backed = lambda weight, mappings=None: None
     if spec.get("proxy"):
-        target, draft = proxy_folders(os.environ["WEIGHTS_BENCH_CACHE"], spec["proxy"], spec["vocab"])
+        target, draft = proxy_folders(
+            os.environ["WEIGHTS_BENCH_CACHE"], spec["proxy"], spec["vocab"], spec.get("quick", False)
+        )
     else:
         target, draft = (str(p) for p in safetensors_folders())
     start = time.perf_counter()
@@ -94,6 +100,8 @@ def child(spec: dict) -> dict:
         target, draft = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in (target, draft))
     load_s = time.perf_counter() - start
     cfg = fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=512)
+    if spec.get("quick"):  # the script's smoke run: no compile, nothing packed
+        cfg = dataclasses.replace(cfg, backend="eager")
     if spec["how"] == "unpacked":
         cfg = dataclasses.replace(cfg, pack_weights=False)
     start = time.perf_counter()
@@ -104,14 +112,14 @@ def child(spec: dict) -> dict:
         for kept in onednn_packed._KEPT.values():
             kept.in_place = False
     compiled = time.perf_counter()
-    state = step.prefill([PROMPT], max_new_tokens=200)
+    state = step.prefill([[t % spec.get("vocab", 151936) for t in PROMPT]], max_new_tokens=200)
     prefilled = time.perf_counter()
     first = state.step_output.tokens[0].tolist()
     state, out = step(state)
     stepped = time.perf_counter()
     tokens = first + out.tokens[0].tolist()
     times = []
-    for _ in range(10):
+    for _ in range(2 if spec.get("quick") else 10):
         t = time.perf_counter()
         state, out = step(state)
         tokens += out.tokens[0].tolist()
@@ -156,6 +164,7 @@ def main() -> int:
     parser.add_argument(
         "--no-cold", dest="cold", action="store_false", help="keep the compiled graphs: the first row packs only"
     )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random checkpoints, eager")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,13 +173,25 @@ def main() -> int:
         return 0
     import shutil
 
+    if args.quick:
+        args.proxy, args.vocab, args.hows = 1, 512, ["folders"]
+        args.cache = os.path.join(os.getcwd(), "weights-bench-quick")
+    elif not args.proxy:
+        from fdecode.assets.qwen_coder import missing_reason
+
+        reason = missing_reason()
+        if reason is not None:
+            print(f"skipping the real pair: {reason}", file=sys.stderr)
+            return 0
+
     for name in ("inductor", "steps") if args.cold else ("steps/packed",):  # the first row: caches empty
         shutil.rmtree(os.path.join(args.cache, name), ignore_errors=True)
     rows = []
     for how, start in [("folders", "cold" if args.cold else "first"), ("folders", "warm")] + [
         (h, "warm") for h in args.hows if h != "folders"
     ]:
-        row = run({"how": how, "start": start, "proxy": args.proxy, "vocab": args.vocab}, args.cache)
+        spec = {"how": how, "start": start, "proxy": args.proxy, "vocab": args.vocab, "quick": args.quick}
+        row = run(spec, args.cache)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:

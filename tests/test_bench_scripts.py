@@ -23,6 +23,7 @@ SCRIPTS = (
     "tp_step.py",
     "cold_start.py",
     "step_vs_revision.py",
+    "weights_memory.py",
 )
 HELPERS = ("compile_phases.py",)  # imported by cold_start.py --phases, not run on its own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
