@@ -97,10 +97,11 @@ class DecodeConfig:
     # (target layers + K x draft layers), where compile time pays for the region calls' host cost.
     # `fdecode.compile` resolves it: `step.config.layer_regions` is a bool.
     layer_regions: bool | str = "auto"
-    # An Inductor step on the CPU keeps a copy of each large linear weight (`onednn_linear.MIN_BYTES` and up)
-    # in oneDNN's own layout (`fdecode.backends.cpu.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
-    # (verifies, a batch's drafts) run 1.5-2.2x faster, at the cost of a second copy of those weights
-    # (+7.6 GiB for the real pair in float32). False: oneDNN reads the weights as they lie, no copy.
+    # An Inductor step on the CPU keeps each large linear weight (`onednn_linear.MIN_BYTES` and up) in oneDNN's
+    # own layout (`fdecode.backends.cpu.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
+    # (verifies, a batch's drafts) run 1.5-2.2x faster. A checkpoint folder's weights are packed in place of
+    # them (one copy, stored on disk for the next process); others keep the packed copy beside them (a second
+    # copy); `repr(step)` says which. False: oneDNN reads the weights as they lie.
     pack_weights: bool = True
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)

@@ -151,6 +151,10 @@ class Step:
     and `warmup()` shows a progress bar.
     """
 
+    # Where `fdecode.compile` packed the large linear weights (`fdecode.backends.cpu.onednn_linear.Packing`:
+    # bytes in place of checkpoint files' weights, and beside others), None where it packed none.
+    packing = None
+
     def __init__(
         self,
         target,
@@ -590,7 +594,8 @@ class Step:
             f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
             f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
             f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device}"
-            f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''})"
+            f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''}"
+            f"{f', packed weights: {self.packing}' if self.packing is not None else ''})"
         )
 
 
@@ -639,13 +644,17 @@ def compile(
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)
-    if cpu.packs_weights(config, backend):
-        added = cpu.pack_linears(target_model, draft_model)
-        if announce and added:
-            notice(
-                f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
-                "(DecodeConfig.pack_weights=False: none)"
-            )
+    packing = cpu.pack_linears(target_model, draft_model) if cpu.packs_weights(config, backend) else None
+    if announce and packing is not None and packing.beside:
+        notice(
+            f"kept oneDNN's layout of the large linear weights beside them: +{packing.beside / 2**30:.2f} GiB "
+            "(weights that are no checkpoint file's bytes; DecodeConfig.pack_weights=False: none)"
+        )
+    if announce and packing is not None and packing.written:
+        notice(
+            f"stored oneDNN's layout of the checkpoint's large linear weights on disk, once: "
+            f"{packing.written / 2**30:.2f} GiB in {cpu.packed_folder()} (a later start maps it)"
+        )
     step = Step(
         target_model,
         draft_model,
@@ -656,6 +665,7 @@ def compile(
         attention_reason=attention_reason,
         announce=announce,
     )
+    step.packing = packing  # `repr(step)` shows it
     if warmup:
         step.warmup()
     return step
