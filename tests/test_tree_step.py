@@ -8,7 +8,7 @@ the step is one graph with no break and no host sync; impossible shapes are refu
 from __future__ import annotations
 
 import pytest
-from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
 from support.runs import NEW, PROMPTS, run
 from support.tiny_vocab import check_follows_the_target, tiny_draft, tiny_target
 
@@ -56,7 +56,7 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
         fdecode.compile(target, tiny_draft("random", target), cfg)
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
-    with pytest.raises(ValueError, match="this step's draft is 'ngram'"):
+    with pytest.raises(ValueError, match="n-gram drafts do not draft trees yet"):
         fdecode.compile(target, "ngram", small)
     with pytest.raises(ValueError, match="penalties"):
         fdecode.compile(
@@ -73,6 +73,19 @@ def test_greedy_tree_equals_transformers(kind, n, k, s):
     assert max(lengths) <= s + 1
     if kind != "random":  # a draft that agrees with the target has paths accepted to depth 2 and more
         assert max(lengths) >= 3, lengths
+
+
+@pytest.mark.parametrize("kind", ["partial", "self"])
+def test_greedy_mtp_tree_equals_transformers(kind):
+    """A one-layer MTP head drafts trees from the target's hidden states (its own output at a node's parent)."""
+    layers = 1 if kind == "self" else 2
+    target = fdecode_target(layers)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+    )
+    outs, lengths = run(fdecode.compile(target, mtp_head(kind, target), cfg))
+    assert outs == [hf_greedy(prompt, NEW, None, layers) for prompt in PROMPTS]
+    assert max(lengths) == 3 if kind == "self" else max(lengths) <= 4
 
 
 def test_greedy_tree_stops_at_eos_and_at_the_lane_end():

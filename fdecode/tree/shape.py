@@ -44,12 +44,15 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     vocab = target.config.vocab_size
     if cfg.draft_topk > vocab:
         return f"draft_topk={cfg.draft_topk} exceeds the vocabulary ({vocab} tokens)"
-    if drafter.kind != "model":
-        return f"trees are drafted by a draft LM only; this step's draft is {drafter.kind!r}"
     from fdecode.models.llama import LlamaModel
+    from fdecode.models.mtp.head import MTPHead
 
+    if drafter.kind == "mtp" and type(draft) is not MTPHead:
+        return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
+    if drafter.kind == "ngram":
+        return "n-gram drafts do not draft trees yet"
     for role, model in (("target", target), ("draft", draft)):
-        if not isinstance(model, LlamaModel) or drafter.recurrent(model):
+        if not isinstance(model, LlamaModel | MTPHead) or drafter.recurrent(model) or drafter.recurrent(target):
             return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
         if getattr(getattr(model, "kv_config", None), "latent_kv", False):
             return f"the {role} keeps an MLA latent cache, which tree attention does not read yet"
