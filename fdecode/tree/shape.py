@@ -49,9 +49,8 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
 
     if drafter.kind == "mtp" and type(draft) is not MTPHead:
         return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
-    if drafter.kind == "ngram":
-        return "n-gram drafts do not draft trees yet"
-    for role, model in (("target", target), ("draft", draft)):
+    models = (("target", target),) if drafter.kind == "ngram" else (("target", target), ("draft", draft))
+    for role, model in models:
         if not isinstance(model, LlamaModel | MTPHead) or drafter.recurrent(model) or drafter.recurrent(target):
             return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
         if getattr(getattr(model, "kv_config", None), "latent_kv", False):
