@@ -173,3 +173,16 @@ def test_random_tree_lanes_follow_the_target(kind, params):
         num_draft_tokens=4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, block_size=4, backend="eager"
     )
     check_follows_the_target(fdecode.compile(target, tiny_draft(kind, target), cfg), target, params)
+
+
+@pytest.mark.slow
+def test_inductor_tree_step_equals_transformers_in_one_graph():
+    """Inductor's code for the tree step: greedy lanes commit transformers' tokens; the graph has no break or
+    host sync and runs without recompiling across steps."""
+    step = tree_step("partial", 5, 2, 3, backend="inductor")
+    assert step.backend == "inductor"
+    outs, _ = run(step)
+    assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
+    report = fdecode.inspect(step, step.prefill([PROMPTS[0]], max_new_tokens=4))
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    assert report.recompiles == 0
