@@ -42,6 +42,7 @@ from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.recurrent import check_leaves, is_hybrid
 from fdecode.step import CATCH_UP, decode_step, general_plan
+from fdecode.tree.shape import check_tree
 
 MADE_MEMO = 256  # `Step._made_plans` answers kept (window, depth, lanes' sampling, graphs made)
 TIMED_RUNS = 5  # `Step.warmup` times each depth's step this many times, in rounds (the median is its cost)
@@ -181,7 +182,8 @@ class Step:
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self.depth_seconds: dict[int, float] = {}
         self.announce = announce
-        self.idles_draft = drafter.idles(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
+        # The draft sits out depth-0 steps (`fdecode.ops.catch_up`); a tree step has none.
+        self.idles_draft = drafter.idles(draft, config) and not config.tree
         # One graph per plan for every window of 2+ blocks, where the backend can and two such windows exist.
         self.dynamic_window = (
             config.dynamic_window and backend in DYNAMIC_WINDOW and sum(n >= 2 for n in config.bucket_blocks) >= 2
@@ -375,6 +377,8 @@ class Step:
     def depths(self) -> tuple[int, ...]:
         """The depths this step runs (`__call__`): 0 .. K; 0 and K for recurrent (linear-attention) models."""
         k = self.config.K
+        if self.config.tree:  # a tree step verifies its N nodes (`fdecode.tree`)
+            return (k,)
         return (0, k) if is_hybrid(self.target) or self.drafter.recurrent(self.draft) else tuple(range(k + 1))
 
     def ready_depths(self, state: DecodeState) -> tuple[int, ...]:
@@ -389,8 +393,13 @@ class Step:
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
+            runs = (
+                "a tree step runs depth K"
+                if self.config.tree
+                else "a step of recurrent (linear-attention) models runs depth 0 or K"
+            )
             raise ValueError(
-                f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
+                f"{runs} = {k}, got {depth} "
                 f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)"
             )
         return depth
@@ -641,6 +650,7 @@ def compile(
     latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
+    check_tree(target_model, draft_model, drafter, config)  # a tree these models or features cannot run
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)
