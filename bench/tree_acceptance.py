@@ -1,7 +1,7 @@
 """Tokens committed per verify on the real Qwen2.5-Coder pair: chains against draft trees, greedy.
 
     flock /tmp/fdecode-realpair.lock python bench/tree_acceptance.py            # ~15-30 min on a 2-core CPU
-    flock /tmp/fdecode-realpair.lock python bench/tree_acceptance.py --new-tokens 32 --quick
+    python bench/tree_acceptance.py --quick       # a smoke run: tiny random models, the chain and one tree
     python bench/tree_acceptance.py --smollm2                                   # n-gram drafts, ~5 min
 
 For each of the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), the chain at depths 3 and 4 and
@@ -21,12 +21,15 @@ import sys
 import torch
 
 import fdecode
-from fdecode.bench.pair import PROMPTS, chat_ids, fixed_depth, load_pair
+from fdecode.bench.loops import fixed_depth
+from fdecode.bench.pair import PROMPTS, chat_ids, load_pair
 from fdecode.tree.shape import candidates
 
 
 def shapes(quick: bool) -> list[tuple[int, int, int]]:
-    """(N, k, S) of the runs: the chains (k = 1) first, then every admitted tree."""
+    """(N, k, S) of the runs: the chains (k = 1) first, then every admitted tree (the smoke run: one of each)."""
+    if quick:
+        return [(3, 1, 3), (6, 2, 3)]
     levels = (3,) if quick else (3, 4)
     runs = [(s, 1, s) for s in levels]
     for n in (6, 8, 12):  # the smaller trees first: each row prints as it is measured
@@ -38,11 +41,18 @@ def shapes(quick: bool) -> list[tuple[int, int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--quick", action="store_true", help="S = 3 only, k = 2-3")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: tiny random models, one prompt, 8 tokens, 2 shapes"
+    )
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M with n-gram drafts")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    if args.smollm2:
+    if args.quick:  # checks that the script runs: random models accept little
+        from fdecode.bench import llama
+
+        target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
+        prompts, args.new_tokens = {"prompt 0": list(range(1, 17))}, 8
+    elif args.smollm2:
         from fdecode.assets import smollm2
         from fdecode.models import from_hf
 
@@ -70,7 +80,7 @@ def main() -> None:
         step = fdecode.compile(target, draft, cfg, announce=False)
         per_prompt = []
         for name, ids in prompts.items():
-            tokens, steps = fixed_depth(step, ids, n, args.new_tokens)
+            (tokens,), steps = fixed_depth(step, [ids], n, args.new_tokens)
             expected = chain_tokens.setdefault(name, tokens)
             if tokens != expected:
                 sys.exit(f"N={n} k={k} S={s} on {name!r}: the tokens differ from the chain's (not lossless)")

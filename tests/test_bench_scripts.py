@@ -25,6 +25,7 @@ SCRIPTS = (
     "step_vs_revision.py",
     "small_linears.py",
     "weights_memory.py",
+    "tree_acceptance.py",
 )
 HELPERS = ("compile_phases.py",)  # imported by cold_start.py --phases, not run on its own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
