@@ -14,7 +14,8 @@ greedy `generate`, then one draft forward) for the workload's prompts and a few 
 `bench/results/qwen_coder_draft_matches.json`. The replay runs `DepthController` (the Engine's, unchanged: read one step
 behind, costs learnt from the steps it launches, starting from warm-up-like costs `--bias` off, as
 `step_costs` smooths them) over each
-sequence, and each fixed depth, with per-depth step seconds `--costs` (measured by `bench/depths.py`), each
+sequence, and each fixed depth, with per-depth step seconds `--costs` (the ms/step of the "fdecode depth d" rows of
+`fdecode bench --workloads qwen-coder`), each
 step's seconds jittered by `--noise`; plus sequences drawn at fixed rates, independent and in bursts. With
 `--catch-up C` (`DecodeConfig.draft_catch_up`) the draft sits out depth-0 steps (which then cost what target-only
 decoding does) and a catch-up step (`--catch-up-cost` seconds) commits one token and proposes one draft; with 0

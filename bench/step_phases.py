@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     compiled = fdecode.compile(target, draft, inductor)
     state = compiled.prefill([prompt], max_new_tokens=new)
-    compiled(state.clone())  # compiles (minutes cold: BENCHMARKS.md, cold start)
+    compiled(state.clone())  # compiles (minutes cold: BENCHMARKS.md, "Cold start and warm-up")
     times, accepted = [], []
     state = compiled.prefill([prompt], max_new_tokens=new)
     while not bool(state.step_output.finished[0]):

@@ -2,7 +2,7 @@
 
     python bench/step_vs_revision.py --before 95b78a7 --rounds 5
     python bench/step_vs_revision.py --before 95b78a7 --model micro   # the host-time micro model (docs/host-time.md)
-    python bench/step_vs_revision.py --quick                          # a smoke run: micro, 1 round, against HEAD
+    python bench/step_vs_revision.py --quick                          # a smoke run: micro, eager, 1 round, vs HEAD
 
 Each round runs one child process per tree (the revision is checked out into a temporary git worktree),
 alternating; a child compiles the request-features workload's models (V = 151,936, target 256x4, draft
@@ -89,8 +89,8 @@ def child(steps: int) -> dict:
     return {"ms": 1e3 * (time.perf_counter() - start) / steps, "torch_threads": torch.get_num_threads()}
 
 
-def run_child(tree: str, steps: int, model: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": tree}
+def run_child(tree: str, steps: int, model: str, backend: str | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": tree, **({"FDECODE_BACKEND": backend} if backend else {})}
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", str(steps), "--model", model],
         env=env,
@@ -111,7 +111,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", default=None)
     parser.add_argument("--model", choices=("default", "micro", "bundled"), default="default")
-    parser.add_argument("--quick", action="store_true", help="the micro model, 1 round of 3 steps, against HEAD")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: the micro model run eagerly, 1 round of 3 steps, against HEAD",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -131,7 +135,8 @@ def main() -> int:
             runs = {"before": [], "now": []}
             for round_ in range(args.rounds):
                 for name, tree in (("before", before), ("now", ROOT)):
-                    runs[name].append(run_child(tree, args.steps, args.model))
+                    # The smoke run checks that both trees run, not Inductor's code: eager (FDECODE_BACKEND).
+                    runs[name].append(run_child(tree, args.steps, args.model, "eager" if args.quick else None))
                     print(f"round {round_}: {name} {runs[name][-1]}", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)

@@ -8,6 +8,7 @@ parameters) is a tensor in `DecodeState` instead, so it never causes a recompile
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch
 
 from fdecode.ops.attention import KERNELS
 from fdecode.scalars import scalar, token_ids
+from fdecode.tree.shape import check_tree_shape
 
 BACKENDS = ("auto", "eager", "inductor", "aot_eager", "dynamo", "cudagraphs", "torchair")
 # torchair graph modes: ACL graph capture (npugraph_ex, the default) or a GE graph (max-autotune).
@@ -27,8 +29,8 @@ LOGPROBS_MODES = ("raw", "processed")
 class DecodeConfig:
     """The static half of a step. Its fields, by concern (each is documented where it is declared):
 
-    graph shape      num_draft_tokens (K), max_batch (B), max_seq_len, block_size, num_blocks, dtype,
-                     device, context_buckets, dynamic_window, max_stop_ids
+    graph shape      num_draft_tokens (K), draft_topk, draft_depth, max_batch (B), max_seq_len, block_size,
+                     num_blocks, dtype, device, context_buckets, dynamic_window, max_stop_ids
     compilation      backend, attention, layer_regions, pack_weights, torchair_mode
     Engine policy    adaptive_depth, draft_gate, draft_catch_up
     sampling and     sampling, top_k_candidates, eos_token_id, penalties, min_tokens, max_logit_bias,
@@ -36,7 +38,7 @@ class DecodeConfig:
     parallelism      tp_size, broadcast_accepted
     """
 
-    num_draft_tokens: int  # K: drafts proposed and verified per step
+    num_draft_tokens: int  # K: drafts proposed and verified per step (a tree's nodes, N, besides its root)
     max_batch: int  # B: lanes; the step's shapes are fixed by it
     max_seq_len: int  # capacity of one lane: prompt + generated tokens
     block_size: int = 16  # tokens per KV block
@@ -83,8 +85,13 @@ class DecodeConfig:
     # up itself. 0: a draft LM runs at every step. MTP heads (which read the target's hidden states) and
     # recurrent or n-gram drafts run at every step (`fdecode.drafts.Drafter.idles`).
     # 16: on the real pair a catch-up costs ~180 ms over depth 0 plus ~3 ms a missed row, so a stream held at
-    # depth 0 pays it every C + 1 tokens (BENCHMARKS.md, "What the idle draft's steps cost").
+    # depth 0 pays it every C + 1 tokens (docs/design.md, "Adaptive depth and the idle draft", has the figures).
     draft_catch_up: int = 16
+    # Draft trees (`fdecode.tree`, docs/design.md "Trees"): k children kept per expanded node, S draft levels
+    # (None: num_draft_tokens). k = 1 with S = num_draft_tokens is the chain; k > 1 drafts a tree of
+    # num_draft_tokens nodes, the best of the k + (S - 1) k^2 candidates by path probability (EAGLE-2).
+    draft_topk: int = 1
+    draft_depth: int | None = None
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
     # `fdecode.compile` resolves "auto": the device's kernel where eligible, else the reference.
@@ -96,10 +103,11 @@ class DecodeConfig:
     # (target layers + K x draft layers), where compile time pays for the region calls' host cost.
     # `fdecode.compile` resolves it: `step.config.layer_regions` is a bool.
     layer_regions: bool | str = "auto"
-    # An Inductor step on the CPU keeps a copy of each large linear weight (`onednn_linear.MIN_BYTES` and up)
-    # in oneDNN's own layout (`fdecode.backends.cpu.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
-    # (verifies, a batch's drafts) run 1.5-2.2x faster, at the cost of a second copy of those weights
-    # (+7.6 GiB for the real pair in float32). False: oneDNN reads the weights as they lie, no copy.
+    # An Inductor step on the CPU keeps each large linear weight (`onednn_linear.MIN_BYTES` and up) in oneDNN's
+    # own layout (`fdecode.backends.cpu.onednn_packed`), made at `fdecode.compile`: products of 2-8 rows
+    # (verifies, a batch's drafts) run 1.5-2.2x faster. A checkpoint folder's weights are packed in place of
+    # them (one copy, stored on disk for the next process); others keep the packed copy beside them (a second
+    # copy); `repr(step)` says which. False: oneDNN reads the weights as they lie.
     pack_weights: bool = True
     tp_size: int = 1  # tensor-parallel ranks; > 1 needs fdecode.compile(..., tp_group=group) of that size
     broadcast_accepted: bool = False  # TP only: every rank uses rank 0's tokens (in-graph broadcast)
@@ -137,6 +145,8 @@ class DecodeConfig:
             "max_grammar_states",
             "max_grammar_transitions",
             "draft_catch_up",
+            "draft_topk",
+            "draft_depth",
         ):  # numpy / torch integers as ints (the config is hashed)
             value = scalar(getattr(self, name))
             if isinstance(value, int) and not isinstance(value, bool):
@@ -149,6 +159,9 @@ class DecodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"DecodeConfig.{name} must be an int >= 0, got {value!r}")
+        check_tree_shape(self)
+        if self.draft_topk == 1 and self.draft_depth == self.num_draft_tokens:  # the chain, spelled out
+            object.__setattr__(self, "draft_depth", None)
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
         if not isinstance(self.layer_regions, bool) and self.layer_regions != "auto":
@@ -200,7 +213,7 @@ class DecodeConfig:
             if not isinstance(buckets, tuple) or not all(isinstance(n, int) and n > 0 for n in buckets):
                 raise ValueError(f"DecodeConfig.context_buckets must be a tuple of positive ints, got {buckets!r}")
 
-    @property
+    @functools.cached_property  # read at every step (`bucket_for`); the fields never change
     def bucket_blocks(self) -> tuple[int, ...]:
         """Attention windows in blocks, ascending; the last one is a whole lane (`blocks_per_lane`)."""
         lane = self.blocks_per_lane
@@ -227,6 +240,16 @@ class DecodeConfig:
         """The device type ("cpu", "cuda", "npu", ...), known even where its torch extension is not installed
         ("cpu" while `device` is None, before `fdecode.compile` resolves it)."""
         return (self.device or "cpu").split(":")[0]
+
+    @property
+    def tree(self) -> bool:
+        """Whether the step drafts and verifies a tree (`draft_topk` > 1) rather than a chain."""
+        return self.draft_topk > 1
+
+    @property
+    def levels(self) -> int:
+        """S, the draft levels: a node's greatest depth below the root (the chain's K)."""
+        return self.num_draft_tokens if self.draft_depth is None else self.draft_depth
 
     @property
     def K(self) -> int:

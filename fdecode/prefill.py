@@ -33,6 +33,7 @@ from fdecode.state import DecodeState
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.step import Verified, advance, commit, transition_randoms
+from fdecode.tree.shape import parents_leaf
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -177,6 +178,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
             counter=torch.zeros(batch, **zeros),
             draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
             output=torch.zeros(batch, cfg.output_width, **zeros),
+            tree_parents=parents_leaf(cfg, batch, device),
         )
         .bound_positions(0)
         .record_sampling((None,) * batch)
@@ -356,6 +358,7 @@ def prime(
         counter=torch.zeros(n, dtype=torch.int64, device=device),
         draft_probs=torch.zeros(n, cfg.K, vocab, dtype=torch.float32, device=device),
         output=torch.zeros(n, cfg.output_width, dtype=torch.int64, device=device),
+        tree_parents=parents_leaf(cfg, n, device),
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]

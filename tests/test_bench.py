@@ -207,6 +207,8 @@ def test_host_time_splits_the_step_at_the_compiled_code(tmp_path, capsys):
     (row,) = json.loads(out.read_text())["host"]
     assert (row["model"], row["batch"], row["backend"], row["threads"]) == ("micro", 1, "inductor", 1)
     assert row["step_ms"] > 0 and row["cpu_ms"] > 0 and row["inside_ms"] > 0 and row["outside_ms"] > 0
-    assert 0 < row["outside_share"] < 1 and row["device_idle"] is None  # no device apart from the host here
-    assert row["engine_ms"] > 0
+    assert (
+        0 < row["outside_share"] < 1 and 0 < row["cpu_outside_share"] < 1 and row["device_idle"] is None
+    )  # no device apart from the host here
+    assert row["engine_ms"] > 0 and row["engine_cpu_ms"] > 0 and row["engine_own_cpu_ms"] < row["engine_cpu_ms"]
     assert "| micro | 1 | inductor | 1 |" in capsys.readouterr().out

@@ -23,6 +23,9 @@ SCRIPTS = (
     "tp_step.py",
     "cold_start.py",
     "step_vs_revision.py",
+    "small_linears.py",
+    "weights_memory.py",
+    "tree_acceptance.py",
 )
 HELPERS = ("compile_phases.py",)  # imported by cold_start.py --phases, not run on its own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
@@ -61,4 +64,5 @@ def test_every_bench_script_runs_its_quick_mode(tmp_path) -> None:
     for script in scripts:
         assert f"<<done {script}>>" in done.stdout
     assert "| 1 |" in done.stdout  # prepare_op's table row at B = 1
+    assert "| 32 (4) | 4 |" in done.stdout  # small_linears' row: width 32, 4 rows
     assert "TP = 2 / TP = 1 step time" in done.stdout and "tokens identical: True" in done.stdout

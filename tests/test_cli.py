@@ -49,9 +49,20 @@ def test_demo_and_the_example_run_a_model_without_mtp_head_with_ngram_drafts(cap
         == 0
     )
     assert "draft: n-gram prompt lookup" in capsys.readouterr().out
-    local_checkpoint_example().main([str(TINY_DRAFT), "--max-new-tokens", "24", "--backend", "eager"])
+    local_checkpoint_example().main(
+        [str(TINY_DRAFT), "--draft", "ngram", "--max-new-tokens", "24", "--backend", "eager"]
+    )
     out = capsys.readouterr().out
     assert "draft=ngram" in out and "tok/s" in out
+
+
+def test_the_example_asked_for_an_mtp_head_the_model_lacks_names_the_ngram_draft():
+    """Without --draft the example picks n-gram drafts for such a model; asked for `mtp`, compile's error
+    names `draft='ngram'` as the way out."""
+    import pytest
+
+    with pytest.raises(ValueError, match="no MTP head.*draft='ngram'"):
+        local_checkpoint_example().main([str(TINY_DRAFT), "--draft", "mtp", "--backend", "eager"])
 
 
 def test_local_checkpoint_example_on_the_bundled_model_shows_code_speed_and_acceptance(capsys):

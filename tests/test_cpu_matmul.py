@@ -1,12 +1,13 @@
-"""The CPU Inductor pass that runs large linears by oneDNN and few-row matmuls of small weights as weight @ rows^T
-(`fdecode.backends.cpu.matmul`)."""
+"""The CPU Inductor pass that runs large linears by oneDNN, few-row matmuls of mid-sized weights as weight @ rows^T
+and those of tiny weights as a fused reduction (`fdecode.backends.cpu.matmul`)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fdecode.backends.cpu.matmul import MAX_ROWS, weight_stationary
+from fdecode.backends.cpu.matmul import FUSED_BYTES, FUSED_WORK, MAX_ROWS, STATIONARY_BYTES, weight_stationary
 from fdecode.backends.cpu.onednn_linear import MIN_BYTES as ONEDNN_BYTES
 from fdecode.backends.cpu.onednn_linear import dtypes as onednn_dtypes
 from fdecode.backends.cpu.onednn_linear import onednn_linear
@@ -23,11 +24,17 @@ def weight_first_mms(gm: torch.fx.GraphModule, w_name: str) -> int:
     return sum(n.target is aten.mm.default and n.args[0].name == w_name for n in gm.graph.nodes)
 
 
+def mms(gm: torch.fx.GraphModule) -> int:
+    return sum(n.target in (aten.mm.default, aten.addmm.default) for n in gm.graph.nodes)
+
+
 def test_few_row_linears_are_rewritten_and_compute_the_same():
+    """A weight of STATIONARY_BYTES: 2 to MAX_ROWS rows run as weight @ rows^T."""
     gen = torch.Generator().manual_seed(0)
-    w, b = torch.randn(7, 5, generator=gen), torch.randn(7, generator=gen)
+    w = torch.randn(STATIONARY_BYTES // 4 // 64, 64, generator=gen) / 8
+    b = torch.randn(w.shape[0], generator=gen)
     for rows, rewritten in ((1, 0), (2, 2), (4, 2), (MAX_ROWS, 2), (MAX_ROWS + 1, 0)):
-        x = torch.randn(rows, 5, generator=gen)
+        x = torch.randn(rows, 64, generator=gen)
         gm = make_fx(linears, tracing_mode="fake")(x, w, b)
         weight_stationary(gm.graph)
         gm.recompile()
@@ -35,6 +42,31 @@ def test_few_row_linears_are_rewritten_and_compute_the_same():
         assert weight_first_mms(gm, w_name) == rewritten, gm.code
         assert not any(n.target is aten.addmm.default for n in gm.graph.nodes) or not rewritten
         torch.testing.assert_close(gm(x, w, b), linears(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_and_mid_weights():
+    """A weight under FUSED_BYTES over rows x bytes up to FUSED_WORK becomes a reduction (no BLAS call left); more
+    rows stay mm, and so does a weight from FUSED_BYTES to under STATIONARY_BYTES at any rows. The values are
+    F.linear's."""
+    gen = torch.Generator().manual_seed(0)
+    tiny = torch.randn(FUSED_BYTES // 4 // 32 - 1, 32, generator=gen)
+    mid = torch.randn(STATIONARY_BYTES // 4 // 32 - 1, 32, generator=gen)
+    most = FUSED_WORK // (tiny.numel() * 4)  # the most rows fused with the tiny weight
+    assert 2 <= most < MAX_ROWS
+    small = torch.randn(8, 32, generator=gen)  # 1 KiB: fused up to MAX_ROWS rows
+    for w, cases in (
+        (tiny, ((1, 0), (most, 0), (most + 1, 2))),
+        (small, ((1, 0), (MAX_ROWS, 0), (MAX_ROWS + 1, 2))),
+        (mid, ((1, 2), (4, 2), (MAX_ROWS, 2))),
+    ):
+        b = torch.randn(w.shape[0], generator=gen)
+        for rows, left in cases:
+            x = torch.randn(rows, 32, generator=gen)
+            gm = make_fx(linears, tracing_mode="fake")(x, w, b)
+            weight_stationary(gm.graph)
+            gm.recompile()
+            assert mms(gm) == left, (w.shape, rows, gm.code)
+            torch.testing.assert_close(gm(x, w, b), linears(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def onednn_calls(gm: torch.fx.GraphModule) -> int:
@@ -93,10 +125,17 @@ def test_what_onednn_does_not_take():
         torch.testing.assert_close(gm(*args), fn(*args), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow  # compiles with Inductor: ~2 s on a warm cache, 20-50 s on a cold one (fresh clone, edited op)
 def test_a_compiled_cpu_forward_matches_eager():
-    """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input, and a one-output
-    linear, whose transposed product is already row-major)."""
-    for lin in (torch.nn.Linear(16, 24), torch.nn.Linear(16, 1, bias=False), torch.nn.Linear(512, 600)):
+    """Through Inductor as `capture` passes it (rows of a verify, a bias, a 3-D input, a one-output linear,
+    whose transposed product is already row-major; tiny weights in a fused reduction, a weight-stationary one
+    and a oneDNN one)."""
+    for lin in (
+        torch.nn.Linear(16, 24),
+        torch.nn.Linear(16, 1, bias=False),
+        torch.nn.Linear(128, STATIONARY_BYTES // 4 // 128),
+        torch.nn.Linear(512, 600),
+    ):
         x = torch.randn(1, 4, lin.in_features)
         compiled = torch.compile(
             lin,

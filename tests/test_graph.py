@@ -32,9 +32,9 @@ WHOLE_CACHE_COPIES = ("aten::select_scatter", "aten::slice_scatter", "aten::as_s
 def compiled(request):
     target = fdecode_target(2)
     draft = independent_draft("partial", target) if request.param == "model" else mtp_head("partial", target)
-    # aot_eager: Dynamo's capture, guards and recompiles are the backend's input, the same for Inductor
-    # (whose code the lossless tests run).
-    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=96, block_size=8, backend="aot_eager")
+    # "dynamo" (Dynamo's graph run as captured): Dynamo's capture, guards and recompiles are every backend's
+    # input, the same for Inductor (whose code the lossless tests run); `inspect` lowers the graph to ATen.
+    cfg = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=4, max_seq_len=96, block_size=8, backend="dynamo")
     return fdecode.compile(target, draft, cfg)
 
 
@@ -43,7 +43,7 @@ def test_inspect_reports_one_graph_without_syncs(compiled):
     # A greedy and a random lane (top-k) side by side: one graph serves both.
     state = compiled.prefill([[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=40, temperature=[0.0, 0.8], top_k=[0, 5])
     report = fdecode.inspect(compiled, state)
-    assert report.backend == "aot_eager"
+    assert report.backend == "dynamo"
     assert report.graph_count == 1
     assert report.graph_break_count == 0
     assert report.op_counts["fdecode::prepare_next_draft"] == 1

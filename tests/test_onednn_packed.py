@@ -24,13 +24,13 @@ def test_a_packed_weight_computes_the_plain_product_at_every_row_count(dtype, to
     if dtype not in dtypes():
         pytest.skip(f"oneDNN does not run {dtype} on this CPU (no AVX-512 BF16, AMX or AVX-NE-CONVERT)")
     w, b = weight(dtype=dtype), weight(96, 1, seed=1, dtype=dtype)[:, 0].contiguous()
-    added = onednn_packed.pack(w)
-    if dtype == torch.bfloat16 and not added:  # oneDNN packs bfloat16 only with AVX-512 or AVX-NE-CONVERT
+    done = onednn_packed.pack(w)
+    if dtype == torch.bfloat16 and done is None:  # oneDNN packs bfloat16 only with AVX-512 or AVX-NE-CONVERT
         assert onednn_packed.packed(w) is None
     else:
-        assert added == w.numel() * w.element_size()
+        assert done.nbytes == w.numel() * w.element_size() and not done.in_place  # no file's bytes: beside
         assert onednn_packed.packed(w) is not None
-        assert onednn_packed.pack(w) == 0  # kept already
+        assert onednn_packed.pack(w) is None  # kept already
     gen = torch.Generator().manual_seed(2)
     for rows in (1, 2, 3, onednn_packed.MIN_ROWS, 5, 8, 33):
         x = torch.randn(rows, 64, generator=gen).to(dtype)
@@ -78,7 +78,7 @@ def test_weights_not_packed_run_as_they_lie():
     torch.testing.assert_close(onednn_linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
         frozen = weight(seed=8)
-    assert onednn_packed.pack(frozen) == 0 and onednn_packed.packed(frozen) is None
+    assert onednn_packed.pack(frozen) is None and onednn_packed.packed(frozen) is None
 
 
 def test_a_compiled_forward_reads_the_packed_weight_and_follows_its_edits(monkeypatch):
@@ -132,7 +132,7 @@ def test_views_of_one_weight_share_a_copy_kept_while_any_lives():
     before = onednn_packed.kept_bytes()
     base = weight(seed=9)
     first, second = base.view_as(base), base.view_as(base)
-    assert onednn_packed.pack(first) == base.numel() * 4 and onednn_packed.pack(second) == 0
+    assert onednn_packed.pack(first).nbytes == base.numel() * 4 and onednn_packed.pack(second) is None
     del first
     gc.collect()
     assert onednn_packed.packed(second) is not None

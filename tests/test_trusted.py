@@ -67,3 +67,36 @@ def test_guards_run_once_per_pair_of_graphs_and_other_layouts_are_refused(tmp_pa
         step(other)
     state, _ = step(state)  # the trusted chain still runs, unguarded
     assert len(checks) == 3, checks
+
+
+def test_the_last_state_is_still_refused_once_its_pool_is_taken_over():
+    """The state a step returned last skips the layout checks, not its chain's: once a prefill takes its pool over,
+    stepping it raises (eager: the trust is the Step's, whatever runs the graph)."""
+    step = compile_pair("eager")
+    state, _ = step(step.prefill(PROMPTS, max_new_tokens=8, eos_token_id=[]))
+    step.prefill(PROMPTS, max_new_tokens=8, eos_token_id=[])
+    with pytest.raises(ValueError, match="taken over by a later step.prefill"):
+        step(state)
+
+
+def test_a_replace_of_the_last_state_with_leaves_of_its_layout_stays_trusted(monkeypatch):
+    """What an Engine steps after growing a block table (`state.replace(block_tables=...)`) skips the checks as the
+    last state does; a leaf of another layout, a copy of the KV or a state built without the chain's ticket is
+    checked (eager: the trust is the Step's, whatever runs the graph)."""
+    from torch.utils import _pytree as pytree
+
+    step = compile_pair("eager")
+    checked = []
+    check_state = step.check_state
+    monkeypatch.setattr(step, "check_state", lambda s: checked.append(1) or check_state(s))
+    state, _ = step(step.prefill(PROMPTS, max_new_tokens=40, eos_token_id=[]))
+    assert len(checked) == 1  # the prefilled state
+    state, _ = step(state.replace(block_tables=state.block_tables.clone()))
+    assert len(checked) == 1
+    strided = torch.zeros(state.tokens.shape[1], state.tokens.shape[0], dtype=state.tokens.dtype).t()
+    state, _ = step(state.replace(tokens=strided.copy_(state.tokens)))  # same shape, other strides
+    assert len(checked) == 2
+    kept = state
+    copy = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, state)
+    step(copy)  # a copy of the KV: a chain of its own, checked; the original chain is not consumed by it
+    assert len(checked) == 3 and not kept.consumed

@@ -1,4 +1,4 @@
-"""The bundled model, trained by `examples/train_tiny.py` (see BENCHMARKS.md for its figures)
+"""The bundled model, trained by `examples/train_tiny.py` (its figures: BENCHMARKS.md, "The bundled model")
 (docs/design.md, "Benchmarks, assets and tools").
 
 - `TINY`: a 4-layer byte-level Llama (2.8 M parameters) with a jointly trained MTP head (`mtp.*`),

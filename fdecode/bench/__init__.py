@@ -6,9 +6,11 @@ subcommand. One concept a module: `timing` (synchronize, interleaved and median 
 (`Result` rows and their markdown table), `models` (random model builders and transformers copies),
 `loops` (the decoding loops timed, the mean accepted length), `floor` (the compiled step's compute
 floor), `systems` (one workload's systems side by side), `workloads` (the named workloads), `cli`
-(`fdecode bench`), and the two workloads with modules of their own: `sampling` (real-vocabulary
-sampling plans) and `pair` (the real Qwen2.5-Coder pair). The names below are re-exported for the
-tests and scripts; `sampling` and `pair` are imported as modules.
+(`fdecode bench`), and the workloads with modules of their own: `sampling` (real-vocabulary
+sampling plans), `pair` (the real Qwen2.5-Coder pair), `features`, `grammar`, `host`, and those with a table of
+their own, listed in `registry`: `acceptance`, `depths`, `context`, `prefill`, `moe` (moe-experts) and `ttft`.
+`report` and `report_tables` write BENCHMARKS.md. The names below are re-exported for the tests and scripts;
+the workloads' modules are imported as modules.
 """
 
 from fdecode.bench.cli import main

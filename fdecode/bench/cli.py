@@ -11,7 +11,8 @@ Per system: tokens/s, time per step, mean tokens per lane-step; for the compiled
 compute floor and the overhead fraction 1 - floor / step. Each figure is the median of `--reps`
 runs after warm-up, with min and max; target-only is measured once per target, batch and prompts and
 shared by every row that uses it. `--json FILE` also writes the rows. The bench refuses to report a
-workload whose systems disagree on the greedy tokens.
+workload whose systems disagree on the greedy tokens. The workloads of `fdecode.bench.registry` (acceptance,
+depths, context, prefill, moe-experts, ttft) have rows and a table of their own, under "tables" in the JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from fdecode.bench.host import markdown as host_markdown
 from fdecode.bench.host import run_host_workload
 from fdecode.bench.models import hf_pair, llama
 from fdecode.bench.pair import PAIR_WORKLOADS, goal_markdown, load_pair, run_pair_workload
+from fdecode.bench.registry import TABLES, Options
+from fdecode.bench.registry import markdown as table_markdown
+from fdecode.bench.registry import run as run_table
 from fdecode.bench.results import markdown
 from fdecode.bench.sampling import SYSTEMS, VOCAB, run_sampling_workload
 from fdecode.bench.sampling import markdown as sampling_markdown
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             "grammar",
             "host-time",
             *PAIR_WORKLOADS,
+            *TABLES,
         ],
         help="smollm2-grounded / smollm2-free (not in the default set): the real SmolLM2-135M-Instruct with "
         "prompt-lookup drafts (draft='ngram') on input-grounded prompts (code edits, a rewrite) / on prompts asking "
@@ -102,7 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         "plain and assisted, target-only, before, every fixed depth 1 .. K, the Engine as the default config runs "
         "it, choosing depths 0 .. K, and at K) and batch 4 (both Engines against transformers' batched generate); needs "
         "the pair in $FDECODE_QWEN_CODER (fdecode/assets/qwen_coder.py says how to get it); -k gives K (its first value); qwen-coder-write / "
-        "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine as configured and at depth K)",
+        "-edit / -text: one prompt, batch 1 only; qwen-coder-batch: batch 4 only (the Engine as configured and at depth K). "
+        "Not in the default set either, each with a table of its own, for every -k and (but acceptance) --batch: "
+        "acceptance: tokens per "
+        "verified step and drafts accepted by position of the bundled model's MTP head, draft LM and n-gram drafts, "
+        "eager, every step at K (fdecode/bench/acceptance.py); depths: the bundled model's step at every fixed depth 0 "
+        ".. K and through an Engine at K and choosing (fdecode/bench/depths.py); context: step time against "
+        "max_seq_len and the context, with context buckets and over the whole lane (fdecode/bench/context.py); "
+        "prefill: prefill time at max_seq_len 4096, bucketed and over the whole lane (fdecode/bench/prefill.py); "
+        "moe-experts: a GLM-4.5-shaped MoE step at 8 and 64 experts, top-2 (fdecode/bench/moe.py); ttft: time to "
+        "first token of a request an Engine admits beside B - 1 running ones (fdecode/bench/ttft.py)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (the transformers systems run on CPU only)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -126,9 +140,23 @@ def main(argv: list[str] | None = None) -> int:
     real = None  # SmolLM2 (transformers model, tokenizer), loaded once for the smollm2 workloads
     acceptance_rows = []  # the grammar workload's acceptance on real models
     host_rows = []  # the host-time workload's rows
+    tables: dict[str, list[dict]] = {}  # rows of the workloads with a table of their own (`fdecode.bench.registry`)
+    options = Options(
+        quick=args.quick,
+        batches=tuple(args.batch),
+        ks=tuple(args.k),
+        new_tokens=args.new_tokens,
+        reps=args.reps,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        backend=args.backend,
+    )
     # The real-vocab, request-features and grammar workloads' random target (hidden, layers) and timed steps.
     size, steps = ((64, 2), 8) if args.quick else ((256, 4), 30)
     for name in args.workloads:
+        if name in TABLES:
+            tables.setdefault(name, []).extend(run_table(name, options))
+            continue
         if name == "host-time":
             for model in HOST_MODELS[:1] if args.quick else HOST_MODELS:
                 host_rows += run_host_workload(
@@ -260,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         print(grammar_markdown(acceptance_rows))
     if host_rows:
         print(host_markdown(host_rows))
+    for name, rows in tables.items():
+        print(table_markdown(name, rows))
     if args.json is not None:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args)}
         with open(args.json, "w") as f:
@@ -270,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                     "sampling": sampling_rows,
                     "acceptance": acceptance_rows,
                     "host": host_rows,
+                    "tables": tables,
                 },
                 f,
                 indent=1,

@@ -8,9 +8,12 @@ model with its MTP head) and batch, with the default `DecodeConfig` (greedy lane
 - inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
   compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
   choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
+- cpu_outside / cpu_outside_share: the same split without the profiler, in CPU time of the thread (Inductor's
+  compiled graphs timed as they run, median over `reps` runs): the figure to read on a shared machine;
 - device_idle: on a GPU, the device's idle time between consecutive steps (from the last kernel of step n to
   the first of step n + 1, the steps' ranges as the device ran them) as a share of the step; None on a CPU;
-- engine_ms: an `Engine`'s own time per step beside the step's (reading one step behind, admissions, events).
+- engine_ms: an `Engine`'s time per step, and engine_own_ms the part outside the step's calls (reading one step
+  behind, admissions, events); engine_cpu_ms / engine_own_cpu_ms: the same in CPU time of the thread.
 """
 
 from __future__ import annotations
@@ -122,38 +125,68 @@ def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
     return shares(prof)
 
 
+def cpu_split(step, prompts, steps: int) -> tuple[float, float]:
+    """(CPU seconds of the thread per step, of which inside Inductor's compiled graphs) over `steps` steps: the
+    profiler-free split (`CompiledFxGraph.__call__` timed while it runs; wall-clock profiler ranges are mostly
+    other jobs' time on a shared machine). CPU-only: a GPU step's kernels are not the thread's time."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    inside, original = [0.0], CompiledFxGraph.__call__
+
+    def timed(self, inputs):
+        start = time.thread_time()
+        try:
+            return original(self, inputs)
+        finally:
+            inside[0] += time.thread_time() - start
+
+    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    CompiledFxGraph.__call__ = timed
+    try:
+        start = time.thread_time()
+        for _ in range(steps):
+            state, out = step(state)
+        total = time.thread_time() - start
+    finally:
+        CompiledFxGraph.__call__ = original
+    out.packed.cpu()
+    return total / steps, inside[0] / steps
+
+
 class _TimedStep:
-    """The step as an Engine sees it, with the seconds spent in its calls summed (`engine_run`)."""
+    """The step as an Engine sees it, with the wall and thread CPU seconds spent in its calls summed (`engine_run`)."""
 
     def __init__(self, step):
-        self._step, self.seconds = step, 0.0
+        self._step, self.seconds, self.cpu = step, 0.0, 0.0
 
     def __getattr__(self, name):
         return getattr(self._step, name)
 
     def __call__(self, state, **kwargs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._step(state, **kwargs)
         finally:
             self.seconds += time.perf_counter() - start
+            self.cpu += time.thread_time() - cpu
 
 
-def engine_run(step, prompts, steps: int) -> tuple[float, float]:
-    """(seconds per Engine step, of which outside the step's calls) over `steps` steps of an Engine serving
-    `prompts` (their admission included, as a server's would be)."""
+def engine_run(step, prompts, steps: int) -> tuple[float, float, float, float]:
+    """(seconds per Engine step, of which outside the step's calls; the same in CPU time of the thread) over
+    `steps` steps of an Engine serving `prompts` (their admission included, as a server's would be). The CPU
+    figures are the ones a machine shared with other jobs disturbs least."""
     timed = _TimedStep(step)
     engine = fdecode.Engine(timed)
     for prompt in prompts:
         engine.add_request(prompt, max_new_tokens=steps * step.config.W, eos_token_id=[])
     engine.step()  # admits the requests (priming), launches nothing yet
-    timed.seconds = 0.0
-    start = time.perf_counter()
+    timed.seconds = timed.cpu = 0.0
+    start, cpu = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         engine.step()
     synchronize()
-    wall = (time.perf_counter() - start) / steps
-    return wall, wall - timed.seconds / steps
+    wall, cpu = (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps
+    return wall, wall - timed.seconds / steps, cpu, cpu - timed.cpu / steps
 
 
 def run_host_workload(
@@ -174,7 +207,9 @@ def run_host_workload(
             runs = [timed_run(step, prompts, steps) for _ in range(reps)]
             seconds, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
             split = profiled_run(step, prompts, steps)
-            engine, engine_own = engine_run(step, prompts, steps)
+            cpu_splits = [cpu_split(step, prompts, steps) for _ in range(reps)]
+            cpu_total, cpu_inside = (statistics.median(r[i] for r in cpu_splits) for i in (0, 1))
+            engine, engine_own, engine_cpu, engine_own_cpu = engine_run(step, prompts, steps)
             inside, outside = split["inside_us"], split["outside_us"]
             rows.append(
                 {
@@ -190,8 +225,12 @@ def run_host_workload(
                     "outside_ms": outside / 1e3,
                     "outside_share": outside / max(inside + outside, 1e-9),
                     "device_idle": split["device_idle"],
+                    "cpu_outside_ms": (cpu_total - cpu_inside) * 1e3,
+                    "cpu_outside_share": (cpu_total - cpu_inside) / max(cpu_total, 1e-9),
                     "engine_ms": engine * 1e3,
                     "engine_own_ms": engine_own * 1e3,
+                    "engine_cpu_ms": engine_cpu * 1e3,
+                    "engine_own_cpu_ms": engine_own_cpu * 1e3,
                 }
             )
     finally:
@@ -201,15 +240,17 @@ def run_host_workload(
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | device idle "
-        "| Engine ms/step | Engine's own ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | CPU outside ms "
+        "| CPU outside share | device idle "
+        "| Engine ms/step | Engine's own ms | Engine CPU ms/step | Engine's own CPU ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         idle = "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.1f} %"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | {r['cpu_ms']:.3f} | "
-            f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | {idle} | "
-            f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} |"
+            f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | "
+            f"{r['cpu_outside_ms']:.3f} | {100 * r['cpu_outside_share']:.1f} % | {idle} | "
+            f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} | {r['engine_cpu_ms']:.3f} | {r['engine_own_cpu_ms']:.3f} |"
         )
     return "\n".join(lines)

@@ -5,15 +5,17 @@
 given number of steps device-resident (the outputs read once at the end, as an async host loop would
 overlap them); with a `DraftGate` it decides per step whether to verify the drafts, from the outputs
 read one step behind, as an `Engine` on a gated step does. It copies each output, since a CUDA-graph
-replay reuses its output buffer. `mean_accepted_length` is the mean number of tokens a lane commits
-per step while it keeps running (greedy): the acceptance figure of a draft on given prompts, without
-timing anything.
+replay reuses its output buffer. `fixed_depth` runs every step at one depth, reading each output at once;
+`engine_run` decodes through an `Engine`, choosing each launch's depth as the default config does or at K.
+`mean_accepted_length` is the mean number of tokens a lane commits per step while it keeps running (greedy):
+the acceptance figure of a draft on given prompts, without timing anything.
 """
 
 from __future__ import annotations
 
 import torch
 
+import fdecode
 from fdecode.runtime.gate import DraftGate
 
 
@@ -45,6 +47,35 @@ def fdecode_loop(step, prompts, new_tokens, steps: int | None = None, gate: Draf
         for lane in range(len(prompts)):
             outs[lane] += p[lane][: p[lane][-2]]
     return outs, steps
+
+
+def fixed_depth(step, prompts: list[list[int]], depth: int, new_tokens: int) -> tuple[list[list[int]], int]:
+    """Tokens of each lane (its first from the prefill included) and the steps taken, every step at `depth`
+    (`step(state, depth=depth)`; 0: the target alone), `new_tokens` a lane with no EOS stop, each output read
+    at once."""
+    state = step.prefill(prompts, max_new_tokens=new_tokens, ignore_eos=True)
+    n = len(prompts)
+    tokens, steps = state.step_output.tokens[:n, :1].tolist(), 0
+    while not bool(state.step_output.finished[:n].all()):
+        state, out = step(state, depth=depth)
+        for lane, (row, count) in enumerate(zip(out.tokens[:n].tolist(), out.num_tokens[:n].tolist())):
+            tokens[lane] += row[:count]
+        steps += 1
+    return tokens, steps
+
+
+def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: bool) -> tuple[list[list[int]], int, dict]:
+    """Tokens of each prompt through an `Engine` (which reads one step behind), its steps and the depths it
+    launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
+    engine = fdecode.Engine(step)
+    if not adaptive:
+        engine.policy.depths = (step.config.K,)
+    ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
+    got = engine.run()
+    info = {"depths_launched": {d: n for d, n in engine.policy.launches.items() if n}}
+    if adaptive:  # the seconds per depth it weighed at the end (warm-up timings, then its own launches)
+        info["depth_costs_s"] = [round(c, 4) for c in engine.policy.costs]
+    return [got[i] for i in ids], engine.steps, info
 
 
 def mean_accepted_length(step, prompts, new_tokens: int) -> float:

@@ -4,7 +4,8 @@
 `llama`: a random Llama (hidden / 64 heads, at least 2, half as many KV heads), the random-draft
 and draft=target workloads' target and draft. `qwen3_5`: a random Qwen3.5-shaped hybrid (Gated DeltaNet
 and gated attention) with a random MTP head. `deepseek_v3`: a random DeepSeek-V3-shaped model (MLA
-over the latent cache, a dense first layer, then MoE) with a random MTP head. Each takes the
+over the latent cache, a dense first layer, then MoE) with a random MTP head. `glm4_moe`: a random
+GLM-4.5-shaped MoE model with a given number of experts and its random MTP head. Each takes the
 vocabulary, the hidden size and the layers, so one figure (`--target HIDDENxLAYERS`) scales every
 shape. `hf_pair`: the same weights of a target and a draft as transformers models, for the
 transformers systems. Random weights accept few drafts: acceptance is measured on the bundled and
@@ -98,6 +99,32 @@ def deepseek_v3(vocab: int, hidden: int, layers: int, seed: int):
     head.init_random_(seed=seed + 1, std=0.05)
     target.mtp = head.bind(target)
     return target
+
+
+def glm4_moe(vocab: int, hidden: int, layers: int, seed: int, *, experts: int, top_k: int = 2):
+    """A random GLM-4.5-shaped MoE model with a random MTP head (an MoE layer too): the first layer dense, then
+    MoE layers of `experts` routed experts of intermediate `hidden`, `top_k` of them a token, and one shared
+    expert; GQA 4:2 heads of hidden / 4, partial RoPE, q/k/v biases."""
+    from fdecode.models.families.glm4_moe import Glm4MoeConfig, Glm4MoeModel, Glm4MoeMTPHead
+    from fdecode.models.moe_config import MoEConfig
+
+    cfg = Glm4MoeConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=hidden // 4,
+        attention_bias=True,
+        model_type="glm4_moe",
+        first_k_dense_replace=1,
+        moe=MoEConfig(num_experts=experts, top_k=top_k, moe_intermediate_size=hidden, n_shared_experts=1),
+        mtp_num_layers=1,
+    )
+    model = Glm4MoeModel.random(cfg, seed=seed, std=0.05)
+    model.mtp = Glm4MoeMTPHead.random(cfg, seed=seed + 1, std=0.05).bind(model)
+    return model
 
 
 def hf_pair(target: LlamaModel, draft: LlamaModel):

@@ -24,6 +24,7 @@ import torch
 import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.baseline import BeforeLoop, TargetOnly
+from fdecode.bench.loops import engine_run, fixed_depth
 from fdecode.bench.results import Result
 from fdecode.bench.timing import interleaved_runs, paired_ratio
 from fdecode.ops.plan import GREEDY
@@ -47,31 +48,6 @@ def chat_ids(tokenizer, text: str) -> list[int]:
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
     )
     return tokenizer(chat)["input_ids"]
-
-
-def fixed_depth(step, prompt: list[int], depth: int, new_tokens: int) -> tuple[list[int], int]:
-    """Tokens and steps of one lane decoded at `depth`, reading each output at once."""
-    state = step.prefill([prompt], max_new_tokens=new_tokens, ignore_eos=True)
-    tokens, steps = state.step_output.tokens[0, :1].tolist(), 0
-    while not bool(state.step_output.finished[0]):
-        state, out = step(state, depth=depth)
-        tokens += out.tokens[0, : int(out.num_tokens[0])].tolist()
-        steps += 1
-    return tokens, steps
-
-
-def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: bool) -> tuple[list[list[int]], int, dict]:
-    """Tokens of each prompt through an `Engine` (which reads one step behind), its steps and the depths it
-    launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
-    engine = fdecode.Engine(step)
-    if not adaptive:
-        engine.policy.depths = (step.config.K,)
-    ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
-    got = engine.run()
-    info = {"depths_launched": {d: n for d, n in engine.policy.launches.items() if n}}
-    if adaptive:  # the seconds per depth it weighed at the end (warm-up timings, then its own launches)
-        info["depth_costs_s"] = [round(c, 4) for c in engine.policy.costs]
-    return [got[i] for i in ids], engine.steps, info
 
 
 def hf_generate(model, prompts: list[list[int]], new_tokens: int, assistant=None) -> list[list[int]]:
@@ -174,7 +150,7 @@ def run_pair_workload(
             "target-only": lambda: _one((*target_only.generate([prompt], max_new_tokens=new_tokens), None)),
             "before": lambda: _one((*before.generate([prompt], max_new_tokens=new_tokens), None)),
             **{
-                f"fdecode depth {d}": (lambda d=d: (*fixed_depth(step, prompt, d, new_tokens), None))
+                f"fdecode depth {d}": (lambda d=d: _one((*fixed_depth(step, [prompt], d, new_tokens), None)))
                 for d in range(1, k + 1)
             },
             "fdecode": lambda: _one(engine_run(step, [prompt], new_tokens, adaptive=True)),
@@ -211,7 +187,7 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
     start = time.perf_counter()
     step.warmup(plans=[GREEDY], depths=list(range(k + 1)))  # the adaptive Engine's depths, timed
     compile_s = time.perf_counter() - start
-    alone = [fixed_depth(step1, p, k, new_tokens)[0] for p in prompts]  # each prompt's batch-1 tokens
+    alone = [fixed_depth(step1, [p], k, new_tokens)[0][0] for p in prompts]  # each prompt's batch-1 tokens
     systems = {
         "fdecode": lambda: engine_run(step, prompts, new_tokens, adaptive=True),
         f"fdecode Engine depth {k}": lambda: engine_run(step, prompts, new_tokens, adaptive=False),

@@ -88,15 +88,17 @@ SECTIONS = (
     Section(
         "The bundled model",
         "OMP_NUM_THREADS=1 taskset -c 0 fdecode bench --workloads bundled-mtp bundled-draft --batch 1 -k 3 "
-        "--new-tokens 64 --reps 3",
+        "--new-tokens 64 --reps 3\n"
+        "OMP_NUM_THREADS=1 fdecode bench --workloads acceptance -k 1 2 3 4 --new-tokens 96",
         "avx2",
-        "2026-12-01",
-        ("bundled_b1.json",),
+        "2026-12-01 (acceptance: 2026-12-05)",
+        ("bundled_b1.json", "acceptance_bundled.json"),
         "The 4-layer byte-level model shipped in fdecode/assets with its MTP head (bundled-mtp) or its 2-layer "
         "draft LM (bundled-draft), held-out standard-library prompts, greedy, K = 3, one thread on one core. "
         "*before* is the host-round-trip loop on the same compiled forwards; tok/lane-step of the fdecode rows "
-        "is the mean accepted length.",
-        partial(t.speeds, "bundled_b1.json"),
+        "is the mean accepted length. Below: tokens per verified step (per draft position, the share of steps "
+        "accepting it), every step at K: counts.",
+        lambda: [*t.speeds("bundled_b1.json"), "", *t.rows("acceptance_bundled.json", "acceptance")],
     ),
     Section(
         "First run on a GPU",

@@ -3,7 +3,8 @@ assembles them into BENCHMARKS.md). Every figure a table shows is read from its 
 file holds (ratios, medians, geometric means); nothing is typed in here.
 
 Kinds: `fdecode bench --json` files (`results`: tokens per second; `sampling`: step time against a baseline
-system; `acceptance`: drafts accepted under a grammar), the real pair's per-prompt summary over several
+system; `acceptance`: drafts accepted under a grammar; `tables`: the rows of the workloads with a table of their
+own, `fdecode.bench.registry`, rendered by `rows`), the real pair's per-prompt summary over several
 `fdecode bench` files, and the JSON of the scripts in bench/ (cold_start, step_phases, depth_policy,
 seed_batch, tp_memory, tp_step).
 """
@@ -56,6 +57,14 @@ def step_times(name: str, batches: tuple[int, ...] = ()) -> list[str]:
         if not batches or r["batch"] in batches
     ]
     return table(["workload", "B", "system", "plan", "ms/step (min-max)", "x baseline"], rows)
+
+
+def rows(name: str, workload: str) -> list[str]:
+    """The file's rows of a workload with a table of its own (acceptance, depths, context, prefill, moe-experts,
+    ttft: `fdecode.bench.registry`), in that workload's own table."""
+    from fdecode.bench.registry import markdown as workload_markdown
+
+    return workload_markdown(workload, load(name)["tables"][workload]).splitlines()
 
 
 def acceptance(name: str) -> list[str]:

@@ -6,6 +6,8 @@ launched. `interleaved_runs` times several systems in one process: one untimed w
 (which compiles; none for systems compiled beforehand), then the timed repetitions round-robin, every
 system once per round, so that a slow drift of a shared machine's speed lands on every system alike
 instead of on whichever ran during it; each system's figure is the median with min and max. `median_run` is the same for a single function.
+`interleaved_seconds` is the same round-robin for functions that time themselves (steps after an untimed
+prefill).
 The ratios between systems timed together are what a benchmark here reports: absolute times depend on
 the machine and its load.
 """
@@ -56,6 +58,18 @@ def interleaved_runs(
     if rounds is not None:
         rounds.update(times)
     return {name: (statistics.median(t), min(t), max(t), results[name]) for name, t in times.items()}
+
+
+def interleaved_seconds(fns: dict, reps: int) -> dict[str, tuple[float, float, float]]:
+    """name -> (median, min, max) of the seconds each fn returns (it times its own part: steps after an untimed
+    prefill, say), after one untimed warm-up call each, the `reps` calls round-robin as in `interleaved_runs`."""
+    for fn in fns.values():
+        fn()
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            seconds[name].append(fn())
+    return {name: (statistics.median(s), min(s), max(s)) for name, s in seconds.items()}
 
 
 def paired_ratio(seconds: list[float], baseline: list[float]) -> float:

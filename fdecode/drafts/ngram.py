@@ -83,7 +83,7 @@ class NgramDrafter(Drafter):
         return cfg.K
 
     def gated(self, cfg) -> bool:
-        return cfg.draft_gate
+        return cfg.draft_gate and not cfg.tree  # a tree step runs depth K only
 
     def adapts(self, cfg) -> bool:
         return False  # a lookup costs nothing: the gate decides between depth K and 0

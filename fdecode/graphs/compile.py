@@ -38,6 +38,7 @@ from fdecode.state import DecodeState, KVPools, StepOutput
 from fdecode.state.checks import check_layout
 from fdecode.state.recurrent import is_hybrid
 from fdecode.step import general_plan
+from fdecode.tree.shape import check_tree
 
 
 class Step:
@@ -60,6 +61,10 @@ class Step:
     `fdecode.graphs.graph_set`). `announce` (default True): each compile says so on stderr in one line, and
     `warmup()` shows a progress bar.
     """
+
+    # Where `fdecode.compile` packed the large linear weights (`fdecode.backends.cpu.onednn_linear.Packing`:
+    # bytes in place of checkpoint files' weights, and beside others), None where it packed none.
+    packing = None
 
     def __init__(
         self,
@@ -84,10 +89,14 @@ class Step:
         # Default seeds of requests that give none, the same on every tensor-parallel rank.
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.depth_seconds: dict[int, float] = {}
-        self.idles_draft = drafter.idles(draft, config)  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
+        # The draft sits out depth-0 steps (`fdecode.ops.catch_up`); a tree step has none.
+        self.idles_draft = drafter.idles(draft, config) and not config.tree
         self.graph_set = GraphSet(target, draft, config, backend=backend, announce=announce)
-        k = config.K  # recurrent (linear-attention) models run depth 0 or K
-        depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
+        k = config.K  # recurrent (linear-attention) models run depth 0 or K; a tree step verifies its N nodes
+        if config.tree:
+            depths = (k,)
+        else:
+            depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
         self.schedule = Schedule(config, self.graph_set, depths=depths, idles_draft=self.idles_draft)
         self.depths = depths  # the depths this step runs (`__call__`)
         # One graph per plan and depth for every window of 2+ blocks (`GraphSet.dynamic_window`).
@@ -153,7 +162,7 @@ class Step:
         if self._trusted.maker(state) is None:
             self.check_state(state)
         else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
-            self._kv.check(state)
+            self._kv.check_returned(state)
         return self._run(state, *self.schedule.key(state, depth))
 
     def _run(
@@ -299,7 +308,8 @@ class Step:
             f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
             f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
             f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device}"
-            f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''})"
+            f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''}"
+            f"{f', packed weights: {self.packing}' if self.packing is not None else ''})"
         )
 
 
@@ -345,16 +355,21 @@ def compile(
     latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
+    check_tree(target_model, draft_model, drafter, config)  # a tree these models or features cannot run
     regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)
-    if cpu.packs_weights(config, backend):
-        added = cpu.pack_linears(target_model, draft_model)
-        if announce and added:
-            notice(
-                f"kept oneDNN's layout of the large linear weights: +{added / 2**30:.2f} GiB "
-                "(DecodeConfig.pack_weights=False: none)"
-            )
+    packing = cpu.pack_linears(target_model, draft_model) if cpu.packs_weights(config, backend) else None
+    if announce and packing is not None and packing.beside:
+        notice(
+            f"kept oneDNN's layout of the large linear weights beside them: +{packing.beside / 2**30:.2f} GiB "
+            "(weights that are no checkpoint file's bytes; DecodeConfig.pack_weights=False: none)"
+        )
+    if announce and packing is not None and packing.written:
+        notice(
+            f"stored oneDNN's layout of the checkpoint's large linear weights on disk, once: "
+            f"{packing.written / 2**30:.2f} GiB in {cpu.packed_folder()} (a later start maps it)"
+        )
     step = Step(
         target_model,
         draft_model,
@@ -365,6 +380,7 @@ def compile(
         attention_reason=attention_reason,
         announce=announce,
     )
+    step.packing = packing  # `repr(step)` shows it
     if warmup:
         step.warmup()
     return step

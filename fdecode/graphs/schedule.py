@@ -17,6 +17,8 @@ from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
 from fdecode.step import general_plan
 
+MADE_MEMO = 256  # `Schedule.made_plans` answers kept (window, depth, lanes' sampling, graphs made)
+
 
 def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
     """The depth `Step.__call__` and `fdecode.inspect` were asked for: `depth`, or K (0 with speculate=False)."""
@@ -40,6 +42,7 @@ class Schedule:
         self.graph_set = graph_set
         self.depths = depths
         self.idles_draft = idles_draft
+        self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
 
     def key(
         self, state: DecodeState, depth: int, *, blocks: int | None = None, plan: SamplingPlan | None = None
@@ -73,11 +76,20 @@ class Schedule:
         of its window and of `depth` is made, cheapest first."""
         window = self.graph_set.window_of(self.config.bucket_for(state.max_position))
         at, catch_up = self.graph_depth(state, depth)
+        memo = (window, at, catch_up, state.lane_sampling, len(self.graph_set.graphs))  # graphs are only added
+        found = self._made.get(memo)
+        if found is None:
+            found = self._made[memo] = self._find_made_plans(state, window, at, catch_up)
+            if len(self._made) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
+                del self._made[next(iter(self._made))]
+        return list(found)
+
+    def _find_made_plans(self, state: DecodeState, window, at: int, catch_up: bool) -> tuple[SamplingPlan, ...]:
         made = [k.plan for k in self.graph_set.graphs if (k.window, k.depth, k.catch_up) == (window, at, catch_up)]
         if state.lane_sampling is None:
-            return [plan for plan in made if plan == general_plan(self.config)]
+            return tuple(plan for plan in made if plan == general_plan(self.config))
         lanes = _lanes(state)
-        return sorted((plan for plan in made if exact(plan, lanes)), key=rank)
+        return tuple(sorted((plan for plan in made if exact(plan, lanes)), key=rank))
 
     def graph_depth(self, state: DecodeState, depth: int) -> tuple[int, bool]:
         """(depth, catch_up) of the graph a step of `depth` runs on `state`: `depth`, except where the draft sits
@@ -104,8 +116,13 @@ class Schedule:
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= k:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
+            runs = (
+                "a tree step runs depth K"
+                if self.config.tree
+                else "a step of recurrent (linear-attention) models runs depth 0 or K"
+            )
             raise ValueError(
-                f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}, got {depth} "
+                f"{runs} = {k}, got {depth} "
                 f"(step.depths lists the depths a step runs: warmup(depths=step.depths) warms them all)"
             )
         return depth

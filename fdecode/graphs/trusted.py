@@ -6,18 +6,43 @@ more than the guards need: a state it returned itself has the layout of the grap
 every step. So the guards of graph H on a state made by graph G are checked once (explicitly, before the
 call); where they pass, every later state made by G runs H's compiled function directly (`TrustedStates`).
 
-Only the state the Step returned last is trusted, and for as long as no other is returned. Any other state
-(prefilled, primed, `state.replace`d, built by hand, an older one) goes through `Step.check_state` and the
-guards as before, so a state of another layout is still refused before anything runs. A graph that is not
-stored (the cache off, other backends, CUDA graphs) keeps its guards.
+Only the state the Step returned last is trusted, and for as long as no other is returned; and a state derived
+from it that keeps its KV chain (the same `kv_ticket` and the very KV tensors: `state.replace` of other leaves)
+and whose every other leaf is that state's own or one of the same layout (type, shape, strides, storage offset, dtype,
+device, requires_grad): what an `Engine` steps after growing a lane's block table. Any other state (prefilled,
+primed, built by hand, an older one, a leaf of another layout) goes through `Step.check_state` and the guards
+as before, so a state of another layout is still refused before anything runs. A graph that is not stored
+(the cache off, other backends, CUDA graphs) keeps its guards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Hashable
 
+import torch
+
 from fdecode.state import DecodeState
+
+LEAVES = tuple(f.name for f in dataclasses.fields(DecodeState))
+KV = tuple(LEAVES.index(name) for name in ("target_kv", "draft_kv"))  # the pool's: the very tensors, not copies
+
+
+def same_layout(a: object, b: object) -> bool:
+    """Whether two leaves would pass the same tensor guards: the same object, or tensors of one layout."""
+    if a is b:
+        return True
+    return (
+        type(a) is type(b)
+        and isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.requires_grad == b.requires_grad
+    )
 
 
 class TrustedStates:
@@ -27,16 +52,30 @@ class TrustedStates:
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref[DecodeState], Hashable] | None = None
+        self._leaves: tuple = ()  # the last state's leaves (held until the next state: one state's tensors)
+        self._ticket = None  # its KV chain's ticket
         self._calls: dict[tuple[Hashable, Hashable], Callable] = {}  # (made by, runs) -> unguarded call
 
     def maker(self, state: DecodeState) -> Hashable | None:
-        """The graph that made `state` if it is the Step's last returned state, else None (untrusted)."""
+        """The graph that made `state` if it is the Step's last returned state or derived from it keeping its KV
+        chain and its leaves' layout (module docstring), else None (untrusted)."""
         last = self._last
-        return last[1] if last is not None and last[0]() is state else None
+        if last is None:
+            return None
+        if last[0]() is state:
+            return last[1]
+        if not isinstance(state, DecodeState) or self._ticket is None or state.kv_ticket is not self._ticket:
+            return None
+        leaves = tuple(getattr(state, name) for name in LEAVES)
+        if any(leaves[i] is not self._leaves[i] for i in KV):  # a copy of the KV is a chain of its own
+            return None
+        return last[1] if all(same_layout(new, old) for new, old in zip(leaves, self._leaves)) else None
 
     def made(self, state: DecodeState, graph: Hashable) -> None:
         """`state` is the Step's new last state, made by `graph`."""
         self._last = (weakref.ref(state), graph)
+        self._leaves = tuple(getattr(state, name) for name in LEAVES)
+        self._ticket = state.kv_ticket
 
     def call(self, state: DecodeState, key: Hashable, graph: Callable, extra: tuple) -> Callable | None:
         """The call of `graph` (the Step's graph `key`) that skips its guards for `state`, or None: `state` is

@@ -20,7 +20,8 @@ from fdecode.ops.attention import PagedContext
 
 # `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step: a region call
 # costs host time in Inductor's CPU wrapper, which few copies do not win back in compile time, and many
-# do (BENCHMARKS.md, "Cold start: each layer kind compiled once" and the regions' step time).
+# do (`python bench/cold_start.py --modes regions unrolled`: compile time and step time of both; BENCHMARKS.md,
+# "Cold start and warm-up").
 AUTO_MIN_COPIES = 12
 # Distinct layer kinds one region may compile in one graph before torch refuses (its reuse cache). A step
 # sees a handful: the target's layers at K + 1 rows, the draft's at 2 rows and at 1, dense and MoE

@@ -206,6 +206,8 @@ class DecodeState:
     output: (
         torch.Tensor
     )  # [B, DecodeConfig.output_width] int64: packed StepOutput of the transition that made this state
+    # Draft trees (`fdecode.tree`): each window row's parent row (-1: the root t); [B, 0] for a chain.
+    tree_parents: torch.Tensor  # [B, W] int64
 
     @property
     def step_output(self) -> StepOutput:

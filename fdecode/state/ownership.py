@@ -174,6 +174,15 @@ class KVPools:
         if ticket is not None and ticket.spent:
             raise ValueError(ticket.spent)
 
+    @staticmethod
+    def check_returned(state: DecodeState) -> None:
+        """`check` for the state the step returned last (`fdecode.graphs.trusted`): its KV leaves are the ones its
+        graph wrote, over its predecessor's KV (checked then), under the ticket `advance` issued; only that
+        ticket can have gone stale since (a later prefill took the pool over), so only it is read."""
+        ticket = state.kv_ticket
+        if ticket is not None and ticket.spent:
+            raise ValueError(ticket.spent)
+
     def advance(self, state: DecodeState, new_state: DecodeState) -> None:
         """After a step: `state`'s ticket is spent, `new_state` (over the same KV) carries the next one."""
         ticket = state.kv_ticket

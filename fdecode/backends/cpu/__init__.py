@@ -5,13 +5,16 @@ upgrade can break:
 
     matmul.py           an Inductor pass running a step's linears by oneDNN from the weight as it lies
     onednn_linear.py    the oneDNN linear op, and eager prefill linears that match the graphs' (`eager_linears`)
-    onednn_packed.py    oneDNN's packed copy of a large weight, kept for a step's life (`pack_linears`)
+    onednn_packed.py    oneDNN's packed layout of a large weight, in place of a checkpoint file's (`pack_linears`)
+    file_pages.py       a weight that is a mapped checkpoint file's bytes, and giving its pages back
+    packed_store.py     packed layouts of checkpoint weights kept on disk, mapped by later processes
+    onednn_blob.py      a packed layout as bytes, and a packed weight over bytes fdecode maps
     kernel_batches.py   a graph's C++ kernels built as a few shared libraries, not one each
     prepare.py          an Inductor pass compiling `fdecode::prepare_next_draft` into the step's C++ kernels
     vec_isa.py          the CPU's vector ISA trusted from its flags, without Inductor's probe builds
 
 The rest of fdecode asks this package only (`inductor_options`, `compiling`, `loading`, `packs_weights`,
-`pack_linears`, `eager_linears`). `FDECODE_CPU_TUNING=0` in the environment turns all of it off: CPU steps
+`pack_linears`, `packed_folder`, `eager_linears`). `FDECODE_CPU_TUNING=0` in the environment turns all of it off: CPU steps
 then compile with Inductor's defaults, prefill runs plain linears and nothing is packed (slower, never
 wrong: the tests pin the same tokens either way).
 """
@@ -71,11 +74,18 @@ def packs_weights(cfg, backend: str) -> bool:
     return cfg.pack_weights and enabled(cfg, backend) and available()
 
 
-def pack_linears(*models) -> int:
-    """Pack the models' large linear weights (`onednn_linear.pack_linears`); bytes added."""
+def pack_linears(*models):
+    """Pack the models' large linear weights (`onednn_linear.pack_linears`): a `Packing`, bytes by where."""
     from fdecode.backends.cpu.onednn_linear import pack_linears as pack
 
     return pack(*models)
+
+
+def packed_folder():
+    """Where packed layouts of checkpoint weights are stored (`packed_store.folder`), None where nowhere."""
+    from fdecode.backends.cpu.packed_store import folder
+
+    return folder()
 
 
 def eager_linears(device_type: str):

@@ -5,8 +5,8 @@ Inductor writes each CPU kernel of a graph as a C++ file of its own and builds e
 with Python bindings, one g++ run per kernel. Every run pays the same fixed cost before it reaches the
 kernel: loading Inductor's precompiled header (155 MB) and instantiating the templates of ATen's vector
 headers that it pulls in, ~0.65 s of the ~1 s a kernel build takes on this project's CPU. A step graph has
-30-60 kernels, so most of its C++ time is that fixed cost, paid again and again (BENCHMARKS.md, "Cold
-start: a graph's kernels built together").
+30-60 kernels, so most of its C++ time is that fixed cost, paid again and again (`python bench/cold_start.py
+--compare-batches` measures it).
 
 While `batched_cpu_kernels()` is active, the kernels a generated graph module asks Inductor for
 (`AsyncCompile.cpp_pybinding`, one call per kernel as the module loads) are collected instead of built.

@@ -3,7 +3,8 @@
 On a CPU the step's large linears run few rows (a verify's K + 1, a draft's one or two). For those the BLAS
 behind `F.linear` (MKL) streams a weight at a third to a half of what the same weight's read costs, and
 oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel Inductor uses for frozen weights) streams
-a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (BENCHMARKS.md, "oneDNN linears"). Inductor
+a large weight at 1.6-2.8x that speed at 1 row and 1.7-2.2x at 5-64 rows (measured per weight on the real pair's
+shapes with a micro-benchmark since retired, which git history keeps). Inductor
 lowers `mkldnn._linear_pointwise` only for constant (frozen, prepacked) weights, and a step's weights are
 its graph's inputs, so the call is wrapped in an op of our own that Inductor leaves as an extern call
 (`fdecode.backends.cpu.matmul` puts it in place of the matmuls). Eager code (a prefill) reaches it through
@@ -11,7 +12,7 @@ its graph's inputs, so the call is wrapped in an op of our own that Inductor lea
 
 oneDNN reads the weight as it lies, or, for two rows or more, the copy in its own layout that
 `onednn_packed` keeps where `pack_linears` made one (a CPU Inductor step's linears, at `fdecode.compile`):
-1.5-2.2x faster again at 2-8 rows (BENCHMARKS.md, "Packed oneDNN weights").
+1.5-2.2x faster again at 2-8 rows (`onednn_packed`; BENCHMARKS.md, "Where a step of the real pair goes").
 
 Registered through `torch.library.Library`, not `torch.library.custom_op`: a step makes hundreds of these
 calls, and the lower-level registration costs ~30 us a call against ~55 us (most of it oneDNN's own).
@@ -20,14 +21,16 @@ calls, and the lower-level registration costs ~30 us a call against ~55 us (most
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from fdecode.backends.cpu import onednn_packed
+from fdecode.backends.cpu import file_pages, onednn_packed
 
 _lib = torch.library.Library("fdecode", "FRAGMENT")
 _lib.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
@@ -41,7 +44,7 @@ def dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
-MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (BENCHMARKS.md)
+MIN_BYTES = 2**20  # oneDNN's fixed cost per call (~25 us) is paid back from about here (the same micro-benchmark)
 
 
 def available() -> bool:
@@ -75,15 +78,38 @@ def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> b
     )
 
 
-def pack_linears(*models: nn.Module) -> int:
+@dataclass(frozen=True)
+class Packing:
+    """What `pack_linears` did: bytes of packed weights, by where they lie."""
+
+    in_place: int = 0  # in place of checkpoint files' weights (their pages given back): no second copy
+    beside: int = 0  # beside weights that are no checkpoint file's bytes (converted, edited ones): a copy
+    loaded: int = 0  # of `in_place`, mapped as a former process stored them: nothing packed
+    written: int = 0  # of `in_place`, packed now and written to disk (`packed_store`) for the next process
+
+    def __add__(self, other: Packing) -> Packing:
+        return Packing(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __str__(self) -> str:
+        gib = 2**30
+        loaded = f", {self.loaded / gib:.2f} GiB of it stored by an earlier run" if self.loaded else ""
+        return f"{self.in_place / gib:.2f} GiB in place{loaded}, {self.beside / gib:.2f} GiB beside"
+
+
+def pack_linears(*models: nn.Module) -> Packing:
     """Keeps oneDNN's packed layout (`onednn_packed`) of the weight of every `nn.Linear` in `models` that
-    oneDNN takes; returns the bytes added."""
-    return sum(
-        onednn_packed.pack(m.weight)
-        for model in models
-        for m in model.modules()
-        if isinstance(m, nn.Linear) and takes_weight(m.weight, m.bias)
-    )
+    oneDNN takes: in place of a checkpoint file's weight, beside any other."""
+    mappings = file_pages._mappings() if file_pages._linux() else []
+    total = Packing()
+    for model in models:
+        for m in model.modules():
+            if isinstance(m, nn.Linear) and takes_weight(m.weight, m.bias):
+                done = onednn_packed.pack(m.weight, mappings)
+                if done is not None:
+                    part = done.nbytes
+                    in_place = part * done.in_place
+                    total += Packing(in_place, part - in_place, part * done.loaded, part * done.written)
+    return total
 
 
 class OneDNNLinears(TorchFunctionMode):
@@ -109,7 +135,7 @@ def _linear_args(input, weight, bias=None):
 
 
 def _cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    kept = onednn_packed.packed(weight) if x.numel() >= onednn_packed.MIN_ROWS * x.shape[-1] else None
+    kept = onednn_packed.packed(weight, x.numel() // max(x.shape[-1], 1))
     if kept is not None:
         return onednn_packed.linear(x, kept, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), weight, bias, "none", [], "")

@@ -4,8 +4,8 @@ Before a process's first CPU kernel, Inductor picks the vector ISA its C++ uses 
 AVX-512, AVX2, ...) from the ones /proc/cpuinfo lists, and tests each of them: it compiles a probe
 against ATen's vector headers with that ISA's flags and loads it in a child process. On an empty cache
 that is six C++ builds, ~9 s on a 2-core CPU before anything of the step compiles; on every later
-process it is still the six child processes, ~1 s of a warm start (BENCHMARKS.md, "Cold and warm start
-with a trusted ISA").
+process it is still the six child processes, ~1 s of a warm start (`python bench/cold_start.py --compare-isa`
+measures it).
 
 `config.cpp.vec_isa_ok = True` is Inductor's own switch for this ("force usage as specified, without
 testing"): the pick stays the best ISA the CPU lists, only the base probes go. The small probes of ISA

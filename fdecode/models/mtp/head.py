@@ -23,7 +23,7 @@ from fdecode.models.layers.decoder_layer import DecoderLayer, RMSNorm, init_rand
 from fdecode.models.layers.rope import RotaryEmbedding
 from fdecode.models.llama import LlamaModel
 from fdecode.models.regions import call_layer, layer_indices
-from fdecode.ops.attention import paged_context
+from fdecode.ops.attention import TreeRows, paged_context
 
 
 class MTPHead(nn.Module):
@@ -80,6 +80,7 @@ class MTPHead(nn.Module):
         depth: int = 0,  # which draft forward of the step this is (0 = the one after the target)
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
         last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
+        tree: TreeRows | None = None,  # the rows are draft-tree nodes (`fdecode.ops.attention.TreeRows`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits [B, Q, V] float32 ([B, 1, V] with `last_logits`) and the hidden [B, Q, H] the next
         draft forward takes: the layer output before the final norm, or after it where `chains_normed`."""
@@ -88,7 +89,7 @@ class MTPHead(nn.Module):
         if hidden_in is None:
             raise ValueError("MTPHead needs hidden_in [B, Q, H]")
         embed_tokens, lm_head = self._shared
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions, tree=tree)
         h, out = self.run_layers(embed_tokens(tokens), hidden_in, positions, slots, kv, ctx, depth)  # [B, Q, H] each
         return lm_head(out[:, -1:] if last_logits else out).float(), out if self.chains_normed else h
 

@@ -1,0 +1,9 @@
+"""Draft trees in the one step graph (docs/design.md, "Trees").
+
+- `shape`: the tree a `DecodeConfig` asks for (`draft_topk`, `draft_depth`) and what refuses it;
+- `draft`: a draft LM drafting a tree level by level, keeping the N best nodes by path probability;
+- `step`: the tree step: the target once over the N nodes (tree attention), greedy or lossless random
+  verification (`fdecode.ops.tree`), the accepted path's KV moved to the lane's next positions.
+
+`fdecode.step.decode_step` hands a tree config's step to `tree_step`; the chain's code is untouched.
+"""

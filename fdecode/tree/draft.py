@@ -1,0 +1,114 @@
+"""A draft LM drafts a tree inside the step graph, level by level (docs/design.md, "Trees").
+
+1. Catch-up forward: the S + 1 rows of the committed run (the accepted path's drafts and the bonus token,
+   right-aligned, padding rows written to the scratch slot) at their lane positions, so the draft's KV of
+   every committed position is what a chain would hold, whichever branch was accepted. Its last row (the
+   bonus token `last` at P) gives the root's k children: depth 1, all expanded.
+2. Levels 2 .. S: one forward over the frontier's k nodes per lane (B x k rows, `TreeRows`: each sees the
+   context up to P and its own ancestors), whose KV goes to scratch slots of their own at the lane's future
+   positions P + 1 + i (never committed KV; overwritten later). Each frontier node keeps its top-k
+   children, scored by path probability (the sum of the draft's log-probabilities along the path); the k
+   best of the k^2 become the next frontier (EAGLE-2's expansion).
+3. The N best of all k + (S - 1) k^2 candidates by path probability are the tree (EAGLE-2's reranking),
+   ordered by depth, then score, so parents come first. A child's score never exceeds its parent's, so
+   the chosen set is a tree; a node whose parent a tie left out is marked absent (-1, never accepted).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fdecode.drafts import drafter_for
+from fdecode.ops.attention import TreeRows
+from fdecode.ops.paging import slot_of
+
+
+def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
+    """tokens, positions, slots [B, S + 1] of the committed run (accepted[:L] at base_pos + 1 ..), right-aligned,
+    and each row's hidden_in [B, S + 1, H]: the target's hidden at the row before (an MTP head pairs the token
+    at p with it; `committed.hidden` row j is the accepted path's node at depth j, which chose accepted[j])."""
+    rows = cfg.levels + 1
+    accepted, length, hidden = committed.accepted, committed.length, committed.hidden
+    index = torch.arange(rows, device=length.device)[None, :] - rows + length[:, None]  # into accepted
+    real = (index >= 0) & (length > 0)[:, None]
+    at = index.clamp(0, accepted.shape[1] - 1)
+    tokens = torch.where(real, accepted.gather(1, at).clamp_min(0), 0)
+    positions = (state.base_pos[:, None] + 1 + index).clamp_min(0)
+    slots = torch.where(real, slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions))
+    hidden_in = torch.where(real[..., None], hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1])), 0)
+    return tokens, positions, slots, hidden_in
+
+
+def draft_tree(
+    draft, cfg, state, committed, pos: torch.Tensor, context: torch.Tensor, *, draft_regions: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next tree's N nodes: tokens [B, N] (-1 absent) and parents [B, N] (0: the root, else a node's
+    index 1 .. N), in topological order. pos: P [B], the position of the root (the last committed token).
+    An MTP head's rows take the hidden state of the row before them: the target's for the committed run, its
+    own output at the parent for a tree node (a draft LM ignores it)."""
+    k, levels, bs = cfg.draft_topk, cfg.levels, cfg.block_size
+    batch, device = pos.shape[0], pos.device
+    drafter = drafter_for(draft)
+    live = (committed.length > 0)[:, None]
+    run = dict(block_size=bs, attention=cfg.attention)
+    tokens, positions, slots, hidden_in = catch_up_rows(cfg, state, committed)
+    logits, hidden = draft(
+        tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,
+        last_logits=True, **run, **drafter.forward_kwargs(draft, 0),
+    )  # fmt: skip
+    score, token = logits[:, 0].log_softmax(dim=-1).topk(k, dim=-1)  # [B, k]: depth 1, the root's children
+    pool = [(token, score, torch.full_like(token, -1))]  # (tokens, path log-probs, parent's pool index) per level
+    frontier, frontier_id = token, torch.arange(k, device=device).expand(batch, k)
+    frontier_hidden = hidden[:, -1:].expand(batch, k, hidden.shape[-1])  # each frontier node's parent's output
+    parent_run = None  # [B, k]: each frontier node's parent among the run nodes (None: the root)
+    run_slots: list[torch.Tensor] = []
+    run_ancestors = torch.zeros(batch, 0, 0, dtype=torch.bool, device=device)  # among the nodes run so far
+    offset = k
+    for level in range(2, levels + 1):  # run the frontier at depth level - 1: its children are at `level`
+        m0 = (level - 2) * k
+        ahead = pos[:, None] + 1 + m0 + torch.arange(k, device=device)  # scratch: the lane's future positions
+        slots = torch.where(live, slot_of(state.block_tables, ahead, bs), torch.zeros_like(ahead))
+        own = torch.arange(m0 + k, device=device)[None, None, :] == (m0 + torch.arange(k, device=device))[None, :, None]
+        if parent_run is None:
+            rows = own.expand(batch, k, m0 + k)
+        else:
+            inherited = run_ancestors.gather(1, parent_run[..., None].expand(batch, k, m0))  # [B, k, m0]
+            rows = torch.cat([inherited, inherited.new_zeros(batch, k, k)], dim=-1) | own
+        run_ancestors = torch.cat(
+            [torch.cat([run_ancestors, run_ancestors.new_zeros(batch, m0, k)], dim=-1), rows], dim=1
+        )
+        run_slots.append(slots)
+        tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1)  # context: every key up to the root at P
+        positions = (pos + level - 1)[:, None].expand(batch, k)
+        logits, hidden = draft(
+            frontier, positions, slots, state.draft_kv, context, hidden_in=frontier_hidden, tree=tree,
+            **run, **drafter.forward_kwargs(draft, level - 1),
+        )  # fmt: skip
+        child_score, child = logits.log_softmax(dim=-1).topk(k, dim=-1)  # [B, k, k]
+        child_score = (score[..., None] + child_score).flatten(1)  # path log-probs [B, k^2]
+        child = child.flatten(1)
+        pool.append((child, child_score, frontier_id[..., None].expand(batch, k, k).flatten(1)))
+        if level < levels:  # the k best children are the next frontier
+            score, best = child_score.topk(k, dim=-1)
+            frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
+            frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
+        offset += k * k
+    return select(cfg, pool)
+
+
+def select(cfg, pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The N best candidates by path probability as a tree in topological order: tokens, parents [B, N]."""
+    n = cfg.num_draft_tokens
+    tokens, scores, parents = (torch.cat(column, dim=1) for column in zip(*pool))  # [B, C]
+    batch, count = tokens.shape
+    device = tokens.device
+    depth = torch.cat([torch.full((t.shape[1],), d + 1, device=device) for d, (t, _, _) in enumerate(pool)])
+    _, chosen = scores.topk(n, dim=1)  # best first
+    order = (depth[chosen] * n + torch.arange(n, device=device)).argsort(dim=1)  # by depth, then score
+    chosen = chosen.gather(1, order)
+    node_of = torch.full((batch, count), -1, dtype=torch.int64, device=device)
+    node_of = node_of.scatter(1, chosen, torch.arange(1, n + 1, device=device).expand(batch, n))
+    parent = parents.gather(1, chosen)  # pool index, -1: the root
+    parent = torch.where(parent < 0, 0, node_of.gather(1, parent.clamp_min(0)))
+    orphan = parent < 0  # its parent tied below the cut
+    return torch.where(orphan, -1, tokens.gather(1, chosen)), parent.clamp_min(0)

@@ -1,0 +1,86 @@
+"""The draft tree a config asks for, and the checks that refuse one that cannot be made or run
+(docs/design.md, "Trees").
+
+`DecodeConfig(num_draft_tokens=N, draft_topk=k, draft_depth=S)`: the draft expands k nodes per level
+(the frontier) and keeps k children of each, so S levels make `candidates(k, S)` = k + (S - 1) k^2 nodes, of
+which the step verifies the N best by path probability. k = 1 with S = N is the chain (no tree code runs).
+`check_tree_shape` runs in `DecodeConfig.__post_init__` (numbers only); `check_tree` at `fdecode.compile`,
+before anything is captured, with the models in hand (the vocabulary, the model kinds, the features).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def candidates(k: int, levels: int) -> int:
+    """The nodes S levels of k children per frontier node make: k at depth 1, k^2 at each deeper level."""
+    return k + (levels - 1) * k * k
+
+
+def check_tree_shape(cfg) -> None:
+    """Raise ValueError for `draft_topk` / `draft_depth` that make no tree of `num_draft_tokens` nodes."""
+    n, k, s = cfg.num_draft_tokens, cfg.draft_topk, cfg.draft_depth
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"DecodeConfig.draft_topk must be a positive int, got {k!r}")
+    if s is None:
+        s = n
+    elif isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        raise ValueError(f"DecodeConfig.draft_depth must be a positive int or None, got {s!r}")
+    if s > n:
+        raise ValueError(f"DecodeConfig.draft_depth={s} needs at least one node a level, but num_draft_tokens is {n}")
+    if n > candidates(k, s):
+        raise ValueError(
+            f"DecodeConfig(num_draft_tokens={n}, draft_topk={k}, draft_depth={s}): {s} levels of {k} children per "
+            f"expanded node make at most {candidates(k, s)} nodes (k + (S - 1) k^2), fewer than {n}"
+            + (" (draft_topk=1 is the chain: draft_depth must equal num_draft_tokens)" if k == 1 else "")
+        )
+
+
+def tree_reason(target, draft, drafter, cfg) -> str | None:
+    """Why a step of these models and features cannot run a tree yet (None: it can, or cfg is a chain)."""
+    if not cfg.tree:
+        return None
+    vocab = target.config.vocab_size
+    if cfg.draft_topk > vocab:
+        return f"draft_topk={cfg.draft_topk} exceeds the vocabulary ({vocab} tokens)"
+    from fdecode.models.llama import LlamaModel
+    from fdecode.models.mtp.head import MTPHead
+
+    if drafter.kind == "mtp" and type(draft) is not MTPHead:
+        return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
+    models = (("target", target),) if drafter.kind == "ngram" else (("target", target), ("draft", draft))
+    for role, model in models:
+        if not isinstance(model, LlamaModel | MTPHead) or drafter.recurrent(model) or drafter.recurrent(target):
+            return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
+        if getattr(getattr(model, "kv_config", None), "latent_kv", False):
+            return f"the {role} keeps an MLA latent cache, which tree attention does not read yet"
+    features = {
+        "penalties": cfg.penalties,
+        "min_tokens": cfg.min_tokens,
+        "max_logit_bias": cfg.max_logit_bias > 0,
+        "max_logprobs": cfg.max_logprobs is not None,
+        "grammars": cfg.grammars,
+        "tp_size": cfg.tp_size > 1,
+    }
+    on = [name for name, used in features.items() if used]
+    if on:
+        return f"trees do not run with {', '.join(on)} yet"
+    if cfg.attention not in ("auto", "torch"):
+        return f"tree attention runs on the reference kernel only, not {cfg.attention!r}"
+    return None
+
+
+def check_tree(target, draft, drafter, cfg) -> None:
+    """Raise ValueError where `tree_reason` names one (before anything compiles)."""
+    reason = tree_reason(target, draft, drafter, cfg)
+    if reason is not None:
+        raise ValueError(
+            f"DecodeConfig(num_draft_tokens={cfg.num_draft_tokens}, draft_topk={cfg.draft_topk}, "
+            f"draft_depth={cfg.levels}) cannot run: {reason}"
+        )
+
+
+def parents_leaf(cfg, batch: int, device) -> torch.Tensor:
+    """`DecodeState.tree_parents` of `batch` fresh lanes: [B, W] of -1 for a tree (a root alone), [B, 0] for a chain."""
+    return torch.full((batch, cfg.W if cfg.tree else 0), -1, dtype=torch.int64, device=device)

@@ -1,0 +1,121 @@
+"""The tree step: verify a lane's N drafted nodes at once, commit the accepted path, draft the next tree
+(docs/design.md, "Trees"). `fdecode.step.decode_step` runs it for a tree config (`DecodeConfig.tree`).
+
+    state.tokens [B, N + 1] = [t, nodes], state.tree_parents [B, N + 1] (-1 for t, the root)
+      --validate--> the target once over the N + 1 rows: row i at position base_pos + depth(i), its KV in the
+                    slot of the lane's position base_pos + i (its own, never committed KV), seeing the context
+                    before t and its ancestors (`TreeRows`)
+      --sample----> greedy: the deepest path the target's argmax agrees with; random lanes: recursive
+                    rejection over siblings (`fdecode.ops.tree`); then stops, budgets, missing KV as a chain
+      --commit----> the accepted path's target KV moved to base_pos + 1 .. (`move_path_kv`)
+      --advance---> the draft's next tree from the last committed token (`fdecode.tree.draft`; n-gram drafts:
+                    `fdecode.tree.ngram`)
+
+A node whose own slot is the scratch slot (past the lane's blocks) is absent: it is never accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fdecode.drafts import drafter_for
+from fdecode.ops.attention import TreeRows
+from fdecode.ops.filters import filtered
+from fdecode.ops.ngram import write_history
+from fdecode.ops.paging import slot_of, window_columns
+from fdecode.ops.plan import SamplingPlan
+from fdecode.ops.processors import processors
+from fdecode.ops.random import uniform
+from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense
+from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
+from fdecode.processing import tallied
+from fdecode.tree.draft import draft_tree
+from fdecode.tree.ngram import ngram_tree
+
+
+def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, draft_regions: bool):
+    """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place)."""
+    from fdecode.step import Committed  # the chain's hand-over type (fdecode.step imports this module)
+
+    context = window_columns(state.block_tables, context_blocks)
+    batch, window = state.tokens.shape
+    levels, bs = cfg.levels, cfg.block_size
+    own = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # row i's own position
+    slots = torch.where(state.active[:, None], slot_of(state.block_tables, own, bs), torch.zeros_like(own))
+    tokens = torch.cat([state.tokens[:, :1], torch.where(slots[:, 1:] != 0, state.tokens[:, 1:], -1)], dim=1)
+    parents = state.tree_parents
+    seen = ancestors(parents, levels)  # [B, W, W]
+    positions = state.base_pos[:, None] + seen.sum(dim=-1) - 1  # base_pos + depth
+    logits, hidden = target(
+        tokens.clamp_min(0),
+        positions,
+        slots,
+        state.target_kv,
+        context,
+        block_size=bs,
+        attention=cfg.attention,
+        tree=TreeRows(slots, seen, state.base_pos),
+    )
+    accepted, length, path = verify_tree(cfg, state, tokens, parents, logits, plan)
+    move_path_kv(state.target_kv, slots, path)
+    pad = window - accepted.shape[1]
+    accepted = torch.cat([accepted, accepted.new_full((batch, pad), -1)], dim=1)
+    hidden = hidden.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, hidden.shape[-1]))
+    hidden = torch.cat([hidden, hidden.new_zeros(batch, pad, hidden.shape[-1])], dim=1)
+    accepted, length, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
+    accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
+    min_left, grammar_state = tallied(cfg, processors(state), accepted, length, logits.shape[-1])
+    drafts = torch.where(state.active, (tokens[:, 1:] >= 0).sum(dim=1), 0)
+    committed = Committed(
+        accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left, grammar_state, None
+    )
+    return tree_advance(draft, cfg, state, committed, context, draft_regions=draft_regions)
+
+
+def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
+    """accepted [B, S + 1], length [B], the accepted path's rows [B, S + 1] (-1 past it): greedy lanes by the
+    target's argmax, random lanes (plan.random) by `tree_accept` on their filtered distributions."""
+    levels = cfg.levels
+    accepted, length, path = greedy_tree_accept(tokens, parents, logits.argmax(dim=-1), levels)
+    if not plan.random:
+        return accepted, length, path
+    u = uniform(state.seed, state.counter, 2 + levels * cfg.draft_topk)
+    probs, ids = filtered(plan, logits, state.temperature, state.top_k, state.top_p, state.min_p)
+    probs = dense(probs, ids, logits.shape[-1])
+    drawn = tree_accept(tokens, parents, probs, u[:, 2:].reshape(-1, levels, cfg.draft_topk), u[:, :2], levels)
+    random_lane = state.temperature > 0
+    return tuple(
+        torch.where(random_lane.view(-1, *[1] * (g.dim() - 1)), r, g) for r, g in zip(drawn, (accepted, length, path))
+    )
+
+
+def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> None:
+    """The KV of the accepted path's node at depth j (row path[:, j], written at its own slot) to the slot of
+    position base_pos + j, `slots[:, j]`, for every layer, in place. Rows past the path move scratch to scratch."""
+    depth = path.shape[1]
+    on_path = path[:, 1:] >= 0
+    source = torch.where(on_path, slots.gather(1, path[:, 1:].clamp_min(0)), 0).reshape(-1)
+    target = torch.where(on_path, slots[:, 1:depth], 0).reshape(-1)
+    kv.index_copy_(2, target, kv.index_select(2, source))
+
+
+def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
+    """The state after a transition (or priming): the last committed token at P, the root of the draft's next
+    tree, and the tree; the output packed as a chain's (`fdecode.step.next_state`)."""
+    from fdecode.step import next_state
+
+    accepted, length = committed.accepted, committed.length
+    last = accepted.gather(1, (length - 1).clamp_min(0)[:, None])[:, 0]
+    last = torch.where(length > 0, last, state.tokens[:, 0])
+    pos = state.base_pos + length
+    if drafter_for(draft).kind == "ngram":  # the k most frequent continuations (`fdecode.tree.ngram`)
+        write_history(state.history, state.base_pos, accepted)
+        window = state.history[:, : context.shape[1] * cfg.block_size]
+        vocab = state.draft_probs.shape[-1]
+        nodes, parents = ngram_tree(window, pos, cfg, draft.max_n, draft.min_n, vocab)
+    else:
+        nodes, parents = draft_tree(draft, cfg, state, committed, pos, context, draft_regions=draft_regions)
+    new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, state.missed)
+    return dataclasses.replace(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))

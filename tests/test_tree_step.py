@@ -1,0 +1,192 @@
+"""The tree step (`fdecode.tree`): a draft LM's top-k trees verified in one target forward.
+
+Greedy lanes commit transformers' greedy tokens whatever the tree; random lanes follow the target's filtered
+distribution (chi-square over every 3-token outcome at a 5-token vocabulary, as the chain's sampling tests);
+the step is one graph with no break and no host sync; impossible shapes are refused before anything compiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.hybrid_models import hybrid_target
+from support.llama_models import fdecode_target, fresh_forward, hf_greedy, independent_draft, mtp_head
+from support.runs import NEW, PROMPTS, run
+from support.tiny_vocab import check_follows_the_target, tiny_draft, tiny_target
+
+import fdecode
+from fdecode.ops import slot_of
+from fdecode.tree.ngram import ngram_tree
+
+
+def tree_step(kind: str, n: int, k: int, s: int, backend: str = "eager", **changes):
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=n, draft_topk=k, draft_depth=s, max_batch=4, max_seq_len=64, block_size=4, backend=backend
+    )
+    return fdecode.compile(target, independent_draft(kind, target), fdecode.DecodeConfig(**{**vars_of(cfg), **changes}))
+
+
+def vars_of(cfg: fdecode.DecodeConfig) -> dict:
+    return {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if not f.startswith("_")}
+
+
+def test_the_chain_spelled_out_is_the_chain():
+    chain = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=32)
+    spelled = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=1, draft_depth=3, max_batch=2, max_seq_len=32)
+    assert spelled == chain and hash(spelled) == hash(chain) and not spelled.tree and spelled.levels == 3
+    tree = fdecode.DecodeConfig(num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=2, max_seq_len=32)
+    assert tree.tree and tree.levels == 3 and tree.K == 6 and tree.W == 7
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "s", "match"),
+    [
+        (4, 1, 2, "draft_topk=1 is the chain"),  # k = 1 makes S nodes
+        (11, 2, 3, "at most 10 nodes"),  # 2 + 2 * 4
+        (3, 2, 4, "at least one node a level"),
+        (3, 0, 2, "draft_topk must be a positive int"),
+        (3, 2, 0, "draft_depth must be a positive int"),
+    ],
+)
+def test_impossible_trees_are_refused(n, k, s, match):
+    with pytest.raises(ValueError, match=match):
+        fdecode.DecodeConfig(num_draft_tokens=n, draft_topk=k, draft_depth=s, max_batch=2, max_seq_len=32)
+
+
+def test_trees_a_step_cannot_run_are_refused_before_compiling():
+    target = tiny_target()  # 5 tokens
+    cfg = fdecode.DecodeConfig(num_draft_tokens=6, draft_topk=6, draft_depth=1, max_batch=2, max_seq_len=16)
+    with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
+        fdecode.compile(target, tiny_draft("random", target), cfg)
+    small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
+    with pytest.raises(ValueError, match="recurrent models have no per-node state yet"):
+        fdecode.compile(hybrid_target(), "ngram", small)
+    with pytest.raises(ValueError, match="max_logprobs"):
+        fdecode.compile(target, "ngram", fdecode.DecodeConfig(**{**vars_of(small), "max_logprobs": 2}))
+    with pytest.raises(ValueError, match="penalties"):
+        fdecode.compile(
+            target, tiny_draft("random", target), fdecode.DecodeConfig(**{**vars_of(small), "penalties": True})
+        )
+
+
+@pytest.mark.parametrize(("kind", "n", "k", "s"), [("partial", 6, 2, 3), ("random", 5, 3, 2), ("self", 8, 4, 3)])
+def test_greedy_tree_equals_transformers(kind, n, k, s):
+    step = tree_step(kind, n, k, s)
+    outs, lengths = run(step)
+    for prompt, got in zip(PROMPTS, outs):
+        assert got == hf_greedy(prompt, NEW, None, 2)
+    assert max(lengths) <= s + 1
+    if kind != "random":  # a draft that agrees with the target has paths accepted to depth 2 and more
+        assert max(lengths) >= 3, lengths
+
+
+@pytest.mark.parametrize("kind", ["partial", "self"])
+def test_greedy_mtp_tree_equals_transformers(kind):
+    """A one-layer MTP head drafts trees from the target's hidden states (its own output at a node's parent)."""
+    layers = 1 if kind == "self" else 2
+    target = fdecode_target(layers)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+    )
+    outs, lengths = run(fdecode.compile(target, mtp_head(kind, target), cfg))
+    assert outs == [hf_greedy(prompt, NEW, None, layers) for prompt in PROMPTS]
+    assert max(lengths) <= 4 and (kind != "self" or max(lengths) >= 3)  # S = 3: a head equal to the target goes deep
+
+
+def test_ngram_tree_branches_are_the_most_frequent_continuations():
+    history = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, -1, -1]])  # "1 2" ends at 1, 4, 7: then 3, 4, 3
+    cfg = fdecode.DecodeConfig(num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=1, max_seq_len=16)
+    tokens, parents = ngram_tree(history, torch.tensor([10]), cfg, max_n=2, min_n=1, vocab=8)
+    # 3 (twice) along its latest occurrence (ending at 7), then 4; neither runs past the last token (10)
+    assert tokens.tolist() == [[3, 1, 2, 4, 1, 2]] and parents.tolist() == [[0, 1, 2, 0, 4, 5]]
+    tokens, _ = ngram_tree(history, torch.tensor([8]), cfg, max_n=2, min_n=1, vocab=8)  # "2 3": once, then 1 2
+    assert tokens.tolist() == [[1, 2, 4, -1, -1, -1]]
+
+
+def test_greedy_ngram_tree_equals_transformers():
+    target = fdecode_target(2)
+    prompts = [(5, 17, 33, 2, 9, 5, 17, 33, 4, 5, 17, 33, 2), (7, 3), (11, 12, 13, 14, 11, 12, 13, 15, 11, 12)]
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+    )
+    outs, lengths = run(fdecode.compile(target, "ngram", cfg), prompts=prompts, max_new_tokens=30)
+    assert outs == [hf_greedy(prompt, 30, None, 2) for prompt in prompts]
+    assert max(lengths) >= 3  # the target repeats itself: some branch is accepted to depth 2 or more
+
+
+def test_committed_kv_is_contiguous_after_trees():
+    """After several tree steps, the target's KV of every position before t and the draft's of every committed
+    position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved
+    to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing."""
+    step = tree_step("partial", 6, 2, 3)
+    prompts = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
+    state = step.prefill(prompts, max_new_tokens=40)
+    seqs, lengths = [list(p) for p in prompts], set()
+    for i in range(7):
+        for lane in range(len(prompts)):
+            n = int(state.step_output.num_tokens[lane])
+            seqs[lane] += state.step_output.tokens[lane, :n].tolist()
+            if i:
+                lengths.add(n)
+        state, _ = step(state)
+    for lane in range(len(prompts)):
+        seqs[lane] += state.step_output.tokens[lane, : int(state.step_output.num_tokens[lane])].tolist()
+    assert {2, 3} <= lengths or {1, 2} <= lengths, lengths  # paths of several depths were accepted
+    bs = step.config.block_size
+    for lane, seq in enumerate(seqs):
+        n = int(state.base_pos[lane]) + 1
+        assert n == len(seq)
+        slots = slot_of(state.block_tables[lane : lane + 1], torch.arange(n)[None], bs)[0]
+        want = fresh_forward(step.target, seq[:n], block_size=bs)[2]
+        torch.testing.assert_close(state.target_kv[:, :, slots[:-1]], want[:, :, :-1], rtol=1e-5, atol=1e-5)
+        want = fresh_forward(step.draft, seq[:n], block_size=bs)[2]
+        torch.testing.assert_close(state.draft_kv[:, :, slots], want, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_tree_stops_at_eos_and_at_the_lane_end():
+    step = tree_step("partial", 6, 2, 3)
+    reference = hf_greedy(PROMPTS[0], NEW, None, 2)
+    eos = reference[5]
+    got = fdecode.generate(step, PROMPTS, max_new_tokens=NEW, eos_token_id=eos)
+    assert got == [hf_greedy(p, NEW, eos, 2) for p in PROMPTS]
+    long = [tuple(range(1, 50))]  # 49 + 15 = 64 = max_seq_len: the last trees reach past the lane's blocks
+    assert fdecode.generate(step, long, max_new_tokens=15) == [hf_greedy(long[0], 15, None, 2)]
+
+
+@pytest.mark.parametrize("plan", ["greedy", "full+top_k+top_p"])
+def test_tree_step_is_one_graph_without_host_syncs(plan):
+    step = tree_step("partial", 6, 2, 3, backend="aot_eager")
+    state = step.prefill([PROMPTS[0], PROMPTS[1]], max_new_tokens=8)
+    report = fdecode.inspect(step, state, plan=plan)
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    assert report.op_counts.get("aten::index_copy_", 0) + report.op_counts.get("aten::index_copy", 0) >= 1
+
+
+@pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [
+        ("self", dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
+        ("random", dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.0)),
+    ],
+)
+def test_random_tree_lanes_follow_the_target(kind, params):
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, block_size=4, backend="eager"
+    )
+    check_follows_the_target(fdecode.compile(target, tiny_draft(kind, target), cfg), target, params)
+
+
+@pytest.mark.slow
+def test_inductor_tree_step_equals_transformers_in_one_graph():
+    """Inductor's code for the tree step: greedy lanes commit transformers' tokens; the graph has no break or
+    host sync and runs without recompiling across steps."""
+    step = tree_step("partial", 5, 2, 3, backend="inductor")
+    assert step.backend == "inductor"
+    outs, _ = run(step)
+    assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
+    report = fdecode.inspect(step, step.prefill([PROMPTS[0]], max_new_tokens=4))
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
+    assert report.recompiles == 0
