@@ -53,7 +53,8 @@ class TrustedStates:
     def __init__(self) -> None:
         self._last: tuple[weakref.ref[DecodeState], Hashable] | None = None
         self._leaves: tuple = ()  # the last state's leaves (held until the next state: one state's tensors)
-        self._ticket = None  # its KV chain's ticket
+        # Its KV chain's ticket, held weakly: a pool whose chain no state holds any more is free (`KVPool.free`).
+        self._ticket: weakref.ref | None = None
         self._calls: dict[tuple[Hashable, Hashable], Callable] = {}  # (made by, runs) -> unguarded call
 
     def maker(self, state: DecodeState) -> Hashable | None:
@@ -64,7 +65,8 @@ class TrustedStates:
             return None
         if last[0]() is state:
             return last[1]
-        if not isinstance(state, DecodeState) or self._ticket is None or state.kv_ticket is not self._ticket:
+        ticket = None if self._ticket is None else self._ticket()
+        if not isinstance(state, DecodeState) or ticket is None or state.kv_ticket is not ticket:
             return None
         leaves = tuple(getattr(state, name) for name in LEAVES)
         if any(leaves[i] is not self._leaves[i] for i in KV):  # a copy of the KV is a chain of its own
@@ -75,7 +77,7 @@ class TrustedStates:
         """`state` is the Step's new last state, made by `graph`."""
         self._last = (weakref.ref(state), graph)
         self._leaves = tuple(getattr(state, name) for name in LEAVES)
-        self._ticket = state.kv_ticket
+        self._ticket = None if state.kv_ticket is None else weakref.ref(state.kv_ticket)
 
     def call(self, state: DecodeState, key: Hashable, graph: Callable, extra: tuple) -> Callable | None:
         """The call of `graph` (the Step's graph `key`) that skips its guards for `state`, or None: `state` is
