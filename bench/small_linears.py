@@ -23,7 +23,7 @@ import time
 import torch
 
 from fdecode.backends.cpu import matmul
-from fdecode.graphs.compile import fresh_code
+from fdecode.graphs.pure import fresh_code
 
 FORMS = {  # (FUSED_BYTES, STATIONARY_BYTES) forcing one form for every weight below oneDNN's size
     "mm": (0, 1 << 62),
