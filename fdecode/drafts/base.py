@@ -71,6 +71,10 @@ class Drafter:
         """Why `backend` cannot capture a step of this draft kind (None: it can)."""
         return None
 
+    def tree_reason(self, draft) -> str | None:
+        """Why this draft cannot draft trees (`fdecode.tree`; None: it can, where its models can)."""
+        return None
+
     def forward_bytes(self, draft) -> int:
         """The bytes of weights one draft forward reads (`fdecode.models.cost.forward_bytes`)."""
         return forward_bytes(draft)

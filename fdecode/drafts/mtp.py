@@ -9,6 +9,7 @@ rows read the hidden states of the step they follow.
 from __future__ import annotations
 
 from fdecode.drafts.lm import LMDrafter
+from fdecode.models.mtp.head import MTPHead
 
 
 class MTPDrafter(LMDrafter):
@@ -17,6 +18,11 @@ class MTPDrafter(LMDrafter):
 
     def idles(self, draft, cfg) -> bool:
         return False
+
+    def tree_reason(self, draft) -> str | None:
+        if type(draft) is not MTPHead:
+            return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
+        return None
 
     def layer_of(self, draft, j: int) -> int:
         return j % draft.num_mtp_layers

@@ -45,13 +45,16 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     if cfg.draft_topk > vocab:
         return f"draft_topk={cfg.draft_topk} exceeds the vocabulary ({vocab} tokens)"
     from fdecode.models.llama import LlamaModel
-    from fdecode.models.mtp.head import MTPHead
 
-    if drafter.kind == "mtp" and type(draft) is not MTPHead:
-        return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
-    models = (("target", target),) if drafter.kind == "ngram" else (("target", target), ("draft", draft))
+    reason = drafter.tree_reason(draft)
+    if reason is not None:
+        return reason
+    # The models whose forwards the tree runs: the target, and the draft where it has one (an MTP head, bound
+    # to the target, was checked by its drafter).
+    models = (("target", target),) + ((("draft", draft),) if drafter.forwards else ())
     for role, model in models:
-        if not isinstance(model, LlamaModel | MTPHead) or drafter.recurrent(model) or drafter.recurrent(target):
+        attention = isinstance(model, LlamaModel) or (role == "draft" and drafter.shares_target)
+        if not attention or drafter.recurrent(model) or drafter.recurrent(target):
             return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
         if getattr(getattr(model, "kv_config", None), "latent_kv", False):
             return f"the {role} keeps an MLA latent cache, which tree attention does not read yet"

@@ -110,7 +110,7 @@ def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
     last = accepted.gather(1, (length - 1).clamp_min(0)[:, None])[:, 0]
     last = torch.where(length > 0, last, state.tokens[:, 0])
     pos = state.base_pos + length
-    if drafter_for(draft).kind == "ngram":  # the k most frequent continuations (`fdecode.tree.ngram`)
+    if not drafter_for(draft).forwards:  # a lookup: the k most frequent continuations (`fdecode.tree.ngram`)
         write_history(state.history, state.base_pos, accepted)
         window = state.history[:, : context.shape[1] * cfg.block_size]
         vocab = state.draft_probs.shape[-1]
