@@ -26,7 +26,7 @@ from fdecode.bench.acceptance import PROMPT_BYTES
 from fdecode.bench.loops import engine_run, fixed_depth
 from fdecode.bench.models import llama
 from fdecode.bench.registry import Options
-from fdecode.bench.results import Result
+from fdecode.bench.results import Result, timed_result
 from fdecode.bench.results import markdown as results_markdown
 from fdecode.bench.timing import interleaved_runs
 from fdecode.ops.plan import GREEDY
@@ -75,21 +75,9 @@ def _rows(workload: str, target, draft, prompts: list[list[int]], k: int, option
         raise RuntimeError(f"{workload} B={batch} K={k}: {wrong} disagree with depth 0's tokens; no numbers reported")
     rows = []
     for system, (med, fastest, slowest, (_tokens, steps, info)) in timed.items():
-        total = new_tokens * batch
-        rows.append(
-            Result(
-                workload,
-                system,
-                batch,
-                k,
-                total / med,
-                total / slowest,
-                total / fastest,
-                med / steps * 1e3,
-                total / (steps * batch),
-                extra={"backend": step.backend, **info},
-            )
-        )
+        seconds = (med, fastest, slowest)
+        extra = {"backend": step.backend, **info}
+        rows.append(timed_result(workload, system, batch, k, new_tokens, seconds, steps, extra))
     return rows
 
 

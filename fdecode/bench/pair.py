@@ -25,7 +25,7 @@ import fdecode
 from fdecode.assets import qwen_coder
 from fdecode.baseline import BeforeLoop, TargetOnly
 from fdecode.bench.loops import engine_run, fixed_depth
-from fdecode.bench.results import Result
+from fdecode.bench.results import timed_result
 from fdecode.bench.timing import interleaved_runs, paired_ratio
 from fdecode.ops.plan import GREEDY
 
@@ -174,7 +174,7 @@ def run_pair_workload(
                 "round_seconds": [round(t, 4) for t in rounds[system]],
             }
             extra.update(info or {})
-            rows.append(_row(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
+            rows.append(timed_result(f"qwen-coder[{name}]", system, 1, k, new_tokens, seconds, steps, extra))
     if batch4:
         rows += _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step, backend)
     return rows
@@ -206,32 +206,13 @@ def _batch4(target, draft, tokenizer, hf_target, k, new_tokens, reps, step1, bac
             extra.update(compile_s=compile_s, **info)
         else:  # transformers' padded batch against each prompt alone
             extra["tokens_equal_batch_1"] = [t == a for t, a in zip(tokens, alone)]
-        rows.append(_row("qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
+        rows.append(timed_result("qwen-coder[batch]", system, len(prompts), k, new_tokens, seconds, steps, extra))
     return rows
 
 
 def _one(run):
     tokens, steps, info = run
     return tokens[0], steps, info
-
-
-def _row(workload, system, batch, k, new_tokens, seconds, steps, extra):
-    """A `Result`: tokens/s over new_tokens per lane; seconds: (median, min, max) of the repetitions."""
-    total = new_tokens * batch
-    med, fastest, slowest = seconds
-    steps = steps or new_tokens
-    return Result(
-        workload,
-        system,
-        batch,
-        k,
-        total / med,
-        total / slowest,
-        total / fastest,
-        med / steps * 1e3,
-        total / (steps * batch),
-        extra=extra,
-    )
 
 
 def goal_markdown(rows: list) -> str:

@@ -31,6 +31,26 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
+def timed_result(workload, system, batch, k, new_tokens, seconds, steps, extra) -> Result:
+    """A `Result` of `batch` lanes of `new_tokens` each over `steps` steps (0: one token a step); seconds:
+    (median, min, max) of the repetitions."""
+    total = new_tokens * batch
+    med, fastest, slowest = seconds
+    steps = steps or new_tokens
+    return Result(
+        workload,
+        system,
+        batch,
+        k,
+        total / med,
+        total / slowest,
+        total / fastest,
+        med / steps * 1e3,
+        total / (steps * batch),
+        extra=extra,
+    )
+
+
 def rate(tokens_per_s: float) -> str:
     """Three significant figures or whole tokens: 2.42, 31.6, 213."""
     return f"{tokens_per_s:.{2 if tokens_per_s < 10 else 1 if tokens_per_s < 100 else 0}f}"
