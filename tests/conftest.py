@@ -32,28 +32,6 @@ if "FDECODE_CACHE_DIR" not in os.environ:
     os.environ["FDECODE_CACHE_DIR"] = _steps
     atexit.register(shutil.rmtree, _steps, ignore_errors=True)
 
-# The files that take longest start first, so the two workers end together (`--dist loadfile` hands
-# out whole files in collection order).
-SLOW_FILES = (
-    "test_tp_families.py",
-    "test_tp.py",
-    "test_qwen3_5_step.py",
-    "test_lossless.py",
-    "test_random_step.py",
-    "test_graph.py",
-    "test_engine.py",
-    "test_qwen_moe_hybrids.py",
-    "test_real_model.py",
-    "test_serve_real.py",
-    "test_serve.py",
-    "test_deepseek_v3_step.py",
-    "test_notebook.py",
-    "test_buckets.py",
-    "test_bench.py",
-    "test_real_vocab.py",
-    "test_cpu_matmul.py",
-)
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The fast tier (`pytest -m "not slow"`): every test measured above SLOW_SECONDS is slow too.
@@ -61,5 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if seconds.get(item.nodeid, 0.0) > SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
-    rank = {name: i for i, name in enumerate(SLOW_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable: file order kept otherwise
+    # The files that took longest start first, so the two workers end together (`--dist loadfile` hands out
+    # whole files in collection order; a file never measured goes last).
+    per_file: dict[str, float] = {}
+    for nodeid, spent in seconds.items():
+        per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + spent
+    items.sort(key=lambda item: -per_file.get(item.nodeid.split("::")[0], 0.0))  # stable within a file
