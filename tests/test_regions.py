@@ -56,11 +56,41 @@ def deep_pair():
     return target, truncated(target, 2)  # its first two layers, copied
 
 
-def test_each_layer_kind_compiles_once(deep_pair):
+@pytest.fixture(scope="module")
+def regions_run(deep_pair):
+    """The deep pair's step with regions (Dynamo), run a step and inspected once for the tests below, with spies
+    on what Dynamo and the step call while it traces."""
+    import importlib
+
+    from torch._dynamo.variables import invoke_subgraph
+
+    from fdecode.models.regions import shares_parameters
+
     target, draft = deep_pair
-    on, off = (step_of(target, draft, regions=r) for r in (True, False))
-    state = on.prefill(PROMPTS, max_new_tokens=30)
-    with_regions, unrolled = fdecode.inspect(on, state), fdecode.inspect(off, state)
+    fingerprints, traced = [], []
+    original = invoke_subgraph.build_fingerprint_with_pytree
+
+    def spy(first, second):
+        traced.append(torch.compiler.is_compiling())
+        return shares_parameters(first, second)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            invoke_subgraph, "build_fingerprint_with_pytree", lambda *args: fingerprints.append(1) or original(*args)
+        )
+        for module in ("fdecode.step", "fdecode.graphs.pure"):  # where `decode_step` and `pure_step` call it
+            patch.setattr(importlib.import_module(module), "shares_parameters", spy, raising=False)
+        step = step_of(target, draft, regions=True)
+        state, _ = step(step.prefill(PROMPTS, max_new_tokens=30))
+        report = fdecode.inspect(step, state)
+    return step, report, fingerprints, traced
+
+
+def test_each_layer_kind_compiles_once(deep_pair, regions_run):
+    target, draft = deep_pair
+    on, with_regions, _, _ = regions_run
+    off = step_of(target, draft, regions=False)
+    unrolled = fdecode.inspect(off, on.prefill(PROMPTS, max_new_tokens=30))
     # Three regions: the target's layer at K + 1 rows (4 calls), the draft's at 2 rows (its first forward,
     # 2 layers) and at 1 row (K - 1 forwards of 2 layers), each compiled once.
     assert sorted(with_regions.regions.values()) == sorted([4, 2, 2 * (K - 1)])
@@ -128,43 +158,19 @@ def test_other_families_run_their_layers_as_regions(family):
     assert torch.equal(tokens(on, steps=4), tokens(unrolled, steps=4))
 
 
-def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(deep_pair, monkeypatch):
+def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(regions_run):
     """Dynamo matches each region call against the layer kinds it has traced from its arguments; flat ones
     (tensors, constants, modules: the context goes in as its fields) take its fast path, a named tuple
     among them a trace of `pytree.tree_flatten` per call (~0.1 s each on the real pair's 124 calls)."""
-    from torch._dynamo.variables import invoke_subgraph
-
-    slow = []
-    original = invoke_subgraph.build_fingerprint_with_pytree
-    monkeypatch.setattr(
-        invoke_subgraph, "build_fingerprint_with_pytree", lambda *args: slow.append(1) or original(*args)
-    )
-    target, draft = deep_pair
-    step = step_of(target, draft, regions=True)
-    state = step.prefill(PROMPTS, max_new_tokens=30)
-    state, _ = step(state)
-    assert fdecode.inspect(step, state).regions  # the calls were regions
-    assert slow == []
+    _, report, fingerprints, _ = regions_run
+    assert report.regions  # the calls were regions
+    assert fingerprints == []
 
 
-def test_the_trace_does_not_walk_the_models_parameters(deep_pair, monkeypatch):
+def test_the_trace_does_not_walk_the_models_parameters(regions_run):
     """Whether the draft shares the target's parameters is checked once per graph, on the host: inside the
     step Dynamo traced that check through every parameter of both models (`named_modules` ~80 times a layer),
     +1 s of trace from 14 to 28 layers of the depth benchmark."""
-    import importlib
-
-    from fdecode.models.regions import shares_parameters
-
-    traced = []
-
-    def spy(first, second):
-        traced.append(torch.compiler.is_compiling())
-        return shares_parameters(first, second)
-
-    for module in ("fdecode.step", "fdecode.graphs.pure"):  # where `decode_step` and `pure_step` call it
-        monkeypatch.setattr(importlib.import_module(module), "shares_parameters", spy, raising=False)
-    target, draft = deep_pair
-    step = step_of(target, draft, regions=True)
-    state, _ = step(step.prefill(PROMPTS, max_new_tokens=30))
+    _, report, _, traced = regions_run
     assert traced and not any(traced)  # checked, and never inside the trace
-    assert fdecode.inspect(step, state).regions  # the draft's layers were regions all the same
+    assert report.regions  # the draft's layers were regions all the same
