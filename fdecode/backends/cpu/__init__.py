@@ -10,6 +10,7 @@ upgrade can break:
     packed_store.py     packed layouts of checkpoint weights kept on disk, mapped by later processes
     onednn_blob.py      a packed layout as bytes, and a packed weight over bytes fdecode maps
     kernel_batches.py   a graph's C++ kernels built as a few shared libraries, not one each
+    codegen_rules.py    Inductor's dtype rules bound once per compile, not once per generated op
     prepare.py          an Inductor pass compiling `fdecode::prepare_next_draft` into the step's C++ kernels
     vec_isa.py          the CPU's vector ISA trusted from its flags, without Inductor's probe builds
 
@@ -49,12 +50,18 @@ def inductor_options(cfg, backend: str) -> dict[str, object]:
 
 
 def compiling():
-    """The context a CPU step's first compile of a graph runs in: its kernels built in a few batches."""
-    if not ENABLED:
-        return contextlib.nullcontext()
+    """The context a CPU step's first compile of a graph runs in: its kernels built in a few batches, the
+    code generator's dtype rules bound once."""
+    return contextlib.nullcontext() if not ENABLED else _tuned_compile()
+
+
+@contextlib.contextmanager
+def _tuned_compile():
+    from fdecode.backends.cpu.codegen_rules import rules_once
     from fdecode.backends.cpu.kernel_batches import batched_cpu_kernels
 
-    return batched_cpu_kernels()
+    with batched_cpu_kernels(), rules_once():
+        yield
 
 
 def loading():
