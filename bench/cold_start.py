@@ -29,6 +29,10 @@ without them (the default), cold and warm each.
 (Inductor's own way, what fdecode did before `fdecode.backends.cpu.kernel_batches`) and a few to a library (the
 default), cold and warm each.
 
+--compare-rules runs each workload and mode twice: with Inductor binding its dtype rules at every op it generates
+(its own way, what fdecode did before `fdecode.backends.cpu.codegen_rules`) and once per compile (the default),
+cold and warm each.
+
 --phases adds where the compile's time goes (`bench/compile_phases.py`: Dynamo's trace, Inductor's lowering,
 code generation, the wait for C++ builds...), per sampling plan with --warmup.
 
@@ -87,15 +91,26 @@ def models(workload: str, layers: int):
     return target, draft, fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=256), prompt
 
 
-def use_kernel_batches(on: bool) -> None:
-    """Whether this process's step graphs build their C++ kernels a few to a library (`fdecode.backends.cpu.kernel_batches`,
-    the default) or each as a library of its own (Inductor's way, what fdecode did before)."""
+def tune_compiles(batched: bool, rules_once: bool) -> None:
+    """What this process's first compile of a graph runs in (`fdecode.backends.cpu.compiling`): C++ kernels a few
+    to a library (`kernel_batches`, the default) or one library each (Inductor's way, what fdecode did before);
+    Inductor's dtype rules bound once per compile (`codegen_rules`, the default) or at every generated op (its
+    own way, what fdecode did before)."""
     import contextlib
 
+    from fdecode.backends import cpu
+    from fdecode.backends.cpu.codegen_rules import rules_once as once
     from fdecode.backends.cpu.kernel_batches import batched_cpu_kernels
 
-    # the module, not the `compile` function `fdecode.graphs` exports under the same name
-    sys.modules["fdecode.graphs.compile"].batched_cpu_kernels = batched_cpu_kernels if on else contextlib.nullcontext
+    @contextlib.contextmanager
+    def compiling():
+        with (
+            batched_cpu_kernels() if batched else contextlib.nullcontext(),
+            once() if rules_once else contextlib.nullcontext(),
+        ):
+            yield
+
+    cpu.compiling = compiling
 
 
 def child(spec: dict) -> dict:
@@ -114,7 +129,7 @@ def child(spec: dict) -> dict:
 
         fdecode.graphs.backends.isa_options = dict
         fdecode.graphs.stored.trusted_isa = contextlib.nullcontext
-    use_kernel_batches(spec.get("kernels") != "single")
+    tune_compiles(spec.get("kernels") != "single", spec.get("rules") != "per-op")
     phases = None
     if spec.get("phases"):
         from compile_phases import CompilePhases
@@ -211,6 +226,9 @@ def main() -> int:
         action="store_true",
         help="each mode with the C++ kernels built one library each and a few to a library",
     )
+    parser.add_argument(
+        "--compare-rules", action="store_true", help="each mode with Inductor's dtype rules bound per op and once"
+    )
     parser.add_argument("--backend", default=None, help="DecodeConfig.backend (default: the config's, inductor)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: bundled, regions, eager, cold only, 2 steps")
     parser.add_argument("--json", default=None)
@@ -233,7 +251,9 @@ def main() -> int:
         for layers in args.depths if workload == "depth" else [0]:
             isas = ("probed", "trusted") if args.compare_isa else ("trusted",)
             kernels = ("single", "batched") if args.compare_batches else ("batched",)
-            for mode, isa, built in [(m, i, b) for m in args.modes for i in isas for b in kernels]:
+            rules = ("per-op", "once") if args.compare_rules else ("once",)
+            runs = [(m, i, b, r) for m in args.modes for i in isas for b in kernels for r in rules]
+            for mode, isa, built, bound in runs:
                 with tempfile.TemporaryDirectory(prefix="fdecode-cold-") as cache:
                     for start in ("cold",) if args.quick else ("cold", "warm"):
                         spec = {
@@ -245,6 +265,7 @@ def main() -> int:
                             "all_plans": args.all_plans,
                             "isa": isa,
                             "kernels": built,
+                            "rules": bound,
                             "phases": args.phases,
                             "backend": args.backend,
                             "steps": 2 if args.quick else 20,
@@ -271,13 +292,13 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"bench_cold_start_py_run": rows, "load": os.getloadavg()}, f, indent=1)
     print(
-        "| workload | layers | mode | ISA | C++ kernels | start | first step s | prefill s | first call s | CPU s | "
+        "| workload | layers | mode | ISA | C++ kernels | dtype rules | start | first step s | prefill s | first call s | CPU s | "
         "FX cache hit/miss | graphs loaded | step ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['kernels']} | {r['start']} | "
+            f"| {r['workload']} | {r['layers'] or ''} | {r['mode']} | {r['isa']} | {r['kernels']} | {r.get('rules', 'once')} | {r['start']} | "
             f"{r['first_step_s']} | {r['prefill_s']} | {r['first_call_s']} | "
             f"{r['first_step_cpu_s']} | {r['fx_cache_hits']}/{r['fx_cache_misses']} | {r['loaded']} | "
             f"{r['step_ms']} |"
