@@ -54,10 +54,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from child_process import run_json_child  # bench/child_process.py, beside this script
 
 
 def cpu_seconds() -> float:
@@ -202,13 +203,7 @@ def child(spec: dict) -> dict:
 def run_child(spec: dict, cache: str) -> dict:
     steps = "off" if spec["mode"] == "plain" else os.path.join(cache, "fdecode-steps")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "FDECODE_CACHE_DIR": steps}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
-    )
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise RuntimeError(f"child {spec} failed")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child([__file__, "--child", json.dumps(spec)], env, str(spec))
 
 
 def main() -> int:

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from child_process import run_json_child  # bench/child_process.py, beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -91,17 +93,8 @@ def child(steps: int) -> dict:
 
 def run_child(tree: str, steps: int, model: str, backend: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": tree, **({"FDECODE_BACKEND": backend} if backend else {})}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", str(steps), "--model", model],
-        env=env,
-        cwd=tree,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise RuntimeError(f"child in {tree} failed")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [os.path.abspath(__file__), "--child", str(steps), "--model", model]
+    return run_json_child(args, env, f"in {tree}", cwd=tree)
 
 
 def main() -> int:

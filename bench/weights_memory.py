@@ -28,9 +28,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from child_process import run_json_child  # bench/child_process.py, beside this script
 
 PROMPT = list(range(1000, 1060))
 
@@ -146,13 +147,7 @@ def run(spec: dict, cache: str) -> dict:
         "FDECODE_CACHE_DIR": os.path.join(cache, "steps"),
         "WEIGHTS_BENCH_CACHE": cache,
     }
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
-    )
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise RuntimeError(f"child {spec} failed")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child([__file__, "--child", json.dumps(spec)], env, str(spec))
 
 
 def main() -> int:

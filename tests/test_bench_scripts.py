@@ -27,11 +27,12 @@ SCRIPTS = (
     "weights_memory.py",
     "tree_acceptance.py",
 )
-HELPERS = ("compile_phases.py",)  # imported by cold_start.py --phases, not run on its own
+HELPERS = ("compile_phases.py", "child_process.py")  # imported by the scripts, not run on their own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
 
 DRIVER = """
-import runpy, sys
+import os, runpy, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as `python bench/X.py` has it: the scripts import their helpers
 for script in sys.argv[1:]:
     sys.argv = [script, "--quick"]
     try:

@@ -1,0 +1,21 @@
+"""A bench script's measurement in a fresh Python process: run it, return the JSON its last line prints.
+
+Imported by the scripts that time things a process pays once (cold_start.py, weights_memory.py,
+step_vs_revision.py); not run on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run_json_child(args: list[str], env: dict[str, str], what: str, cwd: str | None = None) -> dict:
+    """Run `python ARGS` with `env` (in `cwd`), and return the JSON object its stdout ends with. A child that
+    fails shows the end of its stderr and raises, naming `what` it was."""
+    proc = subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise RuntimeError(f"child {what} failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
