@@ -17,7 +17,7 @@ from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
 from fdecode.step import general_plan
 
-MADE_MEMO = 256  # `Schedule.made_plans` answers kept (window, depth, lanes' sampling, graphs made)
+MADE_MEMO = 256  # `Schedule.made_plans` and `key` answers kept (window, depth, lanes' sampling, graphs made)
 
 
 def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
@@ -43,6 +43,7 @@ class Schedule:
         self.depths = depths
         self.idles_draft = idles_draft
         self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
+        self._keys: dict[tuple, GraphKey] = {}  # `key` answers for the chosen plan
 
     def key(
         self, state: DecodeState, depth: int, *, blocks: int | None = None, plan: SamplingPlan | None = None
@@ -50,8 +51,17 @@ class Schedule:
         """(window in blocks, graph key) of a step of `depth` (checked: `check_depth`) on `state`; `blocks` and
         `plan` where given (`fdecode.inspect`), else the window and plan chosen for `state`."""
         blocks = self.config.bucket_for(state.max_position) if blocks is None else blocks
-        plan = self.plan_for(state, depth) if plan is None else plan
-        return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+        if plan is not None:
+            return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+        # What the choice reads, graphs made included (they are only added): asked again at every step.
+        memo = (blocks, depth, state.lane_sampling, state.draft_lag, len(self.graph_set.graphs))
+        key = self._keys.get(memo)
+        if key is None:
+            plan = self.plan_for(state, depth)
+            key = self._keys[memo] = self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+            if len(self._keys) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
+                del self._keys[next(iter(self._keys))]
+        return blocks, key
 
     def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
