@@ -43,7 +43,7 @@ class Schedule:
         self.depths = depths
         self.idles_draft = idles_draft
         self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
-        self._keys: dict[tuple, GraphKey] = {}  # `key` answers for the chosen plan
+        self._keys: dict[tuple, object] = {}  # `key` answers for the chosen plan, `ready_depths` answers (depth None)
 
     def key(
         self, state: DecodeState, depth: int, *, blocks: int | None = None, plan: SamplingPlan | None = None
@@ -58,10 +58,14 @@ class Schedule:
         key = self._keys.get(memo)
         if key is None:
             plan = self.plan_for(state, depth)
-            key = self._keys[memo] = self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
-            if len(self._keys) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
-                del self._keys[next(iter(self._keys))]
+            key = self._remember(memo, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth)))
         return blocks, key
+
+    def _remember(self, memo: tuple, answer):
+        self._keys[memo] = answer
+        if len(self._keys) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
+            del self._keys[next(iter(self._keys))]
+        return answer
 
     def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
@@ -118,7 +122,12 @@ class Schedule:
         """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
         lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
         eager too, so that a schedule does not depend on the backend."""
-        return tuple(d for d in self.depths if self.made_plans(state, d))
+        blocks = self.config.bucket_for(state.max_position)
+        memo = (blocks, None, state.lane_sampling, state.draft_lag, len(self.graph_set.graphs))  # `key`'s memo
+        ready = self._keys.get(memo)
+        if ready is None:
+            ready = self._remember(memo, tuple(d for d in self.depths if self.made_plans(state, d)))
+        return ready
 
     def check_depth(self, depth) -> int:
         """`depth` if the step runs it (one of `depths`), else raises."""
