@@ -43,6 +43,7 @@ class Schedule:
         self.depths = depths
         self.idles_draft = idles_draft
         self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
+        self._windows: dict[int | None, int] = {}  # `window` answers
         self._keys: dict[tuple, object] = {}  # `key` answers for the chosen plan, `ready_depths` answers (depth None)
 
     def key(
@@ -50,7 +51,7 @@ class Schedule:
     ) -> tuple[int, GraphKey]:
         """(window in blocks, graph key) of a step of `depth` (checked: `check_depth`) on `state`; `blocks` and
         `plan` where given (`fdecode.inspect`), else the window and plan chosen for `state`."""
-        blocks = self.config.bucket_for(state.max_position) if blocks is None else blocks
+        blocks = self.window(state.max_position) if blocks is None else blocks
         if plan is not None:
             return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
         # What the choice reads, graphs made included (they are only added): asked again at every step.
@@ -60,6 +61,13 @@ class Schedule:
             plan = self.plan_for(state, depth)
             key = self._remember(memo, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth)))
         return blocks, key
+
+    def window(self, max_position: int | None) -> int:
+        """`DecodeConfig.bucket_for(max_position)`, remembered (one entry per position a lane reaches)."""
+        blocks = self._windows.get(max_position)
+        if blocks is None:
+            blocks = self._windows[max_position] = self.config.bucket_for(max_position)
+        return blocks
 
     def _remember(self, memo: tuple, answer):
         self._keys[memo] = answer
@@ -122,7 +130,7 @@ class Schedule:
         """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
         lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
         eager too, so that a schedule does not depend on the backend."""
-        blocks = self.config.bucket_for(state.max_position)
+        blocks = self.window(state.max_position)
         memo = (blocks, None, state.lane_sampling, state.draft_lag, len(self.graph_set.graphs))  # `key`'s memo
         ready = self._keys.get(memo)
         if ready is None:
