@@ -169,13 +169,15 @@ class Step:
         self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False
     ) -> tuple[DecodeState, StepOutput]:
         new_state, out = self.graph_set.run(state, blocks, key, trusted=self._trusted, quiet=quiet)
-        new_state.record_sampling(state.lane_sampling)
         lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `Schedule.graph_depth`) counts one more
         idle = key.depth == 0 and not key.catch_up and self.idles_draft  # (a catch-up step ran the draft)
-        new_state.record_lag((None if lag is None else lag + 1) if idle else 0)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
-        # Every lane advances by at most W positions per step.
-        new_state.bound_positions(None if state.max_position is None else state.max_position + self.config.W)
+        bound = state.max_position
+        new_state.record(  # every lane advances by at most W positions per step
+            lane_sampling=state.lane_sampling,
+            draft_lag=(None if lag is None else lag + 1) if idle else 0,
+            max_position=None if bound is None else bound + self.config.W,
+        )
         self._trusted.made(new_state, key)
         return new_state, out
 

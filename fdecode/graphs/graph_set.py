@@ -11,7 +11,6 @@ window of 2 blocks or more (`dynamic_window`), its key's window is None and it t
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -95,14 +94,20 @@ class GraphSet:
             if self.announce and not quiet:
                 self._announce(blocks, key)
         extra = () if key.window is not None else (self.window_width(blocks),)
+        if not first:  # no_grad's effect without its context manager's Python layers (a step's hot path)
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
+                unguarded = trusted.call(state, key, graph, extra)  # (its first call checks guards: no grad)
+                return graph(state, *extra) if unguarded is None else unguarded(state, *extra)
+            finally:
+                torch._C._set_grad_enabled(grad)
         start = time.perf_counter()
         # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
-        with torch.no_grad(), cpu.compiling() if first else contextlib.nullcontext():
-            unguarded = None if first else trusted.call(state, key, graph, extra)  # under no_grad
-            new_state, out = graph(state, *extra) if unguarded is None else unguarded(state, *extra)
-        if first:
-            seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
-            self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
+        with torch.no_grad(), cpu.compiling():
+            new_state, out = graph(state, *extra)
+        seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
+        self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
         return new_state, out
 
     def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
 from fdecode.step import general_plan
 
-MADE_MEMO = 256  # `Schedule.made_plans` answers kept (window, depth, lanes' sampling, graphs made)
+MADE_MEMO = 256  # `Schedule.made_plans` and `key` answers kept (window, depth, lanes' sampling, graphs made)
 
 
 def requested_depth(speculate: bool, depth: int | None, k: int) -> int | None:
@@ -43,15 +43,37 @@ class Schedule:
         self.depths = depths
         self.idles_draft = idles_draft
         self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
+        self._windows: dict[int | None, int] = {}  # `window` answers
+        self._keys: dict[tuple, object] = {}  # `key` answers for the chosen plan, `ready_depths` answers (depth None)
 
     def key(
         self, state: DecodeState, depth: int, *, blocks: int | None = None, plan: SamplingPlan | None = None
     ) -> tuple[int, GraphKey]:
         """(window in blocks, graph key) of a step of `depth` (checked: `check_depth`) on `state`; `blocks` and
         `plan` where given (`fdecode.inspect`), else the window and plan chosen for `state`."""
-        blocks = self.config.bucket_for(state.max_position) if blocks is None else blocks
-        plan = self.plan_for(state, depth) if plan is None else plan
-        return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+        blocks = self.window(state.max_position) if blocks is None else blocks
+        if plan is not None:
+            return blocks, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth))
+        # What the choice reads, graphs made included (they are only added): asked again at every step.
+        memo = (blocks, depth, state.lane_sampling, state.draft_lag, len(self.graph_set.graphs))
+        key = self._keys.get(memo)
+        if key is None:
+            plan = self.plan_for(state, depth)
+            key = self._remember(memo, self.graph_set.key(blocks, plan, *self.graph_depth(state, depth)))
+        return blocks, key
+
+    def window(self, max_position: int | None) -> int:
+        """`DecodeConfig.bucket_for(max_position)`, remembered (one entry per position a lane reaches)."""
+        blocks = self._windows.get(max_position)
+        if blocks is None:
+            blocks = self._windows[max_position] = self.config.bucket_for(max_position)
+        return blocks
+
+    def _remember(self, memo: tuple, answer):
+        self._keys[memo] = answer
+        if len(self._keys) > MADE_MEMO:  # a server's changing mixes of lanes: keep the newest
+            del self._keys[next(iter(self._keys))]
+        return answer
 
     def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state`: the cheapest plan exact for its lanes that may be
@@ -108,7 +130,12 @@ class Schedule:
         """The depths with a graph made in this process for `state` (its window, and a sampling plan exact for its
         lanes): a step of one of them compiles and loads nothing (an adaptive `Engine` launches no other). Under
         eager too, so that a schedule does not depend on the backend."""
-        return tuple(d for d in self.depths if self.made_plans(state, d))
+        blocks = self.window(state.max_position)
+        memo = (blocks, None, state.lane_sampling, state.draft_lag, len(self.graph_set.graphs))  # `key`'s memo
+        ready = self._keys.get(memo)
+        if ready is None:
+            ready = self._remember(memo, tuple(d for d in self.depths if self.made_plans(state, d)))
+        return ready
 
     def check_depth(self, depth) -> int:
         """`depth` if the step runs it (one of `depths`), else raises."""

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from fdecode.backends import cpu
+from fdecode.graphs.flat import FlatCall
 from fdecode.progress import notice
 
 OFF = ("off", "0", "false", "no", "none", "")
@@ -172,6 +173,7 @@ class StoredGraph:
         self._run: Callable | None = None
         self._ahead_of_time = False  # whether `_run` is an `aot_compile`d graph (stored or loaded)
         self.loaded = False  # whether the graph came from the file
+        self._flat: FlatCall | bool | None = None  # its flat call (False: none; None: not tried yet)
 
     def __repr__(self) -> str:
         how = "loaded" if self.loaded else "compiled" if self._run is not None else "not run yet"
@@ -195,7 +197,7 @@ class StoredGraph:
             notice(f"the stored step graph {self.path.name} refuses these inputs ({error}); compiling it afresh")
             if self.loaded:  # the key missed what these inputs differ in: compile for them, store that instead
                 self.loaded = False
-                self._run = self._compile(args)
+                self._run, self._flat = self._compile(args), None
                 return self(*args)
             self._run, self._ahead_of_time = self._fallback(), False  # inputs that vary: Dynamo's own guards
             return self._run(*args)
@@ -206,6 +208,10 @@ class StoredGraph:
         refuse `args` now. The caller answers for every later call's layout."""
         if self._run is None or not self._ahead_of_time or not self._run.guard_check(*plain(args)):
             return None
+        if self._flat is None:  # Inductor's graph called with the leaves in a learnt order (`fdecode.graphs.flat`)
+            self._flat = FlatCall.make(self._run, args, self.models.values(), plain) or False
+        if self._flat:
+            return self._flat
         compiled = self._run.fn
         return lambda *call: compiled(*plain(call))
 

@@ -334,7 +334,7 @@ class Engine:
         """Events of the lanes' rows of `host`; a step's rows (not priming's, `primed`) are counted in metrics."""
         events = []
         rows = host.tolist()
-        logprob_rows = lane_logprobs(host, self.config.W)
+        logprob_rows = None if self.config.max_logprobs is None else lane_logprobs(host, self.config.W)
         for lane in lanes:
             request = owners[lane]
             if request is None or request.lane != lane:

@@ -276,6 +276,10 @@ class DecodeState:
         """Record `lag` as this state's `draft_lag` (host bookkeeping only); returns self."""
         return self._set_host(dataclasses.replace(self.host, draft_lag=lag))
 
+    def record(self, **entries) -> DecodeState:
+        """Record several `HostInfo` entries at once (a step's bookkeeping: one update); returns self."""
+        return self._set_host(dataclasses.replace(self.host, **entries))
+
     @property
     def consumed(self) -> bool:
         """True once this state may no longer be stepped: a step took it (or a state sharing its KV),
