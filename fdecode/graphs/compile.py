@@ -25,6 +25,7 @@ from fdecode.graphs.pure import pure_step
 from fdecode.graphs.schedule import Schedule, requested_depth
 from fdecode.graphs.trusted import TrustedStates
 from fdecode.graphs.warmup import warm
+from fdecode.host_record import HostRecord
 from fdecode.models.parallel import check_group
 from fdecode.models.regions import resolve_regions
 from fdecode.models.resolve import config_of, resolve_config, resolve_target
@@ -55,8 +56,8 @@ class Step:
     (default seeds), `schedule` (which graph a step runs, `fdecode.graphs.schedule`), `fn` (the uncompiled
     pure function, whole-lane window, exact for any lanes).
 
-    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from host bookkeeping
-    (`state.max_position`, `state.lane_sampling`, `state.draft_lag`), without a device read (`schedule`,
+    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from what the host knows of the
+    state (its `HostRecord`: position bound, lanes' sampling, draft lag), without a device read (`schedule`,
     `fdecode.graphs.schedule`); each is a graph of its own, made on first use or by `warmup()` (`graph_set`,
     `fdecode.graphs.graph_set`). `announce` (default True): each compile says so on stderr in one line, and
     `warmup()` shows a progress bar.
@@ -144,12 +145,17 @@ class Step:
         `DecodeConfig.draft_gate` with an n-gram draft. Its first-row graphs compile too (`warmup` included)."""
         return self.drafter.gated(self.config)
 
-    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
+    def plan_for(self, state: DecodeState, depth: int | None = None, *, host: HostRecord | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state` (`Schedule.plan_for`)."""
-        return self.schedule.plan_for(state, depth)
+        return self.schedule.plan_for(state, depth, host=host)
 
     def __call__(
-        self, state: DecodeState, *, speculate: bool = True, depth: int | None = None
+        self,
+        state: DecodeState,
+        *,
+        speculate: bool = True,
+        depth: int | None = None,
+        host: HostRecord | None = None,
     ) -> tuple[DecodeState, StepOutput]:
         """One step. depth: how many of the window's drafts to verify, 0 .. K (None: K, or 0 where
         speculate=False); the step then proposes as many for the next window (at least one; all K for
@@ -157,25 +163,23 @@ class Step:
         depth + 1 rows: cheaper where drafts are not being accepted (`decode_step`). Every depth reads
         and writes the same state and is exact; each is a graph of its own (compiled on first use, or
         by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
-        target-only decoding would."""
+        target-only decoding would. host: what the host knows of `state` (`fdecode.host_record`; None: the
+        schedule's record of it, unknown for a state this step did not make), as an `Engine` passes it."""
         depth = self.schedule.check_depth(requested_depth(speculate, depth, self.config.K))
         if self._trusted.maker(state) is None:
             self.check_state(state)
         else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
             self._kv.check_returned(state)
-        return self._run(state, *self.schedule.key(state, depth))
+        host = self.schedule.record(state) if host is None else host
+        return self._run(state, *self.schedule.key(state, depth, host=host), host=host)
 
     def _run(
-        self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False
+        self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False, host: HostRecord | None = None
     ) -> tuple[DecodeState, StepOutput]:
+        host = self.schedule.record(state) if host is None else host
         new_state, out = self.graph_set.run(state, blocks, key, trusted=self._trusted, quiet=quiet)
-        new_state.record_sampling(state.lane_sampling)
-        lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `Schedule.graph_depth`) counts one more
-        idle = key.depth == 0 and not key.catch_up and self.idles_draft  # (a catch-up step ran the draft)
-        new_state.record_lag((None if lag is None else lag + 1) if idle else 0)
         self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
-        # Every lane advances by at most W positions per step.
-        new_state.bound_positions(None if state.max_position is None else state.max_position + self.config.W)
+        self.schedule.stepped(state, host, key, new_state)
         self._trusted.made(new_state, key)
         return new_state, out
 
@@ -260,8 +264,10 @@ class Step:
         is alive, which no later prefill takes over.
         """
 
+        records = []  # what the host knows of the new state
+
         def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
-            return prefill(
+            state, record = prefill(
                 self.target,
                 self.draft,
                 self.config,
@@ -278,21 +284,39 @@ class Step:
                 kv=(target_kv, draft_kv),
                 seeds=self.seeds,
             )
+            records.append(record)
+            return state
 
-        return self._kv.start(build, take_over=not concurrent)
+        state = self._kv.start(build, take_over=not concurrent)
+        self.schedule.records.note(state, records[0])
+        return state
 
-    def prime(self, state: DecodeState, lanes: list[int], prompts: list[list[int]], **requests) -> DecodeState:
+    def prime(
+        self,
+        state: DecodeState,
+        lanes: list[int],
+        prompts: list[list[int]],
+        *,
+        host: HostRecord | None = None,
+        **requests,
+    ) -> DecodeState:
         """Write new requests into `lanes` of `state` (an `Engine`'s admission; `fdecode.prefill.prime` takes
-        the keywords: block_tables, budgets, params, uploads, grammars). Consumes `state`'s KV (in place)."""
-        return prime(self.target, self.draft, self.config, state, lanes, prompts, **requests)
+        the keywords: block_tables, budgets, params, uploads, grammars). Consumes `state`'s KV (in place).
+        host: what the host knows of `state` (None: the schedule's record of it)."""
+        host = self.schedule.record(state) if host is None else host
+        new, record = prime(self.target, self.draft, self.config, state, lanes, prompts, host=host, **requests)
+        self.schedule.records.note(new, record, spent=state)
+        return new
 
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive, in a free KV pool: what an `Engine` starts from. Its chain
         keeps the pool while any of its states is alive (no prefill takes it over)."""
-        return self._kv.start(
+        state = self._kv.start(
             lambda target_kv, draft_kv: empty_state(self.target, self.draft, self.config, (target_kv, draft_kv)),
             take_over=False,
         )
+        self.schedule.records.note(state, HostRecord.empty(self.config.max_batch))
+        return state
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
