@@ -14,6 +14,7 @@ for it: the whole lane's window, the plan exact for any parameters, a catch-up b
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ DESCRIBES = (
     ("draft_lag", ("missed",)),
 )
 KEEP = 64  # records kept, newest first: about one per chain of states alive (a step's drops its input's)
+_NAMES = tuple(dict.fromkeys(name for _, names in DESCRIBES for name in names))
+_COLUMNS = tuple((fact, tuple(_NAMES.index(name) for name in names)) for fact, names in DESCRIBES)
+_leaves = operator.attrgetter(*_NAMES)  # a state's described leaves, as a tuple
 
 
 @dataclass(frozen=True)
@@ -75,22 +79,20 @@ class HostRecord:
 
 
 class HostRecords:
-    """The records of the states a Step made, newest first, each held with (weakly) the leaves its facts describe:
-    `of(state)` takes each fact from the newest record whose leaves `state` carries. A record goes when a step or
-    priming consumes its state, when none of its leaves is alive, or past the newest `KEEP`."""
+    """The records of the states a Step made, newest first, each held with the leaves its facts describe (small
+    per-lane tensors): `of(state)` takes each fact from the newest record whose leaves `state` carries. A record
+    goes when a step or priming consumes its state (or a state over the same leaves), or past the newest `KEEP`."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[weakref.ref, dict[str, Callable[[], object]], HostRecord]] = []
+        self._entries: list[tuple[weakref.ref, tuple, HostRecord]] = []
 
     def note(self, state: object, record: HostRecord, *, spent: object = None) -> None:
         """`record` is what the host knows of `state`, a state the Step just made (from `spent`, consumed)."""
-        leaves = {name: _ref(getattr(state, name)) for _, names in DESCRIBES for name in names}
-        kept = [
-            entry
-            for entry in self._entries
-            if any(ref() is not _GONE for ref in entry[1].values()) and not _describes(entry, spent)
-        ]
-        self._entries = [(weakref.ref(state), leaves, record), *kept[: KEEP - 1]]
+        entries = self._entries
+        if spent is not None:
+            gone = _leaves(spent)
+            entries = [e for e in entries if e[0]() is not spent and not all(map(operator.is_, e[1], gone))]
+        self._entries = [(weakref.ref(state), _leaves(state), record), *entries[: KEEP - 1]]
 
     def of(self, state: object, fill: Callable[[], HostRecord] | None = None) -> HostRecord:
         """What the host knows of `state`: its record where the Step made it, else each fact of the newest record
@@ -98,10 +100,11 @@ class HostRecords:
         for made, _, record in self._entries:
             if made() is state:
                 return record
+        leaves = _leaves(state)
         facts, missing = {}, []
-        for fact, names in DESCRIBES:
-            for _, leaves, record in self._entries:
-                if all(leaves[name]() is getattr(state, name, _GONE) for name in names):
+        for fact, columns in _COLUMNS:
+            for _, held, record in self._entries:
+                if all(held[i] is leaves[i] for i in columns):
                     facts[fact] = getattr(record, fact)
                     break
             else:
@@ -130,21 +133,3 @@ def read_record(state) -> HostRecord:
     bound = int(base_pos[active].max()) if bool(active.any()) else 0
     lag = int((missed >= 0).sum(1).max()) if missed.numel() else 0
     return HostRecord(bound, lanes, lag)
-
-
-def _describes(entry: tuple, state: object) -> bool:
-    """Whether `entry` is `state`'s record, or every leaf it describes is `state`'s."""
-    if state is None:
-        return False
-    return entry[0]() is state or all(ref() is getattr(state, name, _GONE) for name, ref in entry[1].items())
-
-
-_GONE = object()  # what a record's reference to a leaf that no longer exists gives: no state's leaf
-
-
-def _ref(leaf: object) -> Callable[[], object]:
-    try:
-        ref = weakref.ref(leaf)
-    except TypeError:  # a leaf that is not a tensor (a pytree map may put anything there)
-        return lambda: leaf
-    return lambda: _GONE if (held := ref()) is None else held

@@ -20,7 +20,11 @@ from fdecode.host_record import HostRecord, HostRecords, read_record
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4]]
 
 
-def lanes(**changes) -> SimpleNamespace:
+class Leaves(SimpleNamespace):
+    """A stand-in for a state's leaves (a record holds its state weakly)."""
+
+
+def lanes(**changes) -> Leaves:
     leaves = dict(
         base_pos=torch.tensor([6, 3, 0]),
         active=torch.tensor([True, True, False]),
@@ -32,7 +36,7 @@ def lanes(**changes) -> SimpleNamespace:
         bias_ids=torch.full((3, 2), -1),
         missed=torch.tensor([[-1, -1], [4, -1], [-1, -1]]),
     )
-    return SimpleNamespace(**{**leaves, **changes})
+    return Leaves(**{**leaves, **changes})
 
 
 def test_a_record_holds_for_the_leaves_it_describes():
@@ -41,9 +45,9 @@ def test_a_record_holds_for_the_leaves_it_describes():
     record = HostRecord(9, ((0.0, 0, 1.0, False), None, None), 1)
     records.note(state, record)
     assert records.of(state) is record
-    same = SimpleNamespace(**vars(state))  # another object over the very tensors
+    same = Leaves(**vars(state))  # another object over the very tensors
     assert records.of(same) == record
-    moved = SimpleNamespace(**{**vars(state), "base_pos": state.base_pos + 1})
+    moved = Leaves(**{**vars(state), "base_pos": state.base_pos + 1})
     assert records.of(moved) == dataclasses.replace(record, max_position=None)  # only that fact is unknown
     fill = HostRecord(7, None, 5)
     assert records.of(moved, lambda: fill) == dataclasses.replace(record, max_position=7)
