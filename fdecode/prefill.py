@@ -26,7 +26,7 @@ from fdecode.host_record import HostRecord
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.ops.processors import prompt_seen
-from fdecode.params import PerPrompt, SamplingParams, request_params
+from fdecode.params import SamplingParams, request_params
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
@@ -392,39 +392,17 @@ def prefill(
     cfg: DecodeConfig,
     prompts: Prompts,
     *,
-    params: SamplingParams | Sequence[SamplingParams] | None = None,
-    max_new_tokens: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    ignore_eos: bool = False,
-    temperature: PerPrompt = None,
-    top_k: PerPrompt = None,
-    top_p: PerPrompt = None,
-    min_p: PerPrompt = None,
-    seed: PerPrompt = None,
     kv: tuple[torch.Tensor, torch.Tensor],
     seeds: SeedSource | None = None,
+    **requests: object,
 ) -> tuple[DecodeState, HostRecord]:
     """Build the first state for `prompts` (lanes past len(prompts) stay inactive), over KV pools `kv`
-    (target, draft), and what the host knows of it. Sampling settings: `params` or the keyword shortcuts
-    (`fdecode.params`)."""
+    (target, draft), and what the host knows of it. requests: the sampling settings, `params` or the keyword
+    shortcuts (`fdecode.params.request_params`, as `Step.prefill` takes them)."""
     vocab = target.config.vocab_size
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]
-    params = request_params(
-        len(prompts),
-        cfg,
-        vocab,
-        params=params,
-        seeds=seeds,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        ignore_eos=ignore_eos,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-    )
+    params = request_params(len(prompts), cfg, vocab, seeds=seeds, **requests)
     budgets = check_budgets(lengths, params, cfg)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)

@@ -11,12 +11,15 @@ the record of each state the Step made (`records`); a caller that knows better p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fdecode.config import DecodeConfig
 from fdecode.graphs.graph_key import GraphKey
 from fdecode.graphs.graph_set import GraphSet
 from fdecode.host_record import HostRecord, HostRecords, read_record
 from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
+from fdecode.state.recurrent import is_hybrid
 from fdecode.step import general_plan
 
 MADE_MEMO = 256  # `Schedule.made_plans` answers kept (window, depth, lanes' sampling, graphs made)
@@ -47,6 +50,18 @@ class Schedule:
         self.idles_draft = idles_draft
         self._made: dict[tuple, tuple[SamplingPlan, ...]] = {}  # `made_plans` answers, read at every step
         self.records = HostRecords()  # what the host knows of the states the Step made
+
+    @classmethod
+    def for_models(cls, config: DecodeConfig, graph_set: GraphSet, target, draft, drafter) -> Schedule:
+        """The schedule of a step of these models: a tree step runs depth K (its N nodes), recurrent
+        (linear-attention) models depth 0 or K, others any depth 0 .. K; a draft LM may sit depth-0 steps out
+        (`Drafter.idles`), never in a tree step."""
+        k = config.K
+        if config.tree:
+            depths = (k,)
+        else:
+            depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
+        return cls(config, graph_set, depths=depths, idles_draft=drafter.idles(draft, config) and not config.tree)
 
     def record(self, state: DecodeState) -> HostRecord:
         """What the host knows of `state` (`HostRecords.of`); a fact no record of a state the Step made holds
@@ -134,6 +149,28 @@ class Schedule:
         eager too, so that a schedule does not depend on the backend."""
         host = self.record(state) if host is None else host
         return tuple(d for d in self.depths if self.made_plans(host, d))
+
+    def warmup_runs(
+        self, plans: Sequence[SamplingPlan], depths: Sequence[int]
+    ) -> tuple[list[tuple[int, GraphKey]], list[GraphKey]]:
+        """What `Step.warmup` runs: (window in blocks, key) of every window for each of `plans` and `depths`
+        (checked), with the catch-up graph that ends a run of depth-0 steps where the draft idles; and the keys it
+        times: each depth's at the widest window, in the first plan warmed that is greedy (else the first: greedy is
+        the cheapest, and with a real vocabulary a timed step of another plan costs as long as one of greedy's)."""
+        steps = [(self.check_depth(depth), False) for depth in depths]
+        if self.idles_draft and (0, False) in steps:  # the graph that ends a run of depth-0 steps
+            steps.append((0, True))
+        runs = [
+            (blocks, self.graph_set.key(blocks, plan, depth, catch_up=catch_up))
+            for plan in plans
+            for depth, catch_up in steps
+            for blocks in self.config.bucket_blocks
+        ]
+        warmed = list(dict.fromkeys(key.plan for _, key in runs))
+        first = next((plan for plan in warmed if not plan.random), warmed[0] if warmed else None)
+        widest = self.config.bucket_blocks[-1]
+        timed = list(dict.fromkeys(self.graph_set.key(widest, first, k.depth) for _, k in runs if not k.catch_up))
+        return runs, timed
 
     def check_depth(self, depth) -> int:
         """`depth` if the step runs it (one of `depths`), else raises."""
