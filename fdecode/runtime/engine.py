@@ -458,6 +458,7 @@ class Engine:
             params=[r.params for r in admitted],
             uploads=self._uploads,
             grammars=self.grammars,
+            host=self.step_fn.schedule.records.of(self.state),  # what the host knows of it, never a device read
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes
