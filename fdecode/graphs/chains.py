@@ -47,11 +47,12 @@ class Chains:
         # step's pool, or over a pool without a ticket of it: raises.
         self.kv.check(state)
 
-    def let_in(self, state: DecodeState) -> None:
-        """Raise unless a step may run `state`: `check`, or for the last state returned (or one derived from it
-        keeping its chain and layout, `TrustedStates.maker`) only whether its ticket is spent since."""
+    def let_in(self, state: DecodeState, check: Callable[[DecodeState], None]) -> None:
+        """Raise unless a step may run `state`: `check` (the Step's `check_state`, which is `check`), or for the
+        last state returned (or one derived from it keeping its chain and layout, `TrustedStates.maker`) only
+        whether its ticket is spent since."""
         if self.trusted.maker(state) is None:
-            self.check(state)
+            check(state)
         else:  # its layout is its graph's; still, it may have been consumed
             self.kv.check_returned(state)
 

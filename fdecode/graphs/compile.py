@@ -140,7 +140,7 @@ class Step:
         target-only decoding would. host: what the host knows of `state` (`fdecode.host_record`; None: the
         schedule's record of it, unknown for a state this step did not make), as an `Engine` passes it."""
         depth = self.schedule.check_depth(requested_depth(speculate, depth, self.config.K))
-        self.chains.let_in(state)
+        self.chains.let_in(state, self.check_state)
         host = self.schedule.record(state) if host is None else host
         return self._run(state, *self.schedule.key(state, depth, host=host), host=host)
 
