@@ -22,10 +22,11 @@ import torch
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.drafts import drafter_for
+from fdecode.host_record import HostRecord
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import GREEDY, plan_for
 from fdecode.ops.processors import prompt_seen
-from fdecode.params import PerPrompt, SamplingParams, request_params
+from fdecode.params import SamplingParams, request_params
 from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
@@ -155,34 +156,29 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
     drafter = drafter_for(draft)
     zeros = dict(dtype=torch.int64, device=device)
-    return (
-        DecodeState(
-            tokens=torch.zeros(batch, window, **zeros),
-            base_pos=torch.zeros(batch, **zeros),
-            block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
-            target_kv=kv[0],
-            draft_kv=kv[1],
-            **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-            history=torch.full((batch, drafter.history_width(cfg)), -1, **zeros),
-            missed=torch.full((batch, drafter.missed_width(draft, cfg)), -1, **zeros),
-            active=torch.zeros(batch, dtype=torch.bool, device=device),
-            remaining=torch.zeros(batch, **zeros),
-            stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
-            temperature=torch.zeros(batch, dtype=torch.float32, device=device),
-            top_k=torch.zeros(batch, **zeros),
-            top_p=torch.ones(batch, dtype=torch.float32, device=device),
-            min_p=torch.zeros(batch, dtype=torch.float32, device=device),
-            **processor_leaves(cfg, batch, target.config.vocab_size, device),
-            **grammar_pool_leaves(cfg, target.config.vocab_size, device),
-            seed=torch.zeros(batch, **zeros),
-            counter=torch.zeros(batch, **zeros),
-            draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
-            output=torch.zeros(batch, cfg.output_width, **zeros),
-            tree_parents=parents_leaf(cfg, batch, device),
-        )
-        .bound_positions(0)
-        .record_sampling((None,) * batch)
-        .record_lag(0)
+    return DecodeState(
+        tokens=torch.zeros(batch, window, **zeros),
+        base_pos=torch.zeros(batch, **zeros),
+        block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
+        target_kv=kv[0],
+        draft_kv=kv[1],
+        **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
+        history=torch.full((batch, drafter.history_width(cfg)), -1, **zeros),
+        missed=torch.full((batch, drafter.missed_width(draft, cfg)), -1, **zeros),
+        active=torch.zeros(batch, dtype=torch.bool, device=device),
+        remaining=torch.zeros(batch, **zeros),
+        stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
+        temperature=torch.zeros(batch, dtype=torch.float32, device=device),
+        top_k=torch.zeros(batch, **zeros),
+        top_p=torch.ones(batch, dtype=torch.float32, device=device),
+        min_p=torch.zeros(batch, dtype=torch.float32, device=device),
+        **processor_leaves(cfg, batch, target.config.vocab_size, device),
+        **grammar_pool_leaves(cfg, target.config.vocab_size, device),
+        seed=torch.zeros(batch, **zeros),
+        counter=torch.zeros(batch, **zeros),
+        draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
+        output=torch.zeros(batch, cfg.output_width, **zeros),
+        tree_parents=parents_leaf(cfg, batch, device),
     )
 
 
@@ -247,8 +243,10 @@ def prime(
     params: Sequence[SamplingParams],  # one per new lane, resolved (`request_params`): seed, stop ids
     uploads: Uploads | None = None,  # the caller's persistent staging buffer (`Engine`); None: one for this call
     grammars: GrammarPool | None = None,  # the state's grammar pool (`Engine`); None: a fresh one for this call
-) -> DecodeState:
+    host: HostRecord,  # what the host knows of `state` (`fdecode.host_record`)
+) -> tuple[DecodeState, HostRecord]:
     """Write new requests into `lanes` of `state` (the host -> device transition); other lanes are untouched.
+    Returns the new state and what the host knows of it (`host` with the new lanes).
 
     Inputs must already be checked (`check_*`, `request_params`). Consumes `state` (its KV is written in place).
     """
@@ -370,15 +368,7 @@ def prime(
     verified = Verified(last_logits[:, None], hidden[rows, last][:, None], None, torch.ones_like(primed.tokens))
     committed = commit(target, cfg, primed, verified, noise, None, plan, 0)
     new = advance(draft, cfg, primed, committed, draft_u, plan=plan, context_blocks=context_blocks)
-    # The new lanes start at base_pos = len(prompt); the others keep theirs (unknown stays unknown).
-    bound = None if state.max_position is None else max(state.max_position, longest)
-    known = state.lane_sampling
-    if known is not None:
-        known = list(known)
-        for lane_index, p in zip(lanes, inputs):
-            known[lane_index] = p
-    # The new lanes' drafts missed nothing: the others' lag is what it was.
-    return write_lanes(state, index, new).bound_positions(bound).record_sampling(known).record_lag(state.draft_lag)
+    return write_lanes(state, index, new), host.primed(lanes, inputs, longest)
 
 
 SHARED = ("target_kv", "draft_kv", "grammar_allowed", "grammar_keys", "grammar_next")  # pools, not lanes
@@ -402,38 +392,17 @@ def prefill(
     cfg: DecodeConfig,
     prompts: Prompts,
     *,
-    params: SamplingParams | Sequence[SamplingParams] | None = None,
-    max_new_tokens: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    ignore_eos: bool = False,
-    temperature: PerPrompt = None,
-    top_k: PerPrompt = None,
-    top_p: PerPrompt = None,
-    min_p: PerPrompt = None,
-    seed: PerPrompt = None,
     kv: tuple[torch.Tensor, torch.Tensor],
     seeds: SeedSource | None = None,
-) -> DecodeState:
+    **requests: object,
+) -> tuple[DecodeState, HostRecord]:
     """Build the first state for `prompts` (lanes past len(prompts) stay inactive), over KV pools `kv`
-    (target, draft). Sampling settings: `params` or the keyword shortcuts (`fdecode.params`)."""
+    (target, draft), and what the host knows of it. requests: the sampling settings, `params` or the keyword
+    shortcuts (`fdecode.params.request_params`, as `Step.prefill` takes them)."""
     vocab = target.config.vocab_size
     prompts = check_prompts(prompts, cfg, vocab)
     lengths = [len(p) for p in prompts]
-    params = request_params(
-        len(prompts),
-        cfg,
-        vocab,
-        params=params,
-        seeds=seeds,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        ignore_eos=ignore_eos,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-    )
+    params = request_params(len(prompts), cfg, vocab, seeds=seeds, **requests)
     budgets = check_budgets(lengths, params, cfg)
     needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
@@ -448,4 +417,5 @@ def prefill(
         block_tables=table,
         budgets=budgets,
         params=params,
+        host=HostRecord.empty(cfg.max_batch),
     )

@@ -340,7 +340,7 @@ def next_state(
     if committed.masked is not None:
         status = torch.where(committed.masked, 3, status)
     output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
-    return dataclasses.replace(  # a fresh state: host bookkeeping (`DecodeState.host`) unknown
+    return dataclasses.replace(  # a fresh state (what the host knows of it: `fdecode.host_record`)
         state,
         tokens=torch.stack([last, *drafts], dim=1),
         draft_probs=draft_probs,

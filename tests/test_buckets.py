@@ -1,6 +1,6 @@
 """Context buckets: a step attends over the smallest window holding every position it can touch.
 
-The window is picked on the host from `state.max_position`, an upper bound it
+The window is picked on the host from the step's record of `max_position`, an upper bound it
 tracks without reading the device. These tests pin that the choice is never
 too small (an attention read cut short would silently change the output), that
 outputs equal transformers' greedy output across windows and across a switch in
@@ -11,6 +11,7 @@ graph that never recompiles, and that every compile is announced.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -129,10 +130,10 @@ def test_unknown_bound_uses_the_whole_lane() -> None:
     target = fdecode_target(2)
     step = fdecode.compile(target, independent_draft("partial", target), config())
     state = step.prefill([[1, 2, 3]], max_new_tokens=10)
-    assert state.max_position == 3
+    assert step.schedule.record(state).max_position == 3
     calls = recording(step)
-    state, _ = step(state.bound_positions(None))
-    assert calls[-1][1] == 100 and state.max_position is None
+    state, _ = step(state, host=dataclasses.replace(step.schedule.record(state), max_position=None))
+    assert calls[-1][1] == 100 and step.schedule.record(state).max_position is None
 
 
 @pytest.mark.slow
@@ -291,7 +292,9 @@ def test_every_compile_is_announced_in_one_line(capsys) -> None:
         "fdecode: compiling the decode step (dynamo, greedy sampling plan, one graph for every window up to 100 "
         "tokens); the first call waits for it (step.warmup() compiles every graph up front)"
     ]
-    while step.config.bucket_for(state.max_position) * 4 == 32:  # on into the next window: nothing compiles
+    while (
+        step.config.bucket_for(step.schedule.record(state).max_position) * 4 == 32
+    ):  # on into the next window: nothing compiles
         state, _ = step(state)
     state, _ = step(state)
     assert len(step.compile_seconds) == 2 and capsys.readouterr().err == ""

@@ -86,7 +86,7 @@ def test_a_draft_that_agrees_is_accepted_as_far_as_it_was_asked(draft_kind, catc
         else:
             committed, proposed = min(depth, proposed) + 1, max(depth, 1)
         assert out.num_tokens.tolist()[:2] == [committed] * 2, (depth, proposed, lag)
-        assert state.draft_lag == lag
+        assert step.schedule.record(state).draft_lag == lag
     # Each catch-up's draft was accepted by the step after it (asserted above): the draft's KV caught up.
     assert catch_ups == (6 if step.idles_draft else 0)  # with catch_up=2 the third 0 of 0, 0, 0 is one
 

@@ -358,7 +358,7 @@ def test_a_draft_not_worth_running_sits_out_and_catches_up_with_requests_admitte
         launches = engine.steps
         for event in engine.step():
             got.setdefault(event.request_id, []).extend(event.new_tokens)
-        assert engine.state.draft_lag == engine.policy.lag <= 3
+        assert engine.step_fn.schedule.record(engine.state).draft_lag == engine.policy.lag <= 3
         if engine.steps > launches:  # c: a catch-up step (it verified nothing and proposed one draft)
             schedule.append(f"{engine.policy.depth}{'c' if engine.policy.caught_up else ''}")
     assert [got[i] for i in ids] == [hf_greedy(p, n) for p, n in zip(prompts, budgets)]

@@ -47,7 +47,7 @@ def test_a_pytree_rebuilt_state_keeps_its_chain():
     reference = run(step, step.prefill(PROMPTS, max_new_tokens=20))
     state = step.prefill(PROMPTS, max_new_tokens=20)
     rebuilt = identity(state)
-    assert rebuilt.max_position == state.max_position and rebuilt.lane_sampling == state.lane_sampling
+    assert step.schedule.record(rebuilt) == step.schedule.record(state)  # the same tensors: the same host facts
     del state
     gc.collect()
     step.prefill(OTHER, max_new_tokens=20)  # the next chain: it takes the pool over, the old one is stale
@@ -82,8 +82,9 @@ def test_stepping_a_pytree_copy_consumes_the_original():
 def test_a_dataclasses_replace_over_the_pool_is_refused_not_trusted():
     step = make_step()
     state = step.prefill(PROMPTS, max_new_tokens=20)
-    blind = dataclasses.replace(state, remaining=state.remaining - 1)  # no host bookkeeping can follow it
-    assert blind.max_position is None and blind.lane_sampling is None  # unknown: the safe defaults
+    blind = dataclasses.replace(state, remaining=state.remaining - 1)  # no KV ticket can follow it
+    # What the host knows of the leaves it shares (base_pos, active, sampling) holds (`fdecode.host_record`).
+    assert step.schedule.record(blind) == step.schedule.record(state)
     del state
     gc.collect()
     step.prefill(OTHER, max_new_tokens=20)
@@ -95,7 +96,7 @@ def test_state_replace_keeps_the_bookkeeping_and_the_chain():
     step = make_step()
     state = step.prefill(PROMPTS, max_new_tokens=20)
     fewer = state.replace(remaining=state.remaining - 1)
-    assert fewer.max_position == state.max_position and fewer.kv_ticket is state.kv_ticket
+    assert step.schedule.record(fewer) == step.schedule.record(state) and fewer.kv_ticket is state.kv_ticket
     step(fewer)
     with pytest.raises(ValueError, match="donation contract"):
         step(state)
@@ -106,7 +107,7 @@ def test_a_deepcopy_is_an_independent_state():
     reference = run(step, step.prefill(PROMPTS, max_new_tokens=20))
     state = step.prefill(PROMPTS, max_new_tokens=20)
     copied = copy.deepcopy(state)
-    assert copied.max_position == state.max_position and copied.lane_sampling == state.lane_sampling
+    assert step.schedule.record(copied) == step.schedule.record(state)  # read from the copy's tensors
     assert copied.target_kv.data_ptr() != state.target_kv.data_ptr()
     run(step, state, 2)  # stepping the original does not consume the copy: it has KV of its own
     step.prefill(OTHER, max_new_tokens=20)
@@ -179,9 +180,8 @@ def test_repr_reads_no_tensor_value():
     state = step.prefill(PROMPTS, max_new_tokens=8)
     meta = pytree.tree_map(lambda t: torch.empty_like(t, device="meta"), state)
     text = repr(meta)
-    assert "lanes=4" in text and "device=meta" in text and "max_position=None" in text
+    assert "lanes=4" in text and "device=meta" in text
     assert "meta" in repr(meta.step_output)
-    assert f"max_position={state.max_position}" in repr(state)
 
 
 @pytest.mark.parametrize("how", ["prefill", "concurrent", "empty_state"])

@@ -76,8 +76,9 @@ def test_plan_follows_the_lanes_parameters():
     assert plan(temperature=[1.0, 1.0, 0.0], top_k=[20, 0, 0], top_p=[1.0, 0.9, 1.0]).name == "full+top_k+top_p"
     assert plan(temperature=1.0, top_k=500).name == "full+top_k"
     assert plan(temperature=1.0, min_p=0.1).name == "full"
-    unknown = step.prefill([[1, 2]], max_new_tokens=4).record_sampling(None)
-    assert step.plan_for(unknown).name == "full+top_k+top_p"  # nothing known: exact for any parameters
+    state = step.prefill([[1, 2]], max_new_tokens=4)
+    unknown = dataclasses.replace(step.schedule.record(state), lane_sampling=None)
+    assert step.plan_for(state, host=unknown).name == "full+top_k+top_p"  # nothing known: exact for any parameters
     greedy_only = fdecode.compile(target, draft, dataclasses.replace(cfg, sampling=False))
     assert greedy_only.plans == (GREEDY,)
 

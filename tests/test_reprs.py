@@ -45,7 +45,7 @@ def test_a_state_says_k_plus_1_not_window():
     step = make_step()
     state = step.prefill([[1, 2, 3]], max_new_tokens=6)
     text = repr(state)
-    assert text.startswith("<DecodeState lanes=3 K+1=3 max_position=") and text.endswith(">")
+    assert text.startswith("<DecodeState lanes=3 K+1=3 device=") and text.endswith(">")
     assert "window" not in text
     meta = pytree.tree_map(lambda t: torch.empty_like(t, device="meta"), state)
     assert "device=meta" in repr(meta)

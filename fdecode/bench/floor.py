@@ -23,7 +23,8 @@ def compute_floor(step, reps: int) -> float:
     cfg = step.config
     state = step.prefill([[1] * 4] * cfg.max_batch, max_new_tokens=8)
     b, w, bs = cfg.max_batch, cfg.W, cfg.block_size
-    tables = state.block_tables[:, : cfg.bucket_for(state.max_position)]  # the window the step attends over
+    window = cfg.bucket_for(step.schedule.record(state).max_position)  # the window the step attends over
+    tables = state.block_tables[:, :window]
 
     def target_forward(t, p, s):
         return step.target(t, p, s, state.target_kv, tables, block_size=bs, attention=cfg.attention)

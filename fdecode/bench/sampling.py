@@ -71,7 +71,7 @@ def run_sampling_workload(
         ]
         state = step.prefill(prompts, params=lanes)
         plan = step.plan_for(state).name
-        window = step.config.bucket_for(state.max_position) * step.config.block_size
+        window = step.config.bucket_for(step.schedule.record(state).max_position) * step.config.block_size
         outs = []
         synchronize()
         start = time.perf_counter()

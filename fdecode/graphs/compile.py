@@ -10,7 +10,7 @@ pools (`fdecode.state.ownership.KVPools`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -19,12 +19,13 @@ from fdecode.config import DecodeConfig
 from fdecode.drafts import Drafter
 from fdecode.drafts.resolve import resolve_draft
 from fdecode.graphs.backends import choose_attention, device_reason, latent_reason, resolve_backend
+from fdecode.graphs.chains import Chains
 from fdecode.graphs.graph_key import GraphKey
 from fdecode.graphs.graph_set import GraphSet
 from fdecode.graphs.pure import pure_step
 from fdecode.graphs.schedule import Schedule, requested_depth
-from fdecode.graphs.trusted import TrustedStates
 from fdecode.graphs.warmup import warm
+from fdecode.host_record import HostRecord
 from fdecode.models.parallel import check_group
 from fdecode.models.regions import resolve_regions
 from fdecode.models.resolve import config_of, resolve_config, resolve_target
@@ -34,9 +35,7 @@ from fdecode.params import PerPrompt, SamplingParams
 from fdecode.prefill import Prompts, empty_state, prefill, prime
 from fdecode.progress import notice
 from fdecode.seeds import SeedSource
-from fdecode.state import DecodeState, KVPools, StepOutput
-from fdecode.state.checks import check_layout
-from fdecode.state.recurrent import is_hybrid
+from fdecode.state import DecodeState, StepOutput
 from fdecode.step import general_plan
 from fdecode.tree.shape import check_tree
 
@@ -48,15 +47,19 @@ class Step:
     draft kind, `fdecode.drafts`), `draft_kind` ("mtp", "ngram" or "model"), `config`, `backend` (what runs),
     `fallback_reason` (why that is not the requested backend, else None), `config.attention` (the
     paged-attention kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets`
-    (attention windows in tokens), `plans` (sampling plans), `graphs` (the graphs made, by `GraphKey`),
-    `compile_seconds` (per window: first calls of its graphs, compile included, summed over plans),
+    (attention windows in tokens, their graphs made lazily), `plans` (the sampling plans it can run,
+    `fdecode.ops.plan`), `covering_plans` (what `warmup()` makes by default: greedy and the general plan, exact
+    for any lanes, so that no batch compiles), `graphs` (a read-only view of the graphs made, by `GraphKey`; a
+    `StoredGraph` where one is kept on disk), `gated` (an `Engine` on it pauses verifying drafts that do not pay,
+    `fdecode.runtime.gate`: `DecodeConfig.draft_gate` with an n-gram draft; its first-row graphs are warmed
+    too), `compile_seconds` (per window: first calls of its graphs, compile included, summed over plans),
     `plan_compile_seconds` ((window, graph name) -> seconds), `depth_seconds` (depth -> seconds of one step
     at the widest window, timed by `warmup`: what an adaptive `Engine` weighs each depth by), `seeds`
     (default seeds), `schedule` (which graph a step runs, `fdecode.graphs.schedule`), `fn` (the uncompiled
     pure function, whole-lane window, exact for any lanes).
 
-    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from host bookkeeping
-    (`state.max_position`, `state.lane_sampling`, `state.draft_lag`), without a device read (`schedule`,
+    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from what the host knows of the
+    state (its `HostRecord`: position bound, lanes' sampling, draft lag), without a device read (`schedule`,
     `fdecode.graphs.schedule`); each is a graph of its own, made on first use or by `warmup()` (`graph_set`,
     `fdecode.graphs.graph_set`). `announce` (default True): each compile says so on stderr in one line, and
     `warmup()` shows a progress bar.
@@ -89,67 +92,44 @@ class Step:
         # Default seeds of requests that give none, the same on every tensor-parallel rank.
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.depth_seconds: dict[int, float] = {}
-        # The draft sits out depth-0 steps (`fdecode.ops.catch_up`); a tree step has none.
-        self.idles_draft = drafter.idles(draft, config) and not config.tree
         self.graph_set = GraphSet(target, draft, config, backend=backend, announce=announce)
-        k = config.K  # recurrent (linear-attention) models run depth 0 or K; a tree step verifies its N nodes
-        if config.tree:
-            depths = (k,)
-        else:
-            depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
-        self.schedule = Schedule(config, self.graph_set, depths=depths, idles_draft=self.idles_draft)
-        self.depths = depths  # the depths this step runs (`__call__`)
+        self.schedule = Schedule.for_models(config, self.graph_set, target, draft, drafter)
+        self.depths = self.schedule.depths  # the depths this step runs (`__call__`)
+        self.idles_draft = self.schedule.idles_draft  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
         # One graph per plan and depth for every window of 2+ blocks (`GraphSet.dynamic_window`).
         self.dynamic_window = self.graph_set.dynamic_window
         self.compile_seconds = self.graph_set.compile_seconds  # (the graph set's own dicts, filled as graphs run)
         self.plan_compile_seconds = self.graph_set.plan_compile_seconds
-        # The step's KV pools and who may use them (`fdecode.state.ownership`).
-        self._kv = KVPools(self.graph_set.new_kv)
-        self._trusted = TrustedStates()  # the last state returned, whose layout its graph fixed (no re-checks)
+        # The step's KV pools and which states may use them (`fdecode.graphs.chains`).
+        self.chains = Chains(config, target, draft, drafter, self.graph_set.new_kv)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
-        self.fn = pure_step(target, draft, config, GraphKey(config.blocks_per_lane, general_plan(config), k))
+        self.fn = pure_step(target, draft, config, GraphKey(config.blocks_per_lane, general_plan(config), config.K))
+        self.graphs = self.graph_set.graphs  # a read-only view of the graph set's graphs, as they are made
+        self.buckets = tuple(n * config.block_size for n in config.bucket_blocks)
+        self.plans = all_plans(config.sampling, config.top_k_candidates, config.logit_processors)
+        self.covering_plans = covering(config.sampling, config.logit_processors)
+        self.gated = drafter.gated(config)
 
     @property
-    def graphs(self) -> Mapping[GraphKey, Callable]:
-        """The step graphs made so far, by `GraphKey` (window in blocks, None for the graph of every window; plan;
-        depth; catch_up): a read-only view (a `StoredGraph` where one was loaded from or written to the disk store)."""
-        return self.graph_set.graphs
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """Attention windows, in tokens, that this step can attend over (their graphs compiled lazily)."""
-        return tuple(n * self.config.block_size for n in self.config.bucket_blocks)
-
-    @property
-    def plans(self) -> tuple[SamplingPlan, ...]:
-        """The sampling plans this step can run, one graph per plan and window (`fdecode.ops.plan`)."""
-        cfg = self.config
-        return all_plans(cfg.sampling, cfg.top_k_candidates, cfg.logit_processors)
-
-    @property
-    def covering_plans(self) -> tuple[SamplingPlan, ...]:
-        """What `warmup()` makes by default: the greedy plan and the general one, exact for any lanes
-        (`fdecode.ops.plan.covering`). With their graphs made, every batch runs one of them or a cheaper plan
-        made too, and none compiles."""
-        return covering(self.config.sampling, self.config.logit_processors)
+    def _models(self) -> tuple:
+        return self.target, self.draft, self.config  # what priming and prefill take first
 
     @property
     def kv_pools(self) -> list:
         """The KV pools this step owns (`fdecode.state.ownership.KVPool`), oldest first: a copy of the list."""
-        return list(self._kv.pools)
+        return self.chains.pools
 
-    @property
-    def gated(self) -> bool:
-        """Whether an `Engine` on this step pauses verifying drafts that do not pay (`fdecode.runtime.gate`):
-        `DecodeConfig.draft_gate` with an n-gram draft. Its first-row graphs compile too (`warmup` included)."""
-        return self.drafter.gated(self.config)
-
-    def plan_for(self, state: DecodeState, depth: int | None = None) -> SamplingPlan:
+    def plan_for(self, state: DecodeState, depth: int | None = None, *, host: HostRecord | None = None) -> SamplingPlan:
         """The plan a step of `depth` (None: K) runs on `state` (`Schedule.plan_for`)."""
-        return self.schedule.plan_for(state, depth)
+        return self.schedule.plan_for(state, depth, host=host)
 
     def __call__(
-        self, state: DecodeState, *, speculate: bool = True, depth: int | None = None
+        self,
+        state: DecodeState,
+        *,
+        speculate: bool = True,
+        depth: int | None = None,
+        host: HostRecord | None = None,
     ) -> tuple[DecodeState, StepOutput]:
         """One step. depth: how many of the window's drafts to verify, 0 .. K (None: K, or 0 where
         speculate=False); the step then proposes as many for the next window (at least one; all K for
@@ -157,28 +137,20 @@ class Step:
         depth + 1 rows: cheaper where drafts are not being accepted (`decode_step`). Every depth reads
         and writes the same state and is exact; each is a graph of its own (compiled on first use, or
         by `warmup(depths=...)`). speculate=False is depth 0: every lane commits one token, as
-        target-only decoding would."""
+        target-only decoding would. host: what the host knows of `state` (`fdecode.host_record`; None: the
+        schedule's record of it, unknown for a state this step did not make), as an `Engine` passes it."""
         depth = self.schedule.check_depth(requested_depth(speculate, depth, self.config.K))
-        if self._trusted.maker(state) is None:
-            self.check_state(state)
-        else:  # the last state this step returned: its layout is its graph's; still, it may have been consumed
-            self._kv.check_returned(state)
-        return self._run(state, *self.schedule.key(state, depth))
+        self.chains.let_in(state, self.check_state)
+        host = self.schedule.record(state) if host is None else host
+        return self._run(state, *self.schedule.key(state, depth, host=host), host=host)
 
     def _run(
-        self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False
+        self, state: DecodeState, blocks: int, key: GraphKey, *, quiet: bool = False, host: HostRecord | None = None
     ) -> tuple[DecodeState, StepOutput]:
-        new_state, out = self.graph_set.run(state, blocks, key, trusted=self._trusted, quiet=quiet)
-        lag = state.draft_lag  # depth 0 (the draft sat out where it idles: see `Schedule.graph_depth`) counts one more
-        idle = key.depth == 0 and not key.catch_up and self.idles_draft  # (a catch-up step ran the draft)
-        self._kv.advance(state, new_state)  # the KV moved on: `state` is spent, `new_state` holds the chain
-        bound = state.max_position
-        new_state.record(  # every lane advances by at most W positions per step
-            lane_sampling=state.lane_sampling,
-            draft_lag=(None if lag is None else lag + 1) if idle else 0,
-            max_position=None if bound is None else bound + self.config.W,
-        )
-        self._trusted.made(new_state, key)
+        host = self.schedule.record(state) if host is None else host
+        new_state, out = self.graph_set.run(state, blocks, key, trusted=self.chains.trusted, quiet=quiet)
+        self.chains.advance(state, new_state, key)
+        self.schedule.stepped(state, host, key, new_state)
         return new_state, out
 
     def warmup(
@@ -188,42 +160,21 @@ class Step:
         progress: bool | None = None,
         depths: Sequence[int] | None = None,
     ) -> dict[int, float]:
-        """Capture every window's graph for each of `plans` and `depths` now, on a throwaway all-inactive state;
-        returns `compile_seconds` (per window, summed over plans). plans: None is `covering_plans` (greedy and
-        the general plan, exact for any lanes: after them no batch compiles anything; a batch whose cheapest plan
-        is a specialised one, such as the candidate plan of top_k <= 128, runs the general plan instead);
-        `step.plans` makes the specialised graphs too, which every batch then runs where they are exact.
-        depths: None is K, and 0 too for a `gated` step (n-gram drafts: the first-row graphs its Engine runs).
-        progress: a tqdm bar over the (plan, window) runs (None: `graph_set.announce`; never for eager).
-
-        Each depth's step is then timed at the widest window, in its first plan warmed (greedy where warmed: the
-        cheapest, and with a real vocabulary each timed step of another plan costs as long as one of greedy's):
-        the median of `TIMED_RUNS` rounds over the depths (`fdecode.graphs.warmup`) goes in `depth_seconds`, the
-        costs an `Engine` with `adaptive_depth` weighs depths by (where a depth was timed before, the least).
-
-        After it (with the general plan among `plans`), no mix of greedy and random requests compiles anything.
-        The throwaway state's KV pool goes back to the step, so the next `prefill` runs in the very addresses the
-        graphs were captured with (graph replay records nothing new). With `dynamic_window` a plan compiles at its
-        first window and its other windows only run (CUDA graph trees record a replay for each).
+        """Capture every window's graph for each of `plans` and `depths` now, on a throwaway all-inactive state
+        whose KV pool goes back to the step (the next `prefill` runs at the addresses the graphs were captured
+        with); returns `compile_seconds` (per window, summed over plans). plans: None is `covering_plans`, after
+        which no mix of requests compiles anything; `step.plans` makes the specialised graphs too, which every
+        batch then runs where they are exact. depths: None is K, and 0 too for a `gated` step. progress: a tqdm
+        bar over the runs (None: `graph_set.announce`; never for eager). Each depth's step is then timed at the
+        widest window (`Schedule.warmup_runs`, `fdecode.graphs.warmup`): the costs an `Engine` with
+        `adaptive_depth` weighs depths by go in `depth_seconds` (where a depth was timed before, the least).
         """
         cfg = self.config
-        if depths is None:
-            depths = (cfg.K, 0) if self.gated else (cfg.K,)
-        steps = [(self.schedule.check_depth(depth), False) for depth in depths]
-        if self.idles_draft and (0, False) in steps:  # the graph that ends a run of depth-0 steps
-            steps.append((0, True))
-        runs = [
-            (blocks, self.graph_set.key(blocks, plan, depth, catch_up=catch_up))
-            for plan in (self.covering_plans if plans is None else plans)
-            for depth, catch_up in steps
-            for blocks in cfg.bucket_blocks
-        ]
-        warmed = list(dict.fromkeys(key.plan for _, key in runs))
-        first = next((plan for plan in warmed if not plan.random), warmed[0] if warmed else None)
-        widest = cfg.bucket_blocks[-1]
-        timed = list(dict.fromkeys(self.graph_set.key(widest, first, k.depth) for _, k in runs if not k.catch_up))
+        depths = ((cfg.K, 0) if self.gated else (cfg.K,)) if depths is None else depths
+        runs, timed = self.schedule.warmup_runs(self.covering_plans if plans is None else plans, depths)
         show = (self.graph_set.announce if progress is None else progress) and self.backend != "eager"
         # One throwaway state, whose KV pool goes back to the step.
+        widest = cfg.bucket_blocks[-1]
         seconds = warm(
             self._run, self.empty_state(), runs, timed, blocks=widest, block_size=cfg.block_size, k=cfg.K, show=show
         )
@@ -262,46 +213,49 @@ class Step:
         is alive, which no later prefill takes over.
         """
 
+        requests = dict(params=params, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, ignore_eos=ignore_eos)
+        requests.update(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        records = []  # what the host knows of the new state
+
         def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
-            return prefill(
-                self.target,
-                self.draft,
-                self.config,
-                prompts,
-                params=params,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos_token_id,
-                ignore_eos=ignore_eos,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                seed=seed,
-                kv=(target_kv, draft_kv),
-                seeds=self.seeds,
-            )
+            state, record = prefill(*self._models, prompts, kv=(target_kv, draft_kv), seeds=self.seeds, **requests)
+            records.append(record)
+            return state
 
-        return self._kv.start(build, take_over=not concurrent)
+        state = self.chains.start(build, take_over=not concurrent)
+        self.schedule.records.note(state, records[0])
+        return state
 
-    def prime(self, state: DecodeState, lanes: list[int], prompts: list[list[int]], **requests) -> DecodeState:
+    def prime(
+        self,
+        state: DecodeState,
+        lanes: list[int],
+        prompts: list[list[int]],
+        *,
+        host: HostRecord | None = None,
+        **requests,
+    ) -> DecodeState:
         """Write new requests into `lanes` of `state` (an `Engine`'s admission; `fdecode.prefill.prime` takes
-        the keywords: block_tables, budgets, params, uploads, grammars). Consumes `state`'s KV (in place)."""
-        return prime(self.target, self.draft, self.config, state, lanes, prompts, **requests)
+        the keywords: block_tables, budgets, params, uploads, grammars). Consumes `state`'s KV (in place).
+        host: what the host knows of `state` (None: the schedule's record of it)."""
+        host = self.schedule.record(state) if host is None else host
+        new, record = prime(*self._models, state, lanes, prompts, host=host, **requests)
+        self.schedule.records.note(new, record, spent=state)
+        return new
 
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive, in a free KV pool: what an `Engine` starts from. Its chain
         keeps the pool while any of its states is alive (no prefill takes it over)."""
-        return self._kv.start(
-            lambda target_kv, draft_kv: empty_state(self.target, self.draft, self.config, (target_kv, draft_kv)),
+        state = self.chains.start(
+            lambda target_kv, draft_kv: empty_state(*self._models, (target_kv, draft_kv)),
             take_over=False,
         )
+        self.schedule.records.note(state, HostRecord.empty(self.config.max_batch))
+        return state
 
     def check_state(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
-        check_layout(state, self.config, self.target, self.draft, self.drafter)
-        # After the layout (a state of another config says so first): consumed, re-primed, over another
-        # step's pool, or over a pool without a ticket of it: raises.
-        self._kv.check(state)
+        self.chains.check(state)
 
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config

@@ -161,6 +161,7 @@ class FlatCall:
         self._graph = graph
         self._bumped: tuple[int, ...] = ()  # inputs whose version AOTAutograd's wrapper bumps (mutated in place)
         self.flat: bool | None = None  # None: the first call is still to be watched; False: the bytecode runs
+        self.watched = 0  # calls watched so far (one, unless `flat` is set back to None)
 
     @classmethod
     def make(cls, compiled, args: tuple, models, plain: Callable[[tuple], tuple]) -> FlatCall | None:
@@ -219,6 +220,7 @@ class FlatCall:
     def _watched(self, state, extra: tuple):
         """The first call, through the bytecode and AOTAutograd as usual, watched: the flat calls start only if
         the graph got exactly the map's inputs, returned the outputs unchanged and bumped the same versions."""
+        self.watched += 1
         args = self._inputs(state, extra)
         seen: dict[str, object] = {}
         globals_, real = self._fn.__globals__, self._fn.__globals__[self._backend]

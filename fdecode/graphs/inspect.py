@@ -213,7 +213,7 @@ def inspect(
             raise ValueError(f"plan {plan!r} is not one of this step's plans {sorted(names)}")
         plan = names[plan]
     if context is None:
-        blocks = cfg.bucket_for(state.max_position)
+        blocks = cfg.bucket_for(step.schedule.record(state).max_position)
     elif context in step.buckets:
         blocks = context // cfg.block_size
     else:

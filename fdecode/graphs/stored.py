@@ -175,6 +175,11 @@ class StoredGraph:
         self.loaded = False  # whether the graph came from the file
         self._flat: FlatCall | bool | None = None  # its flat call (False: none; None: not tried yet)
 
+    @property
+    def flat_call(self) -> FlatCall | None:
+        """The flat call of this graph's trusted states (`fdecode.graphs.flat`), None where there is none (yet)."""
+        return self._flat or None
+
     def __repr__(self) -> str:
         how = "loaded" if self.loaded else "compiled" if self._run is not None else "not run yet"
         return f"StoredGraph({self.fn.__name__}, {how}, path={str(self.path)!r})"

@@ -9,7 +9,7 @@ drafts is a catch-up step: it verifies the first row as depth 0 does, and the dr
 the missed tokens (at their positions, writing their KV) and the newly committed one, which proposes one
 draft. A lane admitted meanwhile misses nothing; its row is all -1 and those rows only pad.
 
-The host keeps the count of depth-0 steps since the draft last ran (`DecodeState.draft_lag`), and the step
+The host keeps the count of depth-0 steps since the draft last ran (`HostRecord.draft_lag`), and the step
 catches up before a lane could miss more than C tokens. Were one to, the draft would attend over KV it
 never wrote: worse drafts, never a wrong token (verification decides what is committed).
 """

@@ -19,6 +19,7 @@ and stopped, and its last event carries the error. Other lanes are never touched
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from types import MappingProxyType
 import torch
 
 from fdecode.detokenize import Detokenizer
+from fdecode.host_record import HostRecord
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt
 from fdecode.runtime.allocator import BlockAllocator
@@ -264,10 +266,10 @@ class Engine:
         launched, ticket = None, None
         started, compiled = time.perf_counter(), self._compiled()
         if self.num_active:
-            self.state.bound_positions(self._position_bound()).record_sampling(self._lane_sampling())
-            ready = self.step_fn.schedule.ready_depths(self.state) if self.policy.reads_ready else None
+            host = self._host_record()
+            ready = self.step_fn.schedule.ready_depths(self.state, host) if self.policy.reads_ready else None
             depth, ticket = self.policy.launch(ready)
-            self.state, out = self.step_fn(self.state, depth=depth)
+            self.state, out = self.step_fn(self.state, depth=depth, host=host)
             launched = out.packed
             self.steps += 1
         events, self._cancelled = self._cancelled + early + self._drain(), []
@@ -360,16 +362,24 @@ class Engine:
                 del self._requests[request.id]
         return events
 
-    def _position_bound(self) -> int:
+    def _host_record(self) -> HostRecord:
+        """What the host knows of the state before the next launch (`fdecode.host_record`): the step's record of
+        it (no device read) with the position bound tightened from what was read and each lane's sampling from
+        its request."""
+        record = self.step_fn.schedule.records.of(self.state)
+        return dataclasses.replace(
+            record, max_position=self._position_bound(record.max_position), lane_sampling=self._lane_sampling()
+        )
+
+    def _position_bound(self, own: int | None) -> int:
         """Upper bound on every running lane's base_pos before the next launch, from what was read.
 
         A lane's base_pos is its committed count minus one, and at most one step of it (<= W tokens)
-        is still unread; a lane primed since the last launch sits at len(prompt) = known. The state's
-        own bound (prefill + W per step) is valid too and only grows, so the tighter one is used:
+        is still unread; a lane primed since the last launch sits at len(prompt) = known. The step's
+        own bound `own` (prefill + W per step) is valid too and only grows, so the tighter one is used:
         it lets the window shrink again when long requests finish.
         """
         read = max(r.known for r in self._lanes if r is not None) + self.config.W - 1
-        own = self.state.max_position
         return read if own is None else min(own, read)
 
     def _lane_sampling(self) -> tuple[tuple[float, int, float, bool] | None, ...]:
@@ -448,6 +458,7 @@ class Engine:
             params=[r.params for r in admitted],
             uploads=self._uploads,
             grammars=self.grammars,
+            host=self.step_fn.schedule.records.of(self.state),  # what the host knows of it, never a device read
         )
         self._prime_host.copy_(self.state.output, non_blocking=True)
         self._primed_lanes = lanes

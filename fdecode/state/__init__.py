@@ -1,6 +1,6 @@
 """What a decode step carries: the immutable state pytree and its output (docs/design.md, "The state")."""
 
-from fdecode.state.decode_state import DecodeState, HostInfo, StepOutput
+from fdecode.state.decode_state import DecodeState, StepOutput
 from fdecode.state.ownership import KVPools, KVTicket
 
-__all__ = ["DecodeState", "HostInfo", "KVPools", "KVTicket", "StepOutput"]
+__all__ = ["DecodeState", "KVPools", "KVTicket", "StepOutput"]

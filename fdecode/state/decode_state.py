@@ -9,9 +9,10 @@ Donation contract (JAX `donate_argnums`): a step consumes its input state. The K
 hybrid model's recurrent-state leaves, `fdecode.state.recurrent`) are written in place and aliased
 into the new state, so a step costs O(work), never O(cache capacity). A state passed to a step (or
 one sharing its KV: a `replace` or pytree copy of it) is refused from then on; so is a state whose
-KV pool a later `prefill` took over (the rules: `fdecode.state.ownership`). Host bookkeeping
-(`HostInfo`) is not a leaf but the pytree context. Both dataclasses compare by identity
-(`eq=False`), and printing a state never syncs the device.
+KV pool a later `prefill` took over (the rules: `fdecode.state.ownership`): the KV ticket is not a
+leaf but the pytree context. What the host knows of a state (its position bound, lanes' sampling, draft lag)
+is not on it: the Step keeps it (`fdecode.host_record`). Both dataclasses compare by identity (`eq=False`),
+and printing a state never syncs the device.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from fdecode.state.ownership import KVTicket, storage_of
+from fdecode.state.ownership import TICKET, KVTicket, set_ticket, storage_of
 
 # Why a lane was stopped with an error, by its status in the packed output (the host's message).
 ERRORS = {
@@ -127,40 +128,6 @@ class StepOutput:
         return head + "".join(lanes) + ">"
 
 
-@dataclass(frozen=True)
-class HostInfo:
-    """A state's host-side bookkeeping: never a pytree leaf, never seen by a graph, no device value.
-
-    Carried by `DecodeState.replace`, `clone`, pytree rebuilds (it is the pytree node's context, so
-    `tree_map` keeps it) and `copy`; a state made by `dataclasses.replace` or `DecodeState(...)` has
-    none, which is safe (unknown bounds pick the whole window and the general sampling plan, and a
-    state over a step's KV pool without a ticket is refused, see `fdecode.state.ownership`).
-    """
-
-    max_position: int | None = None  # upper bound on every active lane's base_pos, None: unknown
-    lane_sampling: tuple[tuple[float, int, float, bool] | None, ...] | None = None  # None: unknown
-    ticket: KVTicket | None = None  # which transition of which KV chain made the state, None: unknown
-    # Depth-0 steps since the draft last ran: the most tokens any lane's draft has missed (`fdecode.ops.catch_up`;
-    # 0 where the draft never sits out). None: unknown, so the next step that drafts catches it up.
-    draft_lag: int | None = None
-
-    def carried(self, changed: set[str], same_kv: bool) -> HostInfo:
-        """This bookkeeping for a state built from its state with the leaves `changed` (by name)
-        replaced: each entry is kept unless a leaf it describes changed; a copy of the KV (other
-        storage) is a chain of its own."""
-        return HostInfo(
-            max_position=None if {"base_pos", "active"} & changed else self.max_position,
-            lane_sampling=None if PLAN_LEAVES & changed else self.lane_sampling,
-            draft_lag=None if "missed" in changed else self.draft_lag,
-            ticket=self.ticket if same_kv or self.ticket is None else self.ticket.detached(),
-        )
-
-
-_UNKNOWN = HostInfo()
-# The leaves `lane_sampling` describes: a state with any of them replaced forgets it.
-PLAN_LEAVES = frozenset({"active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids"})
-
-
 @dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class DecodeState:
     """Everything a decode step reads and writes; fixed-shape tensors only."""
@@ -214,71 +181,18 @@ class DecodeState:
         return StepOutput(self.output, self.tokens.shape[1])
 
     def replace(self, **changes: torch.Tensor) -> DecodeState:
-        """A new state with `changes`; the host bookkeeping (`host`) follows, entries whose leaves
-        changed dropped to unknown, and the KV chain (ticket) kept while the KV leaves are kept."""
+        """A new state with `changes`; it keeps the KV chain (`kv_ticket`) while the KV leaves are kept."""
         new = dataclasses.replace(self, **changes)
-        same_kv = _same_kv(new, self)
-        return new._set_host(self.host.carried(set(changes), same_kv))
-
-    @property
-    def host(self) -> HostInfo:
-        """This state's host-side bookkeeping (`HostInfo`); all unknown for a state built directly."""
-        return self.__dict__.get("_host", _UNKNOWN)
-
-    def _set_host(self, host: HostInfo) -> DecodeState:
-        object.__setattr__(self, "_host", host)  # not a field: not a pytree leaf, never seen by a graph
-        return self
+        ticket = self.kv_ticket
+        set_ticket(new, ticket if _same_kv(new, self) or ticket is None else ticket.detached())
+        return new
 
     @property
     def kv_ticket(self) -> KVTicket | None:
         """Host-side token of the KV chain this state belongs to (`fdecode.state.ownership`): shared by
         the states over the same KV content, spent when one of them is stepped or its pool re-primed.
         None: unknown (a state a step was never given)."""
-        return self.host.ticket
-
-    def with_ticket(self, ticket: KVTicket | None) -> DecodeState:
-        """Record `ticket` as this state's `kv_ticket` (host bookkeeping only); returns self."""
-        return self._set_host(dataclasses.replace(self.host, ticket=ticket))
-
-    @property
-    def max_position(self) -> int | None:
-        """Host-side upper bound on every active lane's `base_pos`, None when unknown.
-
-        Not a field, so not a pytree leaf and never seen by a graph: the host tracks it (prefill
-        knows the prompts, each step adds at most W, an `Engine` tightens it from what it has read)
-        and the step uses it to pick the attention window (`DecodeConfig.bucket_for`) without a sync.
-        """
-        return self.host.max_position
-
-    def bound_positions(self, bound: int | None) -> DecodeState:
-        """Record `bound` as this state's `max_position` (host bookkeeping only); returns self."""
-        return self._set_host(dataclasses.replace(self.host, max_position=bound))
-
-    @property
-    def lane_sampling(self) -> tuple[tuple[float, int, float, bool] | None, ...] | None:
-        """Host-side `SamplingParams.plan_inputs` of each lane that may be active (None: a free lane),
-        or None when unknown. Like `max_position`, host bookkeeping the step reads to pick its
-        `SamplingPlan` without a sync (unknown: the plan exact for any parameters)."""
-        return self.host.lane_sampling
-
-    def record_sampling(self, lanes: tuple[tuple[float, int, float, bool] | None, ...] | None) -> DecodeState:
-        """Record `lanes` as this state's `lane_sampling` (host bookkeeping only); returns self."""
-        return self._set_host(dataclasses.replace(self.host, lane_sampling=None if lanes is None else tuple(lanes)))
-
-    @property
-    def draft_lag(self) -> int | None:
-        """Host-side count of the depth-0 steps a draft LM sat out since it last ran (an upper bound on the tokens
-        any lane's draft missed, `DecodeState.missed`), None when unknown. Like `max_position`, host bookkeeping:
-        the step reads it to choose between sitting the draft out and catching it up, without a sync."""
-        return self.host.draft_lag
-
-    def record_lag(self, lag: int | None) -> DecodeState:
-        """Record `lag` as this state's `draft_lag` (host bookkeeping only); returns self."""
-        return self._set_host(dataclasses.replace(self.host, draft_lag=lag))
-
-    def record(self, **entries) -> DecodeState:
-        """Record several `HostInfo` entries at once (a step's bookkeeping: one update); returns self."""
-        return self._set_host(dataclasses.replace(self.host, **entries))
+        return self.__dict__.get(TICKET)
 
     @property
     def consumed(self) -> bool:
@@ -289,16 +203,17 @@ class DecodeState:
 
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
-        host = self.host
-        ticket = None if host.ticket is None else host.ticket.detached()  # KV of its own, equally stale
-        return DecodeState(*(t.clone() for t in _fields(self)))._set_host(dataclasses.replace(host, ticket=ticket))
+        new = DecodeState(*(t.clone() for t in _fields(self)))
+        ticket = self.kv_ticket
+        set_ticket(new, None if ticket is None else ticket.detached())  # KV of its own, equally stale
+        return new
 
     def __repr__(self) -> str:
-        # Shapes, dtype, device and host bookkeeping only: reading a tensor value would sync the device.
+        # Shapes, dtype and device only: reading a tensor value would sync the device.
         # K+1: the verified tokens per lane ("window" is the attention window, `DecodeConfig.context_buckets`).
         b, w = self.tokens.shape
         return (
-            f"<DecodeState lanes={b} K+1={w} max_position={self.max_position} "
+            f"<DecodeState lanes={b} K+1={w} "
             f"device={self.tokens.device} kv_dtype={self.target_kv.dtype} "
             f"target_kv={tuple(self.target_kv.shape)} draft_kv={tuple(self.draft_kv.shape)}"
             f"{' consumed' if self.consumed else ''}>"
@@ -331,15 +246,15 @@ def _ref(leaf: object) -> Callable[[], object]:
 _NAMES = tuple(f.name for f in dataclasses.fields(DecodeState))
 
 
-class _HostContext:
-    """A DecodeState's pytree context: its host bookkeeping and (weakly) the leaves it was flattened
-    from, so an unflatten can tell which leaves a map changed. Not structure: every context compares
-    equal, so states with different bookkeeping still have the same TreeSpec."""
+class _TicketContext:
+    """A DecodeState's pytree context: its KV ticket and (weakly) the leaves it was flattened from, so an
+    unflatten can tell whether a map replaced the KV. Not structure: every context compares equal, so states
+    of different chains still have the same TreeSpec."""
 
-    __slots__ = ("host", "leaves", "kv")
+    __slots__ = ("ticket", "leaves", "kv")
 
     def __init__(self, state: DecodeState) -> None:
-        self.host = state.host
+        self.ticket = state.kv_ticket
         self.leaves = tuple(_ref(t) for t in _fields(state))
         self.kv = _kv_storages(state)
 
@@ -347,22 +262,23 @@ class _HostContext:
         new = DecodeState(*leaves)
         changed = {name for name, ref, leaf in zip(_NAMES, self.leaves, leaves) if ref() is not leaf}
         same_kv = not {"target_kv", "draft_kv"} & changed or (None not in self.kv and _kv_storages(new) == self.kv)
-        return new._set_host(self.host.carried(changed, same_kv))
+        set_ticket(new, self.ticket if same_kv or self.ticket is None else self.ticket.detached())
+        return new
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _HostContext)
+        return isinstance(other, _TicketContext)
 
     def __hash__(self) -> int:
-        return hash(_HostContext)
+        return hash(_TicketContext)
 
     def __repr__(self) -> str:
-        return "<DecodeState host bookkeeping>"
+        return "<DecodeState KV ticket>"
 
 
 pytree.register_pytree_node(
     DecodeState,
-    lambda state: (_fields(state), _HostContext(state)),
-    lambda leaves, ctx: ctx.rebuilt(list(leaves)) if isinstance(ctx, _HostContext) else DecodeState(*leaves),
+    lambda state: (_fields(state), _TicketContext(state)),
+    lambda leaves, ctx: ctx.rebuilt(list(leaves)) if isinstance(ctx, _TicketContext) else DecodeState(*leaves),
     serialized_type_name="fdecode.DecodeState",
 )
 pytree.register_pytree_node(

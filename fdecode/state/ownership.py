@@ -73,6 +73,15 @@ class KVTicket:
         return f"KVTicket({where}{', spent' if self.spent else ''})"
 
 
+TICKET = "_kv_ticket"  # where a state holds its ticket: not a field, so not a pytree leaf, never seen by a graph
+
+
+def set_ticket(state: DecodeState, ticket: KVTicket | None) -> None:
+    """Make `ticket` `state`'s `kv_ticket`. Ownership is the one host-side thing a state holds, and only this
+    package sets it: the pools (a state they hand out or step), `replace`, `clone` and pytree rebuilds."""
+    object.__setattr__(state, TICKET, ticket)
+
+
 def storage_of(t: object) -> int | None:
     """The address of `t`'s storage, which every view of it shares; None where there is none to compare
     (not a tensor, a meta or fake tensor)."""
@@ -130,7 +139,8 @@ class KVPools:
             if stale is not None:
                 stale.spent = REPRIMED
         pool.pinned = not take_over
-        return state.with_ticket(pool.issue())
+        set_ticket(state, pool.issue())
+        return state
 
     def _free_pool(self) -> KVPool:
         free = [pool for pool in self.pools if pool.free]
@@ -163,8 +173,8 @@ class KVPools:
             if ticket is not None and ticket.pool is not None:
                 if (storage_of(state.target_kv), storage_of(state.draft_kv)) == ticket.pool.storages:
                     raise ValueError(OTHER_STEP)
-                state.with_ticket(ticket.detached())  # a copy of a pool state's KV: a chain of its own
-                ticket = state.kv_ticket
+                ticket = ticket.detached()  # a copy of a pool state's KV: a chain of its own
+                set_ticket(state, ticket)
         elif ticket is None or ticket.pool is not pool:
             raise ValueError(
                 "this DecodeState is over the step's KV pool but carries no ticket of it (made by "
@@ -189,6 +199,6 @@ class KVPools:
         pool = None if ticket is None else ticket.pool
         if ticket is None:
             ticket = KVTicket()
-            state.with_ticket(ticket)
+            set_ticket(state, ticket)
         ticket.spent = CONSUMED
-        new_state.with_ticket(KVTicket() if pool is None else pool.issue())
+        set_ticket(new_state, KVTicket() if pool is None else pool.issue())

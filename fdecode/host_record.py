@@ -1,0 +1,135 @@
+"""`HostRecord`: what the host knows of a state without reading it; `HostRecords`: a Step's records of the states
+it made (docs/design.md, "Host records").
+
+Three host facts pick the graph a step runs without a device read (`fdecode.graphs.schedule`): an upper bound on
+every active lane's `base_pos` (the attention window), each lane's sampling inputs (the sampling plan) and the
+depth-0 steps a draft LM sat out (the catch-up graph). None of them rides on the state. The Step's `Schedule` keeps
+a record for each state the Step made (prefill, priming, a step); a caller that knows better (an `Engine`) passes
+one in (`step(state, host=...)`). A record is a fact about the values of some leaves, so it holds for any state
+that carries those very tensors (a `state.replace` of other leaves, a pytree map that keeps them); for a state
+with other tensors there (built by hand, a copy) the schedule reads the fact from its tensors (`read_record`),
+a device read such a state alone costs. A fact a record holds as None is unknown, and the safe choice is made
+for it: the whole lane's window, the plan exact for any parameters, a catch-up before the draft runs.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+# A lane's `SamplingParams.plan_inputs`: (temperature, top_k, top_p, processed), None for a free lane.
+LaneSampling = tuple[tuple[float, int, float, bool] | None, ...]
+
+# The leaves each fact describes: a state holding other tensors there has it unknown.
+DESCRIBES = (
+    ("max_position", ("base_pos", "active")),
+    ("lane_sampling", ("active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids")),
+    ("draft_lag", ("missed",)),
+)
+KEEP = 64  # records kept, newest first: about one per chain of states alive (a step's drops its input's)
+_NAMES = tuple(dict.fromkeys(name for _, names in DESCRIBES for name in names))
+_COLUMNS = tuple((fact, tuple(_NAMES.index(name) for name in names)) for fact, names in DESCRIBES)
+_leaves = operator.attrgetter(*_NAMES)  # a state's described leaves, as a tuple
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What the host knows of a state; None: unknown (the safe choice is made for it).
+
+    max_position: upper bound on every active lane's `base_pos` (prefill knows the prompts, each step adds at most
+    W, an `Engine` tightens it from what it has read). lane_sampling: `SamplingParams.plan_inputs` of each lane that
+    may be active (None: a free lane). draft_lag: depth-0 steps a draft LM sat out since it last ran, an upper bound
+    on the tokens any lane's draft missed (`fdecode.ops.catch_up`; 0 where the draft never sits out)."""
+
+    max_position: int | None = None
+    lane_sampling: LaneSampling | None = None
+    draft_lag: int | None = None
+
+    @staticmethod
+    def empty(batch: int) -> HostRecord:
+        """The record of a state whose `batch` lanes are all free (`Step.empty_state`)."""
+        return HostRecord(0, (None,) * batch, 0)
+
+    def stepped(self, width: int, idle: bool) -> HostRecord:
+        """The record of the state a step returns: every lane advanced by at most `width` (W) positions; `idle`: the
+        draft sat the step out (one more step missed), else it ran (none missed)."""
+        lag = self.draft_lag
+        return HostRecord(
+            None if self.max_position is None else self.max_position + width,
+            self.lane_sampling,
+            (None if lag is None else lag + 1) if idle else 0,
+        )
+
+    def primed(self, lanes: list[int], inputs: list, longest: int) -> HostRecord:
+        """The record after priming requests of sampling `inputs` into `lanes`, the longest prompt `longest` tokens:
+        the new lanes start at base_pos = len(prompt), the others keep theirs; their drafts missed nothing."""
+        known = self.lane_sampling
+        if known is not None:
+            known = list(known)
+            for lane, lane_inputs in zip(lanes, inputs):
+                known[lane] = lane_inputs
+            known = tuple(known)
+        bound = None if self.max_position is None else max(self.max_position, longest)
+        return HostRecord(bound, known, self.draft_lag)
+
+
+class HostRecords:
+    """The records of the states a Step made, newest first, each held with the leaves its facts describe (small
+    per-lane tensors): `of(state)` takes each fact from the newest record whose leaves `state` carries. A record
+    goes when a step or priming consumes its state (or a state over the same leaves), or past the newest `KEEP`."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[weakref.ref, tuple, HostRecord]] = []
+
+    def note(self, state: object, record: HostRecord, *, spent: object = None) -> None:
+        """`record` is what the host knows of `state`, a state the Step just made (from `spent`, consumed)."""
+        entries = self._entries
+        if spent is not None:
+            gone = _leaves(spent)
+            entries = [e for e in entries if e[0]() is not spent and not all(map(operator.is_, e[1], gone))]
+        self._entries = [(weakref.ref(state), _leaves(state), record), *entries[: KEEP - 1]]
+
+    def of(self, state: object, fill: Callable[[], HostRecord] | None = None) -> HostRecord:
+        """What the host knows of `state`: its record where the Step made it, else each fact of the newest record
+        whose described leaves are `state`'s very tensors; a fact no record has is `fill()`'s (None: unknown)."""
+        for made, _, record in self._entries:
+            if made() is state:
+                return record
+        leaves = _leaves(state)
+        facts, missing = {}, []
+        for fact, columns in _COLUMNS:
+            for _, held, record in self._entries:
+                if all(held[i] is leaves[i] for i in columns):
+                    facts[fact] = getattr(record, fact)
+                    break
+            else:
+                missing.append(fact)
+        if missing and fill is not None:
+            filled = fill()
+            facts.update((fact, getattr(filled, fact)) for fact in missing)
+        return HostRecord(**facts)
+
+
+def read_record(state) -> HostRecord:
+    """The facts of `state` read from its tensors (a device read: for a state no record describes, built by hand
+    or copied), exact rather than bounds; unknown where a leaf cannot be read (a meta or fake tensor)."""
+    names = ("base_pos", "active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids", "missed")
+    leaves = [getattr(state, name) for name in names]
+    if any(not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.device.type == "meta" for t in leaves):
+        return HostRecord()
+    base_pos, active, temperature, top_k, top_p, penalties, min_left, bias_ids, missed = (t.cpu() for t in leaves)
+    off = torch.tensor([1.0, 0.0, 0.0])  # repetition, frequency, presence: off
+    penalized = (penalties != off).any(1) if penalties.shape[1] else torch.zeros(len(active), dtype=torch.bool)
+    processed = (penalized | (min_left > 0) | (bias_ids >= 0).any(1)).tolist()
+    lanes = tuple(
+        (t, k, p, used) if on else None
+        for on, t, k, p, used in zip(active.tolist(), temperature.tolist(), top_k.tolist(), top_p.tolist(), processed)
+    )
+    bound = int(base_pos[active].max()) if bool(active.any()) else 0
+    lag = int((missed >= 0).sum(1).max()) if missed.numel() else 0
+    return HostRecord(bound, lanes, lag)
