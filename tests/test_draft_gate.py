@@ -88,9 +88,9 @@ class Alternating:
     def __getattr__(self, name):
         return getattr(self.step, name)
 
-    def __call__(self, state, depth=None):
+    def __call__(self, state, depth=None, host=None):
         self.calls += 1
-        return self.step(state, depth=depth if self.calls % 2 == 0 else 0)
+        return self.step(state, depth=depth if self.calls % 2 == 0 else 0, host=host)
 
 
 @pytest.mark.slow

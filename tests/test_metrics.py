@@ -132,10 +132,10 @@ class Recording:
     def __getattr__(self, name: str):
         return getattr(self.step, name)
 
-    def __call__(self, state, *, speculate: bool = True, depth: int | None = None):
+    def __call__(self, state, *, speculate: bool = True, depth: int | None = None, host=None):
         rows = (K if depth is None else depth) if speculate else 0
         drafts = int((state.tokens[0, 1 : 1 + rows] >= 0).sum()) if bool(state.active[0]) else 0
-        state, out = self.step(state, speculate=speculate, depth=depth)
+        state, out = self.step(state, speculate=speculate, depth=depth, host=host)
         self.rows.append((drafts, int(out.num_tokens[0])))
         return state, out
 
