@@ -18,22 +18,17 @@ import contextlib
 _BOUND = "_fdecode_rules_bound"  # the rule tables' sizes when the singleton's rules were last bound
 
 
-def _tables() -> tuple[int, int, int]:
-    from torch._inductor import utils
-    from torch._inductor.codegen import common
-
-    return len(utils.op_dtype_propagation_rules), len(common.pointwise_overrides_data), len(utils.boolean_ops())
-
-
 @contextlib.contextmanager
 def rules_once():
     """Within: `DtypePropagationOpsHandler()` binds its rules only when the tables changed since last time."""
+    from torch._inductor import utils
+    from torch._inductor.codegen import common
     from torch._inductor.dtype_propagation import DtypePropagationOpsHandler as Handler
 
     original = Handler.__init__
 
-    def init(self) -> None:
-        sizes = _tables()
+    def init(self) -> None:  # `boolean_ops()`, the third table, is a constant
+        sizes = (len(utils.op_dtype_propagation_rules), len(common.pointwise_overrides_data))
         if self.__dict__.get(_BOUND) != sizes:
             original(self)
             self.__dict__[_BOUND] = sizes
