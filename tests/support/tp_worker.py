@@ -35,7 +35,7 @@ VARIANTS = {
 ODD_VOCAB = CFG.replace(vocab_size=97)  # does not divide by 2: the vocabulary-parallel layers pad it
 PROMPTS = [[5, 17, 33, 2, 9, 41, 60], [7, 3], [11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87]]
 GREEDY_NEW = 24
-STEPS = 80  # steps of the random-mode runs (ranks that disagree do so within a few)
+STEPS = 40  # steps of the random-mode runs (ranks that disagree do so within a few)
 CONTROL_STEPS = 20  # steps of the run that shows ranks diverge without a broadcast
 # Random lanes of several kinds plus one greedy lane, side by side.
 SAMPLING = dict(temperature=[1.0, 0.8, 0.0, 1.2], top_k=[0, 20, 0, 0], top_p=[1.0, 1.0, 1.0, 0.9], seed=[1, 2, 3, 4])
@@ -166,11 +166,20 @@ def run_rank(rank: int, port: int, out: str) -> None:
     result["ngram_kind"] = ngram.draft_kind
     lap("greedy_ngram")
     # The same pair captured by Dynamo (collectives inside the graph) must agree too; greedy-only
-    # (sampling=False), the smaller graph, to keep the capture time down. (AOTAutograd's lowering of the
-    # collectives: the inspection below.)
-    compiled = tp_step(partial_draft(target), backend="dynamo", sampling=False)
+    # (sampling=False), the smaller graph, to keep the capture time down, and with rank 0's tokens broadcast,
+    # so that the inspection of its graph below shows every kind of collective. (The broadcast's effect on
+    # random lanes: the eager `broadcast` run below.)
+    compiled = tp_step(partial_draft(target), backend="dynamo", sampling=False, broadcast_accepted=True)
     result["greedy_compiled"] = greedy(compiled)
     lap("greedy_compiled")
+    report = fdecode.inspect(compiled, compiled.prefill(PROMPTS, max_new_tokens=8))
+    result["inspect"] = {
+        "graph_count": report.graph_count,
+        "graph_break_count": report.graph_break_count,
+        "host_syncs": report.host_syncs,
+        "op_counts": report.op_counts,
+    }
+    lap("inspect")
     result["logits"] = {name: variant_logits(cfg, group) for name, cfg in VARIANTS.items()}
     result["kv_shape"] = tuple(compiled.prefill([[1, 2]]).target_kv.shape)
     lap("logits")
@@ -190,16 +199,6 @@ def run_rank(rank: int, port: int, out: str) -> None:
     broadcast = tp_step(partial_draft(target), broadcast_accepted=True)
     result["broadcast"] = accepted_per_step(broadcast, STEPS, perturbed)
     lap("broadcast")
-
-    lanes = {k: v[: len(PROMPTS)] for k, v in SAMPLING.items()}  # greedy and random lanes in one graph
-    report = fdecode.inspect(broadcast, broadcast.prefill(PROMPTS, max_new_tokens=8, **lanes))
-    result["inspect"] = {
-        "graph_count": report.graph_count,
-        "graph_break_count": report.graph_break_count,
-        "host_syncs": report.host_syncs,
-        "op_counts": report.op_counts,
-    }
-    lap("inspect")
 
     odd_kv = target_model(CFG.replace(num_heads=6, num_kv_heads=3))
     odd_vocab = target_model(ODD_VOCAB)
