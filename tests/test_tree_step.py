@@ -154,9 +154,14 @@ def test_greedy_tree_stops_at_eos_and_at_the_lane_end():
     assert fdecode.generate(step, long, max_new_tokens=15) == [hf_greedy(long[0], 15, None, 2)]
 
 
+# The tree the graph tests capture: two levels of top-2 children, 4 of their 6 nodes kept (level 2 prunes 2 of its 4
+# candidates by path probability). Half the ops of (6, 2, 3), and half its Inductor compile.
+CAPTURED = (4, 2, 2)
+
+
 @pytest.mark.parametrize("plan", ["greedy", "full+top_k+top_p"])
 def test_tree_step_is_one_graph_without_host_syncs(plan):
-    step = tree_step("partial", 6, 2, 3, backend="aot_eager")
+    step = tree_step("partial", *CAPTURED, backend="aot_eager")
     state = step.prefill([PROMPTS[0], PROMPTS[1]], max_new_tokens=8)
     report = fdecode.inspect(step, state, plan=plan)
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
@@ -185,7 +190,7 @@ def test_inductor_tree_step_equals_transformers_in_one_graph():
     with `fullgraph`, so a break would raise) that later steps run without recompiling. The graph is the one
     `test_tree_step_is_one_graph_without_host_syncs` inspects (same shape; the capture is backend-independent),
     so it is not traced a third time here."""
-    step = tree_step("partial", 6, 2, 3, backend="inductor")
+    step = tree_step("partial", *CAPTURED, backend="inductor")
     assert step.backend == "inductor"
     state = step.prefill(PROMPTS, max_new_tokens=NEW)
     state, _ = step(state)  # the first step makes the graph
