@@ -158,6 +158,7 @@ def test_other_families_run_their_layers_as_regions(family):
     assert torch.equal(tokens(on, steps=4), tokens(unrolled, steps=4))
 
 
+@pytest.mark.slow  # the module's region step (`regions_run`): a Dynamo compile and an inspection
 def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(regions_run):
     """Dynamo matches each region call against the layer kinds it has traced from its arguments; flat ones
     (tensors, constants, modules: the context goes in as its fields) take its fast path, a named tuple
@@ -167,6 +168,7 @@ def test_a_region_call_matches_its_layer_kind_without_tracing_pytree(regions_run
     assert fingerprints == []
 
 
+@pytest.mark.slow  # the module's region step (`regions_run`): a Dynamo compile and an inspection
 def test_the_trace_does_not_walk_the_models_parameters(regions_run):
     """Whether the draft shares the target's parameters is checked once per graph, on the host: inside the
     step Dynamo traced that check through every parameter of both models (`named_modules` ~80 times a layer),
