@@ -120,16 +120,23 @@ def read_record(state) -> HostRecord:
     or copied), exact rather than bounds; unknown where a leaf cannot be read (a meta or fake tensor)."""
     names = ("base_pos", "active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids", "missed")
     leaves = [getattr(state, name) for name in names]
-    if any(not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.device.type == "meta" for t in leaves):
+    present = [t for t in leaves if t is not None]  # penalties, bias_ids, missed: absent where the step has none
+    if any(not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.device.type == "meta" for t in present):
         return HostRecord()
-    base_pos, active, temperature, top_k, top_p, penalties, min_left, bias_ids, missed = (t.cpu() for t in leaves)
+    base_pos, active, temperature, top_k, top_p, penalties, min_left, bias_ids, missed = (
+        None if t is None else t.cpu() for t in leaves
+    )
     off = torch.tensor([1.0, 0.0, 0.0])  # repetition, frequency, presence: off
-    penalized = (penalties != off).any(1) if penalties.shape[1] else torch.zeros(len(active), dtype=torch.bool)
-    processed = (penalized | (min_left > 0) | (bias_ids >= 0).any(1)).tolist()
+    processed = min_left > 0
+    if penalties is not None:
+        processed |= (penalties != off).any(1)
+    if bias_ids is not None:
+        processed |= (bias_ids >= 0).any(1)
+    processed = processed.tolist()
     lanes = tuple(
         (t, k, p, used) if on else None
         for on, t, k, p, used in zip(active.tolist(), temperature.tolist(), top_k.tolist(), top_p.tolist(), processed)
     )
     bound = int(base_pos[active].max()) if bool(active.any()) else 0
-    lag = int((missed >= 0).sum(1).max()) if missed.numel() else 0
+    lag = 0 if missed is None else int((missed >= 0).sum(1).max())
     return HostRecord(bound, lanes, lag)

@@ -31,6 +31,7 @@ from fdecode.scalars import is_array, rows, scalar
 from fdecode.seeds import SeedSource
 from fdecode.staging import Uploads
 from fdecode.state import DecodeState
+from fdecode.state.decode_state import LEAVES
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
 from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
 from fdecode.step import Verified, advance, commit, transition_randoms
@@ -156,15 +157,14 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
     batch, window, device = cfg.max_batch, cfg.W, torch.device(cfg.device)
     drafter = drafter_for(draft)
     zeros = dict(dtype=torch.int64, device=device)
-    return DecodeState(
+    return DecodeState.of(
         tokens=torch.zeros(batch, window, **zeros),
         base_pos=torch.zeros(batch, **zeros),
         block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
         target_kv=kv[0],
         draft_kv=kv[1],
         **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
-        history=torch.full((batch, drafter.history_width(cfg)), -1, **zeros),
-        missed=torch.full((batch, drafter.missed_width(draft, cfg)), -1, **zeros),
+        **draft_leaves(drafter, draft, cfg, batch, device),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
         stop_ids=torch.full((batch, cfg.max_stop_ids), -1, **zeros),
@@ -178,39 +178,56 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         counter=torch.zeros(batch, **zeros),
         draft_probs=torch.zeros(batch, cfg.K, target.config.vocab_size, dtype=torch.float32, device=device),
         output=torch.zeros(batch, cfg.output_width, **zeros),
-        tree_parents=parents_leaf(cfg, batch, device),
     )
 
 
+def draft_leaves(drafter, draft, cfg: DecodeConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor | None]:
+    """The draft part's leaves of `batch` fresh lanes (`fdecode.state.parts.Draft`): the n-gram history and the
+    missed tokens of an idle draft (-1: none), the tree's parents; None where the draft kind or chain has none."""
+    widths = dict(history=drafter.history_width(cfg), missed=drafter.missed_width(draft, cfg))
+    leaves = {
+        name: torch.full((batch, width), -1, dtype=torch.int64, device=device) if width else None
+        for name, width in widths.items()
+    }
+    return dict(leaves, tree_parents=parents_leaf(cfg, batch, device))
+
+
 def processor_leaves(cfg: DecodeConfig, batch: int, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The `fdecode.ops.processors` leaves of `batch` lanes that use no feature ([B, 0] where the config
-    leaves a feature off)."""
-    v = vocab if cfg.penalties else 0
+    """The `fdecode.ops.processors` leaves of `batch` lanes that use no feature (None where the config leaves
+    a feature off), their min_tokens and their grammar state (-1: none; None without grammars)."""
+    penalties = bias = {}
+    if cfg.penalties:
+        penalties = dict(
+            penalties=torch.cat([torch.ones(batch, 1, device=device), torch.zeros(batch, 2, device=device)], dim=1),
+            counts=torch.zeros(batch, vocab, dtype=torch.int32, device=device),
+            seen=torch.zeros(batch, vocab, dtype=torch.bool, device=device),
+        )
+    if cfg.max_logit_bias:
+        bias = dict(
+            bias_ids=torch.full((batch, cfg.max_logit_bias), -1, dtype=torch.int64, device=device),
+            bias=torch.zeros(batch, cfg.max_logit_bias, dtype=torch.float32, device=device),
+        )
+    grammar_state = torch.full((batch,), -1, dtype=torch.int64, device=device) if cfg.grammars else None
     return dict(
-        penalties=torch.cat([torch.ones(batch, 1, device=device), torch.zeros(batch, 2, device=device)], dim=1)
-        if cfg.penalties
-        else torch.zeros(batch, 0, device=device),
-        counts=torch.zeros(batch, v, dtype=torch.int32, device=device),
-        seen=torch.zeros(batch, v, dtype=torch.bool, device=device),
-        min_left=torch.zeros(batch, dtype=torch.int64, device=device),
-        bias_ids=torch.full((batch, cfg.max_logit_bias), -1, dtype=torch.int64, device=device),
-        bias=torch.zeros(batch, cfg.max_logit_bias, dtype=torch.float32, device=device),
-        grammar_state=torch.full((batch,), -1, dtype=torch.int64, device=device),
+        **penalties, **bias, min_left=torch.zeros(batch, dtype=torch.int64, device=device), grammar_state=grammar_state
     )
 
 
 def grammar_pool_leaves(cfg: DecodeConfig, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """An empty grammar pool (`fdecode.state.grammar_pool`): [0]-sized where grammars are off."""
+    """An empty grammar pool (`fdecode.state.grammar_pool`); none where grammars are off."""
+    if not cfg.grammars:
+        return {}
     states, transitions = cfg.max_grammar_states, cfg.max_grammar_transitions
     return dict(
-        grammar_allowed=torch.zeros(states, -(-vocab // 32) if states else 0, dtype=torch.int32, device=device),
+        grammar_allowed=torch.zeros(states, -(-vocab // 32), dtype=torch.int32, device=device),
         grammar_keys=torch.full((transitions,), FREE_KEY, dtype=torch.int64, device=device),
         grammar_next=torch.full((transitions,), -1, dtype=torch.int64, device=device),
     )
 
 
 def request_leaves(params: Sequence[SamplingParams], cfg: DecodeConfig) -> dict[str, torch.Tensor]:
-    """The host-side processor values of new lanes (`fdecode.ops.processors`), to upload."""
+    """The host-side processor values of new lanes (`fdecode.ops.processors`), to upload (only the leaves the
+    config has)."""
     n = len(params)
     bias_ids = torch.full((n, cfg.max_logit_bias), -1, dtype=torch.int64)
     bias = torch.zeros(n, cfg.max_logit_bias, dtype=torch.float32)
@@ -220,13 +237,14 @@ def request_leaves(params: Sequence[SamplingParams], cfg: DecodeConfig) -> dict[
     penalties = torch.tensor(
         [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params], dtype=torch.float32
     ).view(n, 3)
-    return dict(
-        penalties=penalties if cfg.penalties else torch.zeros(n, 0),
-        min_left=torch.tensor([p.min_tokens for p in params], dtype=torch.int64),
-        grammar_state=torch.full((n,), -1, dtype=torch.int64),
-        bias_ids=bias_ids,
-        bias=bias,
-    )
+    leaves = dict(min_left=torch.tensor([p.min_tokens for p in params], dtype=torch.int64))
+    if cfg.penalties:
+        leaves["penalties"] = penalties
+    if cfg.grammars:
+        leaves["grammar_state"] = torch.full((n,), -1, dtype=torch.int64)
+    if cfg.max_logit_bias:
+        leaves.update(bias_ids=bias_ids, bias=bias)
+    return leaves
 
 
 @torch.no_grad()
@@ -327,13 +345,15 @@ def prime(
                 recurrent=first_copy(fresh, "draft"),
                 valid=real,
             )
-    history = torch.full((n, drafter.history_width(cfg)), -1, dtype=torch.int64, device=device)
-    history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
+    history = None
+    if drafter.history_width(cfg):  # an n-gram draft's history: the prompt
+        history = torch.full((n, drafter.history_width(cfg)), -1, dtype=torch.int64, device=device)
+        history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)
     last = lengths - 1
     active = torch.ones(n, dtype=torch.bool, device=device)
-    primed = DecodeState(
+    primed = DecodeState.of(
         tokens=torch.zeros(n, cfg.W, dtype=torch.int64, device=device),
         base_pos=last,  # advance() puts the first token at last + 1
         block_tables=table,
@@ -343,20 +363,16 @@ def prime(
         grammar_allowed=state.grammar_allowed,
         grammar_keys=state.grammar_keys,
         grammar_next=state.grammar_next,
-        history=history,
-        missed=torch.full(
-            (n, drafter.missed_width(draft, cfg)), -1, dtype=torch.int64, device=device
-        ),  # nothing missed yet
+        **dict(draft_leaves(drafter, draft, cfg, n, device), history=history),  # nothing missed yet, a root alone
         active=active,
         remaining=remaining,
         stop_ids=stops,
         **lane,
-        counts=torch.zeros(n, vocab if cfg.penalties else 0, dtype=torch.int32, device=device),
-        seen=prompt_seen(tokens, real, vocab) if cfg.penalties else torch.zeros(n, 0, dtype=torch.bool, device=device),
+        counts=torch.zeros(n, vocab, dtype=torch.int32, device=device) if cfg.penalties else None,
+        seen=prompt_seen(tokens, real, vocab) if cfg.penalties else None,
         counter=torch.zeros(n, dtype=torch.int64, device=device),
         draft_probs=torch.zeros(n, cfg.K, vocab, dtype=torch.float32, device=device),
         output=torch.zeros(n, cfg.output_width, dtype=torch.int64, device=device),
-        tree_parents=parents_leaf(cfg, n, device),
     )
     # The first token: the target's argmax (greedy lanes) or a sample of its filtered distribution.
     last_logits = logits[rows, last]  # [n, V]
@@ -379,8 +395,8 @@ def write_lanes(state: DecodeState, index: torch.Tensor, rows: DecodeState) -> D
     `rows` (KV leaves are shared)."""
     changes = {
         name: getattr(state, name).index_copy(0, index, getattr(rows, name))
-        for name in DecodeState.__dataclass_fields__
-        if name not in SHARED
+        for name in LEAVES
+        if name not in SHARED and getattr(state, name) is not None
     }
     return state.replace(**changes)
 

@@ -15,7 +15,6 @@ place (donation contract, see `DecodeState`); everything else in the returned st
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -42,6 +41,7 @@ from fdecode.ops.sampling import (
 )
 from fdecode.processing import processed, tallied
 from fdecode.state import DecodeState, StepOutput
+from fdecode.state.decode_state import with_leaves
 from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
 from fdecode.tree.step import tree_advance, tree_step
 
@@ -340,7 +340,7 @@ def next_state(
     if committed.masked is not None:
         status = torch.where(committed.masked, 3, status)
     output = StepOutput.pack(committed.accepted, committed.length, status, committed.drafts, committed.logprobs)
-    return dataclasses.replace(  # a fresh state (what the host knows of it: `fdecode.host_record`)
+    return with_leaves(  # a fresh state (what the host knows of it: `fdecode.host_record`)
         state,
         tokens=torch.stack([last, *drafts], dim=1),
         draft_probs=draft_probs,

@@ -82,7 +82,8 @@ def test_stepping_a_pytree_copy_consumes_the_original():
 def test_a_dataclasses_replace_over_the_pool_is_refused_not_trusted():
     step = make_step()
     state = step.prefill(PROMPTS, max_new_tokens=20)
-    blind = dataclasses.replace(state, remaining=state.remaining - 1)  # no KV ticket can follow it
+    lanes = dataclasses.replace(state.lanes, remaining=state.remaining - 1)
+    blind = dataclasses.replace(state, lanes=lanes)  # no KV ticket can follow it
     # What the host knows of the leaves it shares (base_pos, active, sampling) holds (`fdecode.host_record`).
     assert step.schedule.record(blind) == step.schedule.record(state)
     del state

@@ -223,7 +223,7 @@ def test_counts_memory_scales_with_the_vocabulary():
     assert state.counts.shape == state.seen.shape == (2, TINY.vocab_size)
     assert state.counts.element_size() + state.seen.element_size() == 5
     plain = fdecode.compile(tiny_target(), "ngram", dataclasses.replace(cfg, penalties=False)).empty_state()
-    assert plain.counts.numel() == plain.seen.numel() == plain.penalties.numel() == 0
+    assert plain.counts is plain.seen is plain.penalties is None  # absent, not [B, 0] (`fdecode.state.parts`)
 
 
 def test_every_feature_stays_in_the_one_graph():

@@ -10,6 +10,7 @@ checked for a spent ticket and skips its graph's guard check too (`fdecode.graph
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import torch
 
@@ -17,6 +18,8 @@ from fdecode.config import DecodeConfig
 from fdecode.graphs.trusted import TrustedStates
 from fdecode.state import DecodeState, KVPools
 from fdecode.state.checks import check_layout
+
+T = TypeVar("T")
 
 
 class Chains:
@@ -36,9 +39,12 @@ class Chains:
         """The KV pools (`fdecode.state.ownership.KVPool`), oldest first: a copy of the list."""
         return list(self.kv.pools)
 
-    def start(self, build: Callable[[torch.Tensor, torch.Tensor], DecodeState], *, take_over: bool) -> DecodeState:
-        """The state `build(target_kv, draft_kv)` makes as the first of a new chain (`KVPools.start`)."""
-        return self.kv.start(build, take_over=take_over)
+    def start(self, build: Callable[[torch.Tensor, torch.Tensor], tuple[DecodeState, T]], *, take_over: bool):
+        """The state `build(target_kv, draft_kv)` makes as the first of a new chain (`KVPools.start`), with what
+        else `build` returns beside it (a prefill's `HostRecord`): (state, that)."""
+        made = []
+        state = self.kv.start(lambda *kv: made.append(build(*kv)) or made[0][0], take_over=take_over)
+        return state, made[0][1]
 
     def check(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""

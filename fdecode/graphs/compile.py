@@ -24,7 +24,6 @@ from fdecode.graphs.graph_key import GraphKey
 from fdecode.graphs.graph_set import GraphSet
 from fdecode.graphs.pure import pure_step
 from fdecode.graphs.schedule import Schedule, requested_depth
-from fdecode.graphs.warmup import warm
 from fdecode.host_record import HostRecord
 from fdecode.models.parallel import check_group
 from fdecode.models.regions import resolve_regions
@@ -43,26 +42,15 @@ from fdecode.tree.shape import check_tree
 class Step:
     """A compiled decode step: `state, out = step(state)`; `state = step.prefill(prompts)`.
 
-    Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (what the step asks of its
-    draft kind, `fdecode.drafts`), `draft_kind` ("mtp", "ngram" or "model"), `config`, `backend` (what runs),
-    `fallback_reason` (why that is not the requested backend, else None), `config.attention` (the
-    paged-attention kernel) and `attention_reason` (why not a device kernel / the requested one), `buckets`
-    (attention windows in tokens, their graphs made lazily), `plans` (the sampling plans it can run,
-    `fdecode.ops.plan`), `covering_plans` (what `warmup()` makes by default: greedy and the general plan, exact
-    for any lanes, so that no batch compiles), `graphs` (a read-only view of the graphs made, by `GraphKey`; a
-    `StoredGraph` where one is kept on disk), `gated` (an `Engine` on it pauses verifying drafts that do not pay,
-    `fdecode.runtime.gate`: `DecodeConfig.draft_gate` with an n-gram draft; its first-row graphs are warmed
-    too), `compile_seconds` (per window: first calls of its graphs, compile included, summed over plans),
-    `plan_compile_seconds` ((window, graph name) -> seconds), `depth_seconds` (depth -> seconds of one step
-    at the widest window, timed by `warmup`: what an adaptive `Engine` weighs each depth by), `seeds`
-    (default seeds), `schedule` (which graph a step runs, `fdecode.graphs.schedule`), `fn` (the uncompiled
-    pure function, whole-lane window, exact for any lanes).
-
-    Which graph a step runs (window, sampling plan, depth) is chosen on the host, from what the host knows of the
-    state (its `HostRecord`: position bound, lanes' sampling, draft lag), without a device read (`schedule`,
-    `fdecode.graphs.schedule`); each is a graph of its own, made on first use or by `warmup()` (`graph_set`,
-    `fdecode.graphs.graph_set`). `announce` (default True): each compile says so on stderr in one line, and
-    `warmup()` shows a progress bar.
+    Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (`fdecode.drafts`), `draft_kind`
+    ("mtp", "ngram" or "model"), `config`, `backend` (what runs) and `fallback_reason` (why not the requested one),
+    `attention_reason` (why `config.attention` is not a device kernel / the requested one), `buckets` (attention
+    windows in tokens), `plans` (the sampling plans it can run), `covering_plans` (`warmup()`'s default: exact for
+    any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay, `fdecode.runtime.gate`), `seeds`, `fn`
+    (the uncompiled pure function, whole-lane window, exact for any lanes). Its parts: `graph_set` (the graphs by
+    `GraphKey`: capture, disk store, announcements; `graphs`, `compile_seconds`, `plan_compile_seconds` are its
+    views), `schedule` (which graph runs, from the state's `HostRecord`, never a device read; `depth_seconds`, the
+    depths' costs `warmup` timed) and `chains` (its KV pools and which states may use them).
     """
 
     # Where `fdecode.compile` packed the large linear weights (`fdecode.backends.cpu.onednn_linear.Packing`:
@@ -91,10 +79,10 @@ class Step:
         self.attention_reason = attention_reason
         # Default seeds of requests that give none, the same on every tensor-parallel rank.
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
-        self.depth_seconds: dict[int, float] = {}
         self.graph_set = GraphSet(target, draft, config, backend=backend, announce=announce)
         self.schedule = Schedule.for_models(config, self.graph_set, target, draft, drafter)
         self.depths = self.schedule.depths  # the depths this step runs (`__call__`)
+        self.depth_seconds = self.schedule.depth_seconds  # depth -> seconds of one step (`warmup`)
         self.idles_draft = self.schedule.idles_draft  # the draft sits out depth-0 steps (`fdecode.ops.catch_up`)
         # One graph per plan and depth for every window of 2+ blocks (`GraphSet.dynamic_window`).
         self.dynamic_window = self.graph_set.dynamic_window
@@ -109,10 +97,7 @@ class Step:
         self.plans = all_plans(config.sampling, config.top_k_candidates, config.logit_processors)
         self.covering_plans = covering(config.sampling, config.logit_processors)
         self.gated = drafter.gated(config)
-
-    @property
-    def _models(self) -> tuple:
-        return self.target, self.draft, self.config  # what priming and prefill take first
+        self._models = (target, draft, config)  # what priming and prefill take first
 
     @property
     def kv_pools(self) -> list:
@@ -169,17 +154,11 @@ class Step:
         widest window (`Schedule.warmup_runs`, `fdecode.graphs.warmup`): the costs an `Engine` with
         `adaptive_depth` weighs depths by go in `depth_seconds` (where a depth was timed before, the least).
         """
-        cfg = self.config
-        depths = ((cfg.K, 0) if self.gated else (cfg.K,)) if depths is None else depths
-        runs, timed = self.schedule.warmup_runs(self.covering_plans if plans is None else plans, depths)
+        k = self.config.K
+        depths = ((k, 0) if self.gated else (k,)) if depths is None else depths
+        plans = self.covering_plans if plans is None else plans
         show = (self.graph_set.announce if progress is None else progress) and self.backend != "eager"
-        # One throwaway state, whose KV pool goes back to the step.
-        widest = cfg.bucket_blocks[-1]
-        seconds = warm(
-            self._run, self.empty_state(), runs, timed, blocks=widest, block_size=cfg.block_size, k=cfg.K, show=show
-        )
-        for key, cost in seconds.items():
-            self.depth_seconds[key.depth] = min(cost, self.depth_seconds.get(key.depth, cost))
+        self.schedule.warm(self._run, self.empty_state(), plans, depths, show=show)  # a throwaway state
         return dict(self.compile_seconds)
 
     def prefill(
@@ -215,15 +194,10 @@ class Step:
 
         requests = dict(params=params, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, ignore_eos=ignore_eos)
         requests.update(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        records = []  # what the host knows of the new state
-
-        def build(target_kv: torch.Tensor, draft_kv: torch.Tensor) -> DecodeState:
-            state, record = prefill(*self._models, prompts, kv=(target_kv, draft_kv), seeds=self.seeds, **requests)
-            records.append(record)
-            return state
-
-        state = self.chains.start(build, take_over=not concurrent)
-        self.schedule.records.note(state, records[0])
+        state, record = self.chains.start(  # the state, and what the host knows of it
+            lambda *kv: prefill(*self._models, prompts, kv=kv, seeds=self.seeds, **requests), take_over=not concurrent
+        )
+        self.schedule.records.note(state, record)
         return state
 
     def prime(
@@ -246,11 +220,9 @@ class Step:
     def empty_state(self) -> DecodeState:
         """A state with every lane inactive, in a free KV pool: what an `Engine` starts from. Its chain
         keeps the pool while any of its states is alive (no prefill takes it over)."""
-        state = self.chains.start(
-            lambda target_kv, draft_kv: empty_state(*self._models, (target_kv, draft_kv)),
-            take_over=False,
-        )
-        self.schedule.records.note(state, HostRecord.empty(self.config.max_batch))
+        record = HostRecord.empty(self.config.max_batch)
+        state, _ = self.chains.start(lambda *kv: (empty_state(*self._models, kv), record), take_over=False)
+        self.schedule.records.note(state, record)
         return state
 
     def check_state(self, state: DecodeState) -> None:

@@ -16,7 +16,6 @@ and the process's counters (`torch._dynamo.utils.counters`) are reported alongsi
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from fdecode.graphs.pure import fresh_code, pure_step, window_width
 from fdecode.graphs.schedule import requested_depth
 from fdecode.ops.plan import SamplingPlan
 from fdecode.state import DecodeState
+from fdecode.state.decode_state import map_leaves
 
 # ATen ops whose kernels read a device value on the host (scalar reads, data-dependent output shapes).
 SYNC_OPS = frozenset(
@@ -182,7 +182,7 @@ def executed_nodes(gm: torch.fx.GraphModule, calls: Counter | None = None):
 
 def fake_state(state: DecodeState, mode: FakeTensorMode) -> DecodeState:
     """`state` with every leaf a fake tensor of the leaf's shape, strides, dtype and device: no memory."""
-    return DecodeState(**{f.name: mode.from_tensor(getattr(state, f.name)) for f in dataclasses.fields(state)})
+    return map_leaves(state, mode.from_tensor)
 
 
 def inspect(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from fdecode.config import DecodeConfig
 from fdecode.graphs.graph_key import GraphKey
 from fdecode.graphs.graph_set import GraphSet
+from fdecode.graphs.warmup import Run, warm
 from fdecode.host_record import HostRecord, HostRecords, read_record
 from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
@@ -52,6 +53,7 @@ class Schedule:
         self._windows: dict[int | None, int] = {}  # `window` answers
         self._keys: dict[tuple, object] = {}  # `key` answers for the chosen plan, `ready_depths` answers (depth None)
         self.records = HostRecords()  # what the host knows of the states the Step made
+        self.depth_seconds: dict[int, float] = {}  # depth -> seconds of one step at the widest window (`warm`)
 
     @classmethod
     def for_models(cls, config: DecodeConfig, graph_set: GraphSet, target, draft, drafter) -> Schedule:
@@ -198,6 +200,17 @@ class Schedule:
         widest = self.config.bucket_blocks[-1]
         timed = list(dict.fromkeys(self.graph_set.key(widest, first, k.depth) for _, k in runs if not k.catch_up))
         return runs, timed
+
+    def warm(self, run: Run, state: DecodeState, plans: Sequence[SamplingPlan], depths: Sequence[int], *, show: bool):
+        """`Step.warmup`: run every graph `warmup_runs` lists once on `state` (`run` is `Step._run`), then time each
+        depth's at the widest window (`fdecode.graphs.warmup.warm`) into `depth_seconds` (the least where timed
+        before), what an adaptive `Engine` weighs depths by."""
+        cfg = self.config
+        runs, timed = self.warmup_runs(plans, depths)
+        blocks = cfg.bucket_blocks[-1]
+        seconds = warm(run, state, runs, timed, blocks=blocks, block_size=cfg.block_size, k=cfg.K, show=show)
+        for key, cost in seconds.items():
+            self.depth_seconds[key.depth] = min(cost, self.depth_seconds.get(key.depth, cost))
 
     def check_depth(self, depth) -> int:
         """`depth` if the step runs it (one of `depths`), else raises."""

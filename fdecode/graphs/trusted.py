@@ -17,7 +17,6 @@ as before, so a state of another layout is still refused before anything runs. A
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import weakref
 from collections.abc import Callable, Hashable
@@ -25,8 +24,8 @@ from collections.abc import Callable, Hashable
 import torch
 
 from fdecode.state import DecodeState
+from fdecode.state.decode_state import LEAVES
 
-LEAVES = tuple(f.name for f in dataclasses.fields(DecodeState))
 KV = tuple(LEAVES.index(name) for name in ("target_kv", "draft_kv"))  # the pool's: the very tensors, not copies
 _leaves = operator.attrgetter(*LEAVES)  # a state's leaves, in one call
 

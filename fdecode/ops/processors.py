@@ -21,7 +21,7 @@ from fdecode.ops.topk import topk
 
 
 class Processors(NamedTuple):
-    """A lane's processing leaves of `DecodeState` (shapes [B, 0] where the config leaves a feature off)."""
+    """A lane's processing leaves of `DecodeState` (None where the config leaves a feature off)."""
 
     penalties: torch.Tensor  # [B, 3] float32: repetition (1 = off), frequency, presence (0 = off)
     counts: torch.Tensor  # [B, V] int32: each token's count among the lane's committed (generated) tokens

@@ -28,10 +28,25 @@ def check_layout(state: DecodeState, config: DecodeConfig, target, draft, drafte
     if state.target_kv.dtype != cfg.dtype:
         raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
     check_leaves(state, target, draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
+    present = {  # the optional leaves this step's state holds (`fdecode.state.parts`)
+        "penalties": cfg.penalties,
+        "bias_ids": cfg.max_logit_bias > 0,
+        "grammar_state": cfg.grammars,
+        "history": drafter.history_width(cfg) > 0,
+        "missed": drafter.missed_width(draft, cfg) > 0,
+        "tree_parents": cfg.tree,
+    }
+    for name, wanted in present.items():
+        if (getattr(state, name) is not None) != wanted:
+            have, want = ("absent", "holds it") if wanted else ("present", "has none")
+            raise ValueError(
+                f"state.{name} is {have}, this step ({drafter.kind} draft, its DecodeConfig's features) {want}: "
+                f"was the state made by a step with another draft or DecodeConfig?"
+            )
     widths = (("history", drafter.history_width(cfg)), ("missed", drafter.missed_width(draft, cfg)))
     for name, width in widths:
         shape = (cfg.max_batch, width)
-        if tuple(getattr(state, name).shape) != shape:
+        if width and tuple(getattr(state, name).shape) != shape:
             raise ValueError(
                 f"state.{name} is {tuple(getattr(state, name).shape)}, this step's {drafter.kind} draft holds "
                 f"{shape}: was the state made by a step with another draft or DecodeConfig?"

@@ -1,5 +1,6 @@
 """`DecodeState` and `StepOutput`: the immutable pytrees a decode step consumes and returns
-(docs/design.md, "The state").
+(docs/design.md, "The state"). A state is made of parts (`fdecode.state.parts`: kv, lanes, sampling and
+the optional processors, grammar, draft); its leaves also read, and `replace`, by flat name.
 
 Terms (per lane b: *committed*, *t*, *verified tokens* `tokens[b] = [t, d1 .. dK]`, *accepted*,
 *greedy* and *random* lanes; B = max_batch, K = drafts, W = K + 1) are those of docs/design.md,
@@ -26,6 +27,21 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fdecode.state.ownership import TICKET, KVTicket, set_ticket, storage_of
+from fdecode.state.parts import (
+    KV,
+    PARTS,
+    ROUTES,
+    Draft,
+    Grammar,
+    Lanes,
+    Part,
+    Processors,
+    Sampling,
+    mapped,
+    parts_from,
+    unknown,
+    with_fields,
+)
 
 # Why a lane was stopped with an error, by its status in the packed output (the host's message).
 ERRORS = {
@@ -130,59 +146,31 @@ class StepOutput:
 
 @dataclass(frozen=True, eq=False)  # eq=False: `==` is identity (a field-wise == of tensors cannot be a bool)
 class DecodeState:
-    """Everything a decode step reads and writes; fixed-shape tensors only."""
+    """Everything a decode step reads and writes; fixed-shape tensors only, in parts (`fdecode.state.parts`):
+    an optional part is None where the step is compiled without its feature. Each leaf also reads by its flat
+    name (`state.tokens`, `state.counts`, `state.grammar_keys`: None where absent); `DecodeState.of` builds
+    a state from flat names and `replace` changes leaves by them."""
 
-    tokens: torch.Tensor  # [B, W] int64: t then K drafts
-    base_pos: torch.Tensor  # [B] int64: position of t; the target KV holds positions < base_pos
-    block_tables: torch.Tensor  # [B, max_blocks] int64: KV block of each lane, -1 = unallocated
-    target_kv: torch.Tensor  # [L_t, 2, num_slots, Hkv_t, D_t] target paged KV (block 0 = scratch); MLA: [L_t, 1, num_slots, 1, R + Dr] latents (`fdecode.ops.latent_kv`)
-    draft_kv: torch.Tensor  # [L_d, 2, num_slots, Hkv_d, D_d] draft paged KV (block 0 = scratch)
-    # Recurrent state of linear-attention layers (hybrid models; 0 layers otherwise), `fdecode.state.recurrent`:
-    target_conv: torch.Tensor  # [B, Lr_t, 1, conv_dim, k-1] conv windows after the positions < base_pos
-    target_rec: torch.Tensor  # [B, Lr_t, 1, Hv, dk, dv] float32 delta-rule states after the positions < base_pos
-    draft_conv: torch.Tensor  # [B, Lr_d, K, conv_dim, k-1] draft conv windows after the last advance's K rows
-    draft_rec: torch.Tensor  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows
-    # n-gram drafts (`fdecode.drafts.ngram`): the committed token at each position, -1 past the last one,
-    # written in place like the KV; [B, 0] for any other draft.
-    history: torch.Tensor  # [B, blocks_per_lane * block_size + W] int64
-    # A draft LM that sits out depth-0 steps (`fdecode.ops.catch_up`): per lane the last C committed tokens it
-    # has not seen, the newest (at base_pos) last, -1 = none; [B, 0] where the draft runs at every step.
-    missed: torch.Tensor  # [B, DecodeConfig.draft_catch_up] int64
-    active: torch.Tensor  # [B] bool: lane is decoding; inactive lanes write only the scratch slot
-    remaining: torch.Tensor  # [B] int64: tokens the lane may still commit
-    stop_ids: torch.Tensor  # [B, E] int64: ids that end the lane (the stop id is emitted), -1 = none
-    temperature: torch.Tensor  # [B] float32: 0 = greedy lane, > 0 = random lane
-    top_k: torch.Tensor  # [B] int64: keep the k most probable tokens, 0 = off
-    top_p: torch.Tensor  # [B] float32: keep the smallest top set of mass >= top_p, 1 = off
-    min_p: torch.Tensor  # [B] float32: keep tokens with p >= min_p * max p, 0 = off
-    # Logit processors (`fdecode.ops.processors`); [B, 0] where the config leaves the feature off:
-    penalties: torch.Tensor  # [B, 3] float32: repetition (1 = off), frequency, presence (0 = off)
-    counts: torch.Tensor  # [B, V] int32: each token's count among the lane's generated tokens (written in place)
-    seen: torch.Tensor  # [B, V] bool: the token is in the lane's prompt
-    min_left: torch.Tensor  # [B] int64: tokens the lane commits before a stop id may be one (min_tokens)
-    bias_ids: torch.Tensor  # [B, NB] int64: ids with a logit bias, -1 = none
-    bias: torch.Tensor  # [B, NB] float32: their biases
-    # Grammars (`fdecode.ops.grammar`; [0, 0] / [0] pools where DecodeConfig.max_grammar_states is 0):
-    grammar_state: torch.Tensor  # [B] int64: the lane's automaton state after its committed tokens, -1 = none
-    grammar_allowed: torch.Tensor  # [S, ceil(V / 32)] int32: the pool's allowed-token bitmask rows (written in place)
-    grammar_keys: torch.Tensor  # [T] int64 ascending: the pool's transitions, state * V + token (int64 max: free)
-    grammar_next: torch.Tensor  # [T] int64: the state each key leads to
-    seed: torch.Tensor  # [B] int64 in [0, 2**63): the lane's PRNG key (Philox, `fdecode.ops.random`)
-    counter: torch.Tensor  # [B] int64: transitions so far; with `seed`, addresses this step's random numbers
-    draft_probs: torch.Tensor  # [B, K, V] float32: distribution each pending draft was sampled from
-    output: (
-        torch.Tensor
-    )  # [B, DecodeConfig.output_width] int64: packed StepOutput of the transition that made this state
-    # Draft trees (`fdecode.tree`): each window row's parent row (-1: the root t); [B, 0] for a chain.
-    tree_parents: torch.Tensor  # [B, W] int64
+    kv: KV
+    lanes: Lanes
+    sampling: Sampling
+    processors: Processors | None = None
+    grammar: Grammar | None = None
+    draft: Draft | None = None
+
+    @classmethod
+    def of(cls, **leaves: torch.Tensor | None) -> DecodeState:
+        """The state of `leaves` by flat name (`fdecode.state.parts.ROUTES`); an absent optional leaf is None."""
+        return cls(**parts_from(leaves))
 
     @property
     def step_output(self) -> StepOutput:
         return StepOutput(self.output, self.tokens.shape[1])
 
-    def replace(self, **changes: torch.Tensor) -> DecodeState:
-        """A new state with `changes`; it keeps the KV chain (`kv_ticket`) while the KV leaves are kept."""
-        new = dataclasses.replace(self, **changes)
+    def replace(self, **changes: torch.Tensor | Part | None) -> DecodeState:
+        """A new state with `changes`, by flat leaf name or part name (`with_leaves`); it keeps the KV chain
+        (`kv_ticket`) while the KV leaves are kept."""
+        new = with_leaves(self, **changes)
         ticket = self.kv_ticket
         set_ticket(new, ticket if _same_kv(new, self) or ticket is None else ticket.detached())
         return new
@@ -203,7 +191,7 @@ class DecodeState:
 
     def clone(self) -> DecodeState:
         """A deep copy (KV included): a state that can be stepped without consuming this one."""
-        new = DecodeState(*(t.clone() for t in _fields(self)))
+        new = map_leaves(self, torch.Tensor.clone)
         ticket = self.kv_ticket
         set_ticket(new, None if ticket is None else ticket.detached())  # KV of its own, equally stale
         return new
@@ -212,16 +200,57 @@ class DecodeState:
         # Shapes, dtype and device only: reading a tensor value would sync the device.
         # K+1: the verified tokens per lane ("window" is the attention window, `DecodeConfig.context_buckets`).
         b, w = self.tokens.shape
+        optional = [name for name in ("processors", "grammar", "draft") if getattr(self, name) is not None]
         return (
             f"<DecodeState lanes={b} K+1={w} "
             f"device={self.tokens.device} kv_dtype={self.target_kv.dtype} "
             f"target_kv={tuple(self.target_kv.shape)} draft_kv={tuple(self.draft_kv.shape)}"
+            f"{' with ' + ', '.join(optional) if optional else ''}"
             f"{' consumed' if self.consumed else ''}>"
         )
 
 
-def _fields(obj: object) -> list[torch.Tensor]:
-    return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+def _reader(part: str, field: str) -> property:
+    def read(state: DecodeState) -> torch.Tensor | None:
+        holder = getattr(state, part)
+        return None if holder is None else getattr(holder, field)
+
+    return property(read, doc=f"`state.{part}.{field}` (None where the state has no {part} part).")
+
+
+for _flat, (_part, _field) in ROUTES.items():  # the flat read access: state.tokens, state.counts, ...
+    setattr(DecodeState, _flat, _reader(_part, _field))
+
+LEAVES = tuple(ROUTES)  # every flat leaf name, in the state's leaf order
+
+
+def with_leaves(state: DecodeState, **changes: torch.Tensor | Part | None) -> DecodeState:
+    """`state` with `changes` by flat leaf name (routed to its part) or part name, without a KV ticket: what a
+    step builds inside its graph (`DecodeState.replace` is this plus the ticket). An optional part left with no
+    leaf becomes None. Raises TypeError for a name that is neither."""
+    grouped: dict[str, dict[str, torch.Tensor | None]] = {}
+    whole: dict[str, Part | None] = {}
+    for name, value in changes.items():
+        if name in PARTS:
+            whole[name] = value
+        elif name in ROUTES:
+            part, field = ROUTES[name]
+            grouped.setdefault(part, {})[field] = value
+        else:
+            raise unknown([name])
+    for part, fields in grouped.items():
+        whole[part] = with_fields(whole.get(part, getattr(state, part)), part, fields)
+    return dataclasses.replace(state, **whole)
+
+
+def present_parts(state: DecodeState) -> tuple[str, ...]:
+    """The names of `state`'s parts that are not None."""
+    return tuple(name for name in PARTS if getattr(state, name) is not None)
+
+
+def map_leaves(state: DecodeState, fn: Callable[[torch.Tensor], torch.Tensor]) -> DecodeState:
+    """A state of `fn` of each of `state`'s leaves, without a KV ticket."""
+    return DecodeState(*(mapped(getattr(state, name), fn) for name in PARTS))
 
 
 def _kv_storages(state: DecodeState) -> tuple[int | None, int | None]:
@@ -243,33 +272,31 @@ def _ref(leaf: object) -> Callable[[], object]:
         return lambda: leaf
 
 
-_NAMES = tuple(f.name for f in dataclasses.fields(DecodeState))
-
-
 class _TicketContext:
-    """A DecodeState's pytree context: its KV ticket and (weakly) the leaves it was flattened from, so an
-    unflatten can tell whether a map replaced the KV. Not structure: every context compares equal, so states
-    of different chains still have the same TreeSpec."""
+    """A DecodeState's pytree context: the parts present, its KV ticket and (weakly) the KV leaves it was
+    flattened from, so an unflatten can tell whether a map replaced the KV. Only the parts are structure:
+    contexts of the same parts compare equal, so states of different chains still have the same TreeSpec."""
 
-    __slots__ = ("ticket", "leaves", "kv")
+    __slots__ = ("ticket", "leaves", "kv", "parts")
 
     def __init__(self, state: DecodeState) -> None:
+        self.parts = present_parts(state)  # structure: the parts present (an absent one has no leaves)
         self.ticket = state.kv_ticket
-        self.leaves = tuple(_ref(t) for t in _fields(state))
+        self.leaves = (_ref(state.target_kv), _ref(state.draft_kv))
         self.kv = _kv_storages(state)
 
-    def rebuilt(self, leaves: list[torch.Tensor]) -> DecodeState:
-        new = DecodeState(*leaves)
-        changed = {name for name, ref, leaf in zip(_NAMES, self.leaves, leaves) if ref() is not leaf}
-        same_kv = not {"target_kv", "draft_kv"} & changed or (None not in self.kv and _kv_storages(new) == self.kv)
+    def rebuilt(self, parts: list[Part]) -> DecodeState:
+        new = DecodeState(**dict(zip(self.parts, parts)))
+        kept = self.leaves[0]() is new.target_kv and self.leaves[1]() is new.draft_kv
+        same_kv = kept or (None not in self.kv and _kv_storages(new) == self.kv)
         set_ticket(new, self.ticket if same_kv or self.ticket is None else self.ticket.detached())
         return new
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _TicketContext)
+        return isinstance(other, _TicketContext) and other.parts == self.parts
 
     def __hash__(self) -> int:
-        return hash(_TicketContext)
+        return hash(self.parts)
 
     def __repr__(self) -> str:
         return "<DecodeState KV ticket>"
@@ -277,8 +304,8 @@ class _TicketContext:
 
 pytree.register_pytree_node(
     DecodeState,
-    lambda state: (_fields(state), _TicketContext(state)),
-    lambda leaves, ctx: ctx.rebuilt(list(leaves)) if isinstance(ctx, _TicketContext) else DecodeState(*leaves),
+    lambda state: ([getattr(state, name) for name in present_parts(state)], _TicketContext(state)),
+    lambda parts, ctx: ctx.rebuilt(list(parts)),
     serialized_type_name="fdecode.DecodeState",
 )
 pytree.register_pytree_node(

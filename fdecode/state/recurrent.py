@@ -6,7 +6,7 @@ Leaves, lane first, per model (`target_*`, `draft_*`; L = its linear-attention l
     conv: [B, L, R, conv_dim, k-1]  cfg.dtype  conv windows (the last k-1 q|k|v inputs)
     rec:  [B, L, R, Hv, dk, dv]     float32    delta-rule states
 
-A model without linear-attention layers (Llama, an MTP head) has L = 0: empty leaves, no work.
+A model without linear-attention layers (Llama, an MTP head) has none: its leaves are None (absent).
 Target (R = 1): the state after every committed position < base_pos; `commit_verify` makes it
 verify snapshot L - 1 on the device (L = 0 keeps it bit for bit). Draft LM (R = K): the states
 after the last advance's rows at P .. P+K-1; the next advance starts from copy min(L, K) - 1, and
@@ -26,12 +26,13 @@ def is_hybrid(model: torch.nn.Module) -> bool:
     return hasattr(model, "new_recurrent")
 
 
-def empty_leaves(model: torch.nn.Module, batch: int, copies: int, *, dtype: torch.dtype, device) -> State:
-    """Zero (conv, rec) leaves for `batch` lanes and `copies` copies; L = 0 for a model without them."""
+def empty_leaves(
+    model: torch.nn.Module, batch: int, copies: int, *, dtype: torch.dtype, device
+) -> State | tuple[None, None]:
+    """Zero (conv, rec) leaves for `batch` lanes and `copies` copies; (None, None) for a model without them."""
     if is_hybrid(model):
         return model.new_recurrent(batch, copies, dtype=dtype, device=device)
-    empty = (batch, 0, copies, 0, 0)
-    return torch.zeros(empty, dtype=dtype, device=device), torch.zeros((*empty, 0), dtype=torch.float32, device=device)
+    return None, None
 
 
 def forward_rows(
@@ -89,15 +90,18 @@ LEAVES = ("target_conv", "target_rec", "draft_conv", "draft_rec")
 def zero_leaves(
     target: torch.nn.Module, draft: torch.nn.Module, batch: int, *, copies: int, dtype: torch.dtype, device
 ) -> dict[str, torch.Tensor]:
-    """The four `DecodeState` leaves of `batch` lanes at zero: target R = 1, draft R = `copies` (K)."""
+    """The four `DecodeState` leaves of `batch` lanes at zero: target R = 1, draft R = `copies` (K); None for a
+    model without a recurrent state."""
     target_conv, target_rec = empty_leaves(target, batch, 1, dtype=dtype, device=device)
     draft_conv, draft_rec = empty_leaves(draft, batch, copies, dtype=dtype, device=device)
     return dict(zip(LEAVES, (target_conv, target_rec, draft_conv, draft_rec)))
 
 
-def first_copy(leaves: dict[str, torch.Tensor], model: str) -> State:
-    """Copy 0 of `model`'s ("target" / "draft") leaves: the state a forward over new rows starts from."""
-    return leaves[f"{model}_conv"][:, :, 0], leaves[f"{model}_rec"][:, :, 0]
+def first_copy(leaves: dict[str, torch.Tensor | None], model: str) -> State | None:
+    """Copy 0 of `model`'s ("target" / "draft") leaves: the state a forward over new rows starts from (None:
+    the model has no recurrent state)."""
+    conv, rec = leaves[f"{model}_conv"], leaves[f"{model}_rec"]
+    return None if conv is None else (conv[:, :, 0], rec[:, :, 0])
 
 
 def after_prompts(
@@ -113,21 +117,24 @@ def after_prompts(
     return out
 
 
-def leaf_shapes(model: torch.nn.Module, batch: int, copies: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The (conv, rec) leaf shapes `empty_leaves` gives `model`, without allocating them."""
+def leaf_shapes(model: torch.nn.Module, batch: int, copies: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The (conv, rec) leaf shapes `empty_leaves` gives `model`, without allocating them (None: no leaves)."""
     if is_hybrid(model):
         return model.kv_config.conv_shape(batch, copies), model.kv_config.rec_shape(batch, copies)
-    return (batch, 0, copies, 0, 0), (batch, 0, copies, 0, 0, 0)
+    return None
 
 
 def check_leaves(state, target: torch.nn.Module, draft: torch.nn.Module, *, batch: int, k: int) -> None:
     """Raise a ValueError naming the leaf when `state`'s recurrent leaves are not the layout this step's
     models hold (a state of another step, or leaves rebuilt by hand); host-side shapes only."""
     for model, name, copies in ((target, "target", 1), (draft, "draft", k)):
-        for kind, want in zip(("conv", "rec"), leaf_shapes(model, batch, copies)):
-            have = tuple(getattr(state, f"{name}_{kind}").shape)
+        shapes = leaf_shapes(model, batch, copies)
+        for kind, want in zip(("conv", "rec"), shapes or (None, None)):
+            leaf = getattr(state, f"{name}_{kind}")
+            have = None if leaf is None else tuple(leaf.shape)
             if have != want:
+                holds = "no recurrent state" if want is None else f"{want} ([B, linear-attention layers, copies, ...])"
                 raise ValueError(
-                    f"state.{name}_{kind} is {have}, this step's {name} holds {want} "
-                    f"([B, linear-attention layers, copies, ...]): was the state made by a step with other models?"
+                    f"state.{name}_{kind} is {'absent' if have is None else have}, this step's {name} holds {holds}: "
+                    f"was the state made by a step with other models?"
                 )

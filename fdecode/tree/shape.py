@@ -84,6 +84,6 @@ def check_tree(target, draft, drafter, cfg) -> None:
         )
 
 
-def parents_leaf(cfg, batch: int, device) -> torch.Tensor:
-    """`DecodeState.tree_parents` of `batch` fresh lanes: [B, W] of -1 for a tree (a root alone), [B, 0] for a chain."""
-    return torch.full((batch, cfg.W if cfg.tree else 0), -1, dtype=torch.int64, device=device)
+def parents_leaf(cfg, batch: int, device) -> torch.Tensor | None:
+    """`DecodeState.tree_parents` of `batch` fresh lanes: [B, W] of -1 for a tree (a root alone), None for a chain."""
+    return torch.full((batch, cfg.W), -1, dtype=torch.int64, device=device) if cfg.tree else None

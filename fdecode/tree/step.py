@@ -16,8 +16,6 @@ A node whose own slot is the scratch slot (past the lane's blocks) is absent: it
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from fdecode.drafts import drafter_for
@@ -31,6 +29,7 @@ from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense
 from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
 from fdecode.processing import tallied
+from fdecode.state.decode_state import with_leaves
 from fdecode.tree.draft import draft_tree
 from fdecode.tree.ngram import ngram_tree
 
@@ -118,4 +117,4 @@ def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
     else:
         nodes, parents = draft_tree(draft, cfg, state, committed, pos, context, draft_regions=draft_regions)
     new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, state.missed)
-    return dataclasses.replace(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))
+    return with_leaves(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))
