@@ -115,6 +115,7 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
             "leaves": {
                 name: tuple(getattr(state, name).shape)
                 for name in ("target_kv", "draft_kv", "target_conv", "target_rec", "draft_conv", "draft_rec")
+                if getattr(state, name) is not None  # a model without linear-attention layers has no recurrent leaves
             },
             "bytes": weight_bytes(step.target, step.draft),
             "full_bytes": weight_bytes(target, target.mtp if draft == "mtp" else draft),
