@@ -17,17 +17,16 @@ as before, so a state of another layout is still refused before anything runs. A
 
 from __future__ import annotations
 
-import operator
 import weakref
 from collections.abc import Callable, Hashable
 
 import torch
 
 from fdecode.state import DecodeState
-from fdecode.state.decode_state import LEAVES
+from fdecode.state.decode_state import LEAVES, leaves_of
 
 KV = tuple(LEAVES.index(name) for name in ("target_kv", "draft_kv"))  # the pool's: the very tensors, not copies
-_leaves = operator.attrgetter(*LEAVES)  # a state's leaves, in one call
+_leaves = leaves_of  # a state's leaves, in one call
 
 
 def same_layout(a: object, b: object) -> bool:
