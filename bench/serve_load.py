@@ -35,11 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-import torch  # noqa: E402
+import httpx
+import torch
 
-import fdecode  # noqa: E402
-from fdecode.serve import Server, load  # noqa: E402
+import fdecode
+from fdecode.serve import Server, load
 
 PROMPTS = (
     "import os\nimport sys\n\n",

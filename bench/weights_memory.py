@@ -110,8 +110,7 @@ def child(spec: dict) -> dict:
     if spec["how"] == "rows":  # in place, but one-row products read the original (its pages come back)
         from fdecode.backends.cpu import onednn_packed
 
-        for kept in onednn_packed._KEPT.values():
-            kept.in_place = False
+        onednn_packed.read_original_at_one_row(step.target, step.draft)
     compiled = time.perf_counter()
     state = step.prefill([[t % spec.get("vocab", 151936) for t in PROMPT]], max_new_tokens=200)
     prefilled = time.perf_counter()
@@ -169,7 +168,7 @@ def main() -> int:
     import shutil
 
     if args.quick:
-        args.proxy, args.vocab, args.hows = 1, 512, ["folders"]
+        args.proxy, args.vocab, args.hows = 1, 512, ["folders", "rows"]
         args.cache = os.path.join(os.getcwd(), "weights-bench-quick")
     elif not args.proxy:
         from fdecode.assets.qwen_coder import missing_reason

@@ -9,7 +9,7 @@
     fdecode bench [--quick] [--batch 1 4 16] [-k 1 2 3 4]              # before/after, side by side
     fdecode profile                                # timeline picture of the before loop and the step
     fdecode generate --model DIR --draft ngram "prompt"   # a model folder on a prompt (`fdecode generate -h`)
-    fdecode serve [MODEL] [--port 8000]            # OpenAI-compatible server (`pip install fdecode[serve]`)
+    fdecode serve [MODEL] [--port 8000]            # OpenAI-compatible server (`pip install -e ".[serve]"`)
 
 The demo streams the compiled step's greedy continuation as it is produced (line
 by line: it ends at the last complete line), then runs target-only decoding and the

@@ -1,7 +1,8 @@
 """Every script kept in bench/ still runs: each one's `--quick` mode (tiny sizes, cheap backends), all in one
 Python process (`runpy`, so torch and fdecode are imported once), which a script that fails stops. Scripts
 that need the real pair and find it absent say so and exit 0, as they do for a user (step_phases' smoke run
-uses small random models instead). A script added to bench/ must be listed here."""
+uses small random models instead). A script added to bench/ must be listed here. bench/gpu_check.sh, the CUDA
+checks, is checked here for its syntax, its usage line and its --quick on a machine without CUDA."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_every_bench_script_runs_its_quick_mode(tmp_path) -> None:
     assert "| 1 |" in done.stdout  # prepare_op's table row at B = 1
     assert "| 32 (4) | 4 |" in done.stdout  # small_linears' row: width 32, 4 rows
     assert "TP = 2 / TP = 1 step time" in done.stdout and "tokens identical: True" in done.stdout
+
+
+def test_gpu_check_parses_refuses_an_unknown_stage_and_has_a_quick_mode(tmp_path) -> None:
+    script = str(ROOT / "bench" / "gpu_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    unknown = subprocess.run(["bash", script, "no-such-stage"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode != 0
+    assert "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|host-time|--quick]" in unknown.stderr
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("--quick runs fdecode bench on this CUDA device: bash bench/gpu_check.sh --quick")
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    quick = subprocess.run(["bash", script, "--quick"], capture_output=True, text=True, env=env, timeout=120)
+    assert quick.returncode == 0, quick.stdout + quick.stderr
+    assert "no CUDA device here" in quick.stdout

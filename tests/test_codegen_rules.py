@@ -5,7 +5,7 @@ the context, and what Inductor generates inside it computes what eager does."""
 from __future__ import annotations
 
 import torch
-import torch._inductor.lowering  # noqa: F401  (registers the op dtype rules, as any compile has by then)
+import torch._inductor.lowering  # registers the op dtype rules, as any compile has by then
 from torch._inductor import utils
 from torch._inductor.dtype_propagation import DtypePropagationOpsHandler as Handler
 

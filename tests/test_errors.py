@@ -291,7 +291,7 @@ def test_min_tokens_past_the_room_max_seq_len_leaves_is_refused():
 
 
 def test_a_ragged_numpy_batch_is_a_batch_and_a_flat_array_one_prompt(step):
-    np = pytest.importorskip("numpy")
+    np = pytest.importorskip("numpy", reason='needs numpy (transformers brings it): pip install -e ".[test]"')
     ragged = np.array([[1, 2], [3]], dtype=object)
     assert fdecode.generate(step, ragged, max_new_tokens=3) == fdecode.generate(step, [[1, 2], [3]], max_new_tokens=3)
     with pytest.raises(TypeError, match="it is one prompt"):

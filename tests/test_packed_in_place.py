@@ -109,3 +109,24 @@ def test_weights_of_no_checkpoint_file_keep_their_packed_copy_beside_them(folder
     step = fdecode.compile(anonymous, "ngram", config(), announce=False)
     assert step.packing.in_place == 0 and step.packing.beside > 0
     assert "0.00 GiB in place" in repr(step)
+
+
+def test_one_row_products_can_read_the_original_again(folder, cache):
+    model = from_hf(folder)
+    linears = packed_linears(model)
+    for m in linears:
+        onednn_packed.pack(m.weight)
+    assert all(onednn_packed.in_place(m.weight) for m in linears)
+    onednn_packed.read_original_at_one_row(model)
+    reference = from_hf(folder)
+    gen = torch.Generator().manual_seed(0)
+    for mine, ref in zip(linears, packed_linears(reference)):
+        assert not onednn_packed.in_place(mine.weight)
+        assert onednn_packed.packed(mine.weight, rows=1) is None and onednn_packed.packed(mine.weight) is not None
+        for rows in (1, 2):
+            x = torch.randn(rows, mine.in_features, generator=gen)
+            torch.testing.assert_close(
+                onednn_linear(x, mine.weight, None), F.linear(x, ref.weight), rtol=1e-5, atol=1e-5
+            )
+    # The one-row products read the originals: their pages came back from the file.
+    assert all(file_pages.resident_bytes(m.weight) >= m.weight.numel() * 4 - 2 * file_pages.PAGE for m in linears)

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-pytest.importorskip("fastapi")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi", reason='needs the serve extra: pip install -e ".[serve]"')
+openai = pytest.importorskip("openai", reason='needs the openai client: pip install -e ".[test]"')
+httpx = pytest.importorskip("httpx", reason='needs httpx: pip install -e ".[test]"')
 
 from support.serving import running  # noqa: E402
 

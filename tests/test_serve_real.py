@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("fastapi")
-openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi", reason='needs the serve extra: pip install -e ".[serve]"')
+openai = pytest.importorskip("openai", reason='needs the openai client: pip install -e ".[test]"')
 
 from support.serving import running  # noqa: E402
 

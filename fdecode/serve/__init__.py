@@ -1,6 +1,6 @@
 """`fdecode serve`: an OpenAI-compatible HTTP server over the Engine (docs/serving.md).
 
-    pip install "fdecode[serve]"
+    pip install -e ".[serve]"
     fdecode serve [MODEL] [--draft mtp|ngram|DIR] [--port 8000]
 
 - `model.py`: the served step and tokenizer (`load`: a checkpoint folder, or the bundled model);

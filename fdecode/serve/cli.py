@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from fdecode.serve import Server, load
     except ImportError as error:
-        print(f"error: fdecode serve needs the serve extra: pip install 'fdecode[serve]' ({error})", file=sys.stderr)
+        print(f'error: fdecode serve needs the serve extra: pip install -e ".[serve]" ({error})', file=sys.stderr)
         return 2
     if args.threads is not None:
         import torch

@@ -144,6 +144,17 @@ def repack(model: nn.Module) -> None:
             kept.version = _STALE
 
 
+def read_original_at_one_row(*models: nn.Module) -> None:
+    """Has one-row products of `models`' weights read the original where its packed layout is kept in place of
+    it, as they do where the layout is kept beside: the original's pages then come back from the file. What
+    in place saves at one row, measured (bench/weights_memory.py, "rows"); the products are the same."""
+    for model in models:
+        for param in model.parameters():
+            kept = _KEPT.get(_key(param))
+            if kept is not None:
+                kept.in_place = False
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight^T + bias from a packed `weight` (what `packed` returns)."""
     return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), weight, bias, "none", [], "")
