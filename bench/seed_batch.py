@@ -1,4 +1,4 @@
-"""Does a seeded random request decode the same tokens alone and inside a batch? (issue 50, item 3)
+"""Does a seeded random request decode the same tokens alone and inside a batch?
 
     python bench/seed_batch.py                                  # 8 requests, the three configurations
     python bench/seed_batch.py --requests 8 --repeat --json /tmp/seed_batch.json

@@ -1,7 +1,7 @@
 """The default config's step time, this tree against another revision, interleaved in fresh processes.
 
-    python bench/step_vs_revision.py --before 95b78a7 --rounds 5
-    python bench/step_vs_revision.py --before 95b78a7 --model micro   # the host-time micro model (docs/host-time.md)
+    python bench/step_vs_revision.py --before HEAD~20 --rounds 5       # any revision git knows
+    python bench/step_vs_revision.py --before HEAD~20 --model micro    # the host-time micro model (docs/host-time.md)
     python bench/step_vs_revision.py --quick                          # a smoke run: micro, eager, 1 round, vs HEAD
 
 Each round runs one child process per tree (the revision is checked out into a temporary git worktree),

@@ -1,4 +1,4 @@
-"""Each tensor-parallel rank's resident weight bytes against TP = 1 (issue 51), from the shapes alone.
+"""Each tensor-parallel rank's resident weight bytes against TP = 1, from the shapes alone.
 
     python bench/tp_memory.py [--json bench/results/tp_memory.json]
     python bench/tp_memory.py --quick     # a smoke run: the Qwen3.5 shape only

@@ -1,4 +1,4 @@
-"""The seed's shape at TP = 1 and TP = 2 on this machine, side by side (issue 51): a random Qwen3.5 dense
+"""The seed's shape at TP = 1 and TP = 2 on this machine, side by side: a random Qwen3.5 dense
 hybrid (the small Qwen3.5 models' layer pattern: three Gated DeltaNet layers, then one gated attention) with
 its MTP head, K = 3, greedy, the default backend.
 

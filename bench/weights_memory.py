@@ -1,5 +1,5 @@
 """What the default costs on the real pair: first token, peak resident memory and step time, per way of
-passing the weights (issue 53, items 2 and 5).
+passing the weights.
 
     flock /tmp/fdecode-realpair.lock python bench/weights_memory.py [--cache DIR] [--json FILE]
     python bench/weights_memory.py --proxy 2     # random checkpoints of the pair's shapes, 2 layers each

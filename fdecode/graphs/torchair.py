@@ -33,7 +33,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The AscendC kernel moves hidden rows in 32-byte blocks.
 KERNEL_ALIGN_BYTES = 32
 # ATen overloads whose torchair GE converter raises NotImplementedError (torchair's
-# `_ge_concrete_graph/ge_converter/aten/*.py`, read at commit fced884): the issue's list, plus the two
+# `_ge_concrete_graph/ge_converter/aten/*.py`, read in torchair's sources as of 2026-11): a reviewer's list, plus the two
 # the step was measured to contain (amax, view.dtype). Not exhaustive: torchair leaves ~1100 overloads unconverted.
 GE_UNCONVERTED = frozenset(
     {
@@ -144,7 +144,7 @@ def ge_reason(cfg: DecodeConfig, *, hidden_size: int) -> str | None:
     """Why the GE mode cannot capture this step, or None."""
     if cfg.attention != "npu_fused_infer_attention":
         # The reference's SDPA: torchair has no GE converter for the fused SDPA overloads
-        # (`_scaled_dot_product_flash_attention` raises NotImplementedError at fced884).
+        # (`_scaled_dot_product_flash_attention` raises NotImplementedError in those sources).
         return (
             f"GE mode needs the NPU attention kernel (attention='npu_fused_infer_attention', which needs float16/"
             f"bfloat16 and block_size 128..512), the step's attention is {cfg.attention!r}"
