@@ -31,6 +31,15 @@ class Drafter:
         """Whether the draft carries linear-attention state (a ring of states over the window's rows)."""
         return is_hybrid(draft)
 
+    def depths(self, draft, cfg, *, target) -> tuple[int, ...]:
+        """The depths a step of this draft beside `target` runs (`Schedule.depths`): a tree step depth K (its N
+        nodes); where the target or the draft carries linear-attention state (`recurrent`) 0 or K; else any
+        depth 0 .. K."""
+        k = cfg.K
+        if cfg.tree:
+            return (k,)
+        return (0, k) if is_hybrid(target) or self.recurrent(draft) else tuple(range(k + 1))
+
     def idles(self, draft, cfg) -> bool:
         """Whether the draft sits out depth-0 steps and catches up later (`fdecode.ops.catch_up`)."""
         return False
