@@ -58,6 +58,11 @@ def test_what_each_kind_answers() -> None:
     assert not NGRAM.forwards and LM.forwards and MTP.shares_target and not LM.shares_target
     assert "history" in NGRAM.backend_reason("cudagraphs") and LM.backend_reason("cudagraphs") is None
     assert NGRAM.forward_bytes(NgramDraft()) == 0 and LM.forward_bytes(lm) > 0
+    # Decoder layers a draft forward runs (`layer_regions="auto"` counts them): all a draft LM's, one of an MTP
+    # head's, none for a lookup.
+    head = MTPHead.random(ModelConfig(**{**lm.config.__dict__, "num_layers": 1}), seed=1)
+    assert LM.layers_per_forward(fdecode_target(2)) == 2 and MTP.layers_per_forward(head) == 1
+    assert NGRAM.layers_per_forward(NgramDraft()) == 0
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,14 @@ the backends, tensor parallelism and the Engine ask it, never the draft's type:
 - the step: how it proposes the next window (`propose`) and how many drafts (`proposals`);
 - the schedule: which depths it runs (`depths`), whether it may sit steps out (`idles`), and which depth
   policy an Engine uses (`gated`, `adapts`: `fdecode.runtime.policy`);
-- backends and costs: why a backend cannot capture it (`backend_reason`), the bytes a forward reads.
+- backends and costs: why a backend cannot capture it (`backend_reason`), the bytes a forward reads and
+  the decoder layers it runs (`layers_per_forward`).
 """
 
 from __future__ import annotations
 
 from fdecode.models.cost import forward_bytes
+from fdecode.models.regions import decoder_layers
 from fdecode.state.recurrent import is_hybrid
 
 
@@ -59,6 +61,10 @@ class Drafter:
         if self.recurrent(draft):
             return cfg.K
         return 0 if depth == 0 and self.idles(draft, cfg) else max(depth, 1)
+
+    def layers_per_forward(self, draft) -> int:
+        """Decoder layers one draft forward runs (`fdecode.models.regions.layer_copies`): a draft LM's all."""
+        return decoder_layers(draft)
 
     def forward_kwargs(self, draft, j: int) -> dict:
         """Extra keywords of draft forward j (an MTP head's layer); {} for a draft LM."""

@@ -99,6 +99,9 @@ class NgramDrafter(Drafter):
     def forward_bytes(self, draft) -> int:
         return 0
 
+    def layers_per_forward(self, draft) -> int:
+        return 0
+
     def propose(
         self,
         draft,
