@@ -63,6 +63,10 @@ def test_what_each_kind_answers() -> None:
     head = MTPHead.random(ModelConfig(**{**lm.config.__dict__, "num_layers": 1}), seed=1)
     assert LM.layers_per_forward(fdecode_target(2)) == 2 and MTP.layers_per_forward(head) == 1
     assert NGRAM.layers_per_forward(NgramDraft()) == 0
+    # A host loop's proposals (`fdecode.baseline`): a lookup's, the step's rule; a draft with forwards has none.
+    assert NGRAM.host_proposals(NgramDraft(2, 1), [1, 2, 3, 1, 2], 2) == [3, 1]
+    with pytest.raises(NotImplementedError, match="proposes through its forwards"):
+        LM.host_proposals(lm, [1, 2], 2)
 
 
 @pytest.mark.parametrize(

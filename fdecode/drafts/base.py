@@ -7,7 +7,8 @@ the backends, tensor parallelism and the Engine ask it, never the draft's type:
 
 - state: which leaves the kind adds (`history_width`, `missed_width`);
 - priming: whether the prompt runs through a draft forward (`forwards`);
-- the step: how it proposes the next window (`propose`) and how many drafts (`proposals`);
+- the step: how it proposes the next window (`propose`) and how many drafts (`proposals`), the next tree
+  (`propose_tree`), and a host loop's proposals for a draft without a forward (`host_proposals`);
 - the schedule: which depths it runs (`depths`), whether it may sit steps out (`idles`), and which depth
   policy an Engine uses (`gated`, `adapts`: `fdecode.runtime.policy`);
 - backends and costs: why a backend cannot capture it (`backend_reason`), the bytes a forward reads and
@@ -117,6 +118,16 @@ class Drafter:
         attention window's block columns; draft_u: [B, K, 2] uniforms (None: greedy-only); `plan`, `draft_regions`, `proposals` (how many, `proposals`), `catch_up` (the draft takes what it sat out first,
         `fdecode.ops.catch_up`) and `last` (the last committed token per lane, the next window's first)."""
         raise NotImplementedError
+
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, draft_regions):
+        """The next tree's N nodes: tokens [B, N] (-1 absent) and parents [B, N] (0: the root), in topological
+        order, from the last committed token at `pos` (`fdecode.tree.step.tree_advance`)."""
+        raise NotImplementedError
+
+    def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:
+        """Up to k drafts after a lane's `tokens` (prompt and output), proposed on the host by a draft without a
+        forward (`forwards` False) in a host-side loop (`fdecode.baseline.BeforeLoop`)."""
+        raise NotImplementedError(f"a {self.kind} draft proposes through its forwards, not on the host")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r})"
