@@ -20,10 +20,12 @@ from fdecode.runtime.policy import FixedDepth, depth_policy
 
 CFG = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
 PACKAGE = Path(fdecode.__file__).parent
-# A question about a draft's kind: its class, its kind string, or the old helpers that asked them.
+# A question about a draft's kind: its class, its kind string, an attribute only one kind has (duck typing), or
+# the old helpers that asked them.
 KIND_CHECK = re.compile(
     r"isinstance\([^)]*\b(MTPHead|NgramDraft|HybridMTPHead|NextNMTPHead)\b"
     r"|draft_kind\s*[!=]=|\.kind\s*[!=]=|is_ngram\(|idles_draft\(|is_hybrid\([^)]*draft"
+    r"|(?:has|get)attr\(draft\b"
 )
 
 
