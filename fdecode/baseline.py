@@ -6,8 +6,8 @@ forwards and semantics (repair row, redirect, scratch slot), but after every val
 target argmax and the window back to the host, rebuilds the next inputs there in Python and uploads
 them before it can launch the draft. Per iteration: one packed device -> host read into a pinned
 buffer (the one wait) and one packed pinned upload with `non_blocking=True` (`fdecode.staging`).
-With an n-gram draft (`draft="ngram"`) the host does the prompt lookup itself (`lookup_list`, the
-same rule as the step's) between the read and the upload.
+With an n-gram draft (`draft="ngram"`) the host does the prompt lookup itself (`Drafter.host_proposals`:
+`lookup_list`, the same rule as the step's) between the read and the upload.
 
 `TargetOnly` is plain greedy autoregressive decoding with the target, compiled, one
 token per step, device-resident (the host only launches).
@@ -22,7 +22,6 @@ from torch.profiler import record_function
 
 from fdecode.graphs.backends import capture
 from fdecode.graphs.pure import fresh_code
-from fdecode.ops.ngram import lookup_list
 from fdecode.ops.paging import slot_of
 from fdecode.staging import Fence, Uploads, host_buffer
 from fdecode.state.recurrent import commit_ring, commit_verify, draft_start, forward_rows, is_hybrid
@@ -153,11 +152,11 @@ class BeforeLoop:
                     counts.append(n)
                     base[b] = pos
                     active[b] = active[b] and remaining[b] > 0
-                if not self.step.drafter.forwards:  # prompt lookup on the host, as every peer does it; no draft forward
-                    ngram = self.step.draft
+                if not self.step.drafter.forwards:  # proposals on the host (a lookup, as every peer does it)
+                    drafter, draft = self.step.drafter, self.step.draft
                     proposals = [
                         (
-                            lookup_list(list(prompts[b]) + outputs[b], k, ngram.max_n, ngram.min_n)
+                            drafter.host_proposals(draft, list(prompts[b]) + outputs[b], k)
                             if b < len(outputs) and live[b]
                             else []
                         )

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.hybrid_models import hybrid_target
 from support.llama_models import fdecode_target
 
 import fdecode
@@ -19,10 +20,12 @@ from fdecode.runtime.policy import FixedDepth, depth_policy
 
 CFG = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
 PACKAGE = Path(fdecode.__file__).parent
-# A question about a draft's kind: its class, its kind string, or the old helpers that asked them.
+# A question about a draft's kind: its class, its kind string, an attribute only one kind has (duck typing), or
+# the old helpers that asked them.
 KIND_CHECK = re.compile(
     r"isinstance\([^)]*\b(MTPHead|NgramDraft|HybridMTPHead|NextNMTPHead)\b"
     r"|draft_kind\s*[!=]=|\.kind\s*[!=]=|is_ngram\(|idles_draft\(|is_hybrid\([^)]*draft"
+    r"|(?:has|get)attr\(draft\b"
 )
 
 
@@ -46,11 +49,26 @@ def test_what_each_kind_answers() -> None:
     assert NGRAM.history_width(cfg) == cfg.blocks_per_lane * cfg.block_size + cfg.W and LM.history_width(cfg) == 0
     assert LM.missed_width(lm, cfg) == 2 and MTP.missed_width(None, cfg) == 0
     assert LM.idles(lm, cfg) and not MTP.idles(None, cfg) and not NGRAM.idles(None, cfg)
+    # Which depths a step runs: any 0 .. K; 0 or K beside a recurrent model (target or draft); K alone in a tree.
+    hybrid = hybrid_target()
+    assert LM.depths(lm, cfg, target=lm) == NGRAM.depths(None, cfg, target=lm) == (0, 1, 2, 3)
+    assert LM.depths(hybrid, cfg, target=lm) == NGRAM.depths(None, cfg, target=hybrid) == (0, 3)
+    tree = dataclasses.replace(CFG, num_draft_tokens=4, draft_topk=2, draft_depth=2)
+    assert LM.depths(lm, tree, target=lm) == NGRAM.depths(None, tree, target=lm) == (4,)
     # The depth policy's kind, priming, weights and backends.
     assert NGRAM.gated(cfg) and not NGRAM.adapts(cfg) and LM.adapts(cfg) and not LM.gated(cfg)
     assert not NGRAM.forwards and LM.forwards and MTP.shares_target and not LM.shares_target
     assert "history" in NGRAM.backend_reason("cudagraphs") and LM.backend_reason("cudagraphs") is None
     assert NGRAM.forward_bytes(NgramDraft()) == 0 and LM.forward_bytes(lm) > 0
+    # Decoder layers a draft forward runs (`layer_regions="auto"` counts them): all a draft LM's, one of an MTP
+    # head's, none for a lookup.
+    head = MTPHead.random(ModelConfig(**{**lm.config.__dict__, "num_layers": 1}), seed=1)
+    assert LM.layers_per_forward(fdecode_target(2)) == 2 and MTP.layers_per_forward(head) == 1
+    assert NGRAM.layers_per_forward(NgramDraft()) == 0
+    # A host loop's proposals (`fdecode.baseline`): a lookup's, the step's rule; a draft with forwards has none.
+    assert NGRAM.host_proposals(NgramDraft(2, 1), [1, 2, 3, 1, 2], 2) == [3, 1]
+    with pytest.raises(NotImplementedError, match="proposes through its forwards"):
+        LM.host_proposals(lm, [1, 2], 2)
 
 
 @pytest.mark.parametrize(

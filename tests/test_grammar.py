@@ -45,8 +45,7 @@ def smol():
     reason = smollm2.missing()
     if reason is not None:
         pytest.skip(reason)
-    with smollm2._one_gguf_parse():
-        return transformers.AutoTokenizer.from_pretrained(smollm2.folder(), gguf_file=smollm2.GGUF)
+    return smollm2.tokenizer()
 
 
 TINY = {"byte-bpe": byte_bpe, "sentencepiece": sentencepiece}

@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 import fdecode
 from fdecode.host_record import HostRecord, HostRecords, read_record
+from fdecode.state.ownership import TICKET
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4]]
 
@@ -77,7 +78,7 @@ def test_no_host_bookkeeping_rides_on_the_state():
     fields = {f.name for f in dataclasses.fields(state)}
     for _ in range(2):
         state, _ = step(state)
-        assert set(vars(state)) == fields | {"_kv_ticket"}
+        assert set(vars(state)) == fields | {TICKET} and state.kv_ticket is not None
     record = step.schedule.record(state)
     assert record.max_position == len(PROMPTS[0]) + 2 * cfg.W  # prefill's bound, W per step
     assert step.schedule.record(pytree.tree_map(lambda t: t, state)) == record

@@ -85,7 +85,7 @@ def test_ge_mode_without_the_kernel_is_refused_or_runs_the_acl_graph():
 
 
 def test_ge_converter_registers_with_torchair():
-    tng = npu._import_torchair()
+    tng = npu.import_torchair()
     npu.register_ge_converters(tng)
     npu.register_ge_converters(tng)  # idempotent
     assert callable(tng.get_npu_backend)

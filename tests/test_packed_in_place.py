@@ -19,7 +19,7 @@ from fdecode.models import LlamaModel, ModelConfig, from_hf
 from fdecode.models.loading.hf import save_hf
 
 pytestmark = pytest.mark.skipif(
-    not (available() and file_pages._linux() and blob_available()), reason="needs oneDNN, Linux and the AOTI C shim"
+    not (available() and file_pages.on_linux() and blob_available()), reason="needs oneDNN, Linux and the AOTI C shim"
 )
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 3]
 

@@ -26,7 +26,7 @@ from support.hybrid_models import (
 )
 
 import fdecode
-from fdecode.drafts import LM
+from fdecode.drafts import LM, MTP
 from fdecode.models import from_hf
 from fdecode.models.hybrid import HybridModel
 from fdecode.models.hybrid_config import FULL, LINEAR, HybridConfig
@@ -187,9 +187,9 @@ def test_backends_and_tensor_parallelism_refuse_hybrids_with_a_reason() -> None:
             )
         ),
     )
-    assert "recurrent-state leaves" in recurrent_reason(target, HybridMTPHead(target.config))
-    assert "recurrent-state leaves" in recurrent_reason(llama, target)
-    assert recurrent_reason(llama, llama) is None
+    assert "recurrent-state leaves" in recurrent_reason(target, HybridMTPHead(target.config), MTP)
+    assert "recurrent-state leaves" in recurrent_reason(llama, target, LM)
+    assert recurrent_reason(llama, llama, LM) is None
     for backend, device in (("cudagraphs", "cuda"), ("torchair", "npu")):  # on their device, before anything else
         cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=32, device=device, dtype=torch.float16)
         assert "recurrent-state leaves" in ELIGIBILITY[backend](cfg, target, target, LM)

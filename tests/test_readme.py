@@ -8,12 +8,15 @@ need hardware, processes or packages CI lacks, and each says which in its first 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from fdecode import DecodeConfig
 from fdecode.assets import TINY, TINY_DRAFT
 from fdecode.models import from_hf
 from fdecode.tokenizer import ByteTokenizer
@@ -63,6 +66,26 @@ def test_every_guide_block_not_run_says_why() -> None:
     assert len(skipped) <= 4
     for code in skipped:
         assert code.startswith("# "), code
+
+
+def test_the_guide_groups_decode_configs_fields_as_its_docstring_does() -> None:
+    """The guide's table of `DecodeConfig`'s fields by concern holds the docstring's groups, in its order, and
+    together they name every field (a group's label may run over two lines, its fields over several)."""
+    lines = [line for line in inspect.cleandoc(DecodeConfig.__doc__).split("\n\n", 1)[1].splitlines() if line]
+    width = lines[0].index("num_draft_tokens")
+    documented: list[tuple[str, list[str]]] = []
+    for line in lines:
+        label, fields = line[:width].strip(), re.findall(r"\b[a-z][a-z_]+\b", line[width:])
+        if documented and (not label or documented[-1][0].endswith(" and")):
+            label = f"{documented[-1][0]} {label}".strip()
+            documented[-1] = (label, documented[-1][1] + fields)
+        else:
+            documented.append((label, fields))
+    section = GUIDE.read_text().split("**`DecodeConfig`'s fields by concern**", 1)[1].split("\n\n")[1]
+    rows = re.findall(r"^\| ([^|`]+?) \| (`.*`[^|]*) \|$", section, re.M)
+    assert [(label, re.findall(r"`([a-z_]+)`", fields)) for label, fields in rows] == documented
+    declared = {f.name for f in dataclasses.fields(DecodeConfig) if not f.name.startswith("_")}
+    assert sorted(name for _, fields in documented for name in fields) == sorted(declared)
 
 
 @pytest.mark.slow

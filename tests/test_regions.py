@@ -9,6 +9,7 @@ from support.llama_models import fdecode_target, mtp_head, truncated
 
 import fdecode
 from fdecode.bench import deepseek_v3
+from fdecode.drafts import drafter_for
 from fdecode.models.regions import layer_copies
 from fdecode.ops import kv
 from fdecode.ops.attention import paged_context
@@ -125,7 +126,7 @@ def test_regions_follow_the_config_and_the_kernel(deep_pair, monkeypatch):
     with pytest.raises(ValueError, match="layer_regions must be 'auto', True or False"):
         fdecode.DecodeConfig(num_draft_tokens=1, max_batch=1, max_seq_len=16, layer_regions=1)
     # "auto": regions from AUTO_MIN_COPIES layer calls a step (4 target layers + K x 2 draft layers = 10).
-    assert layer_copies(target, draft, K) == 4 + 2 * K
+    assert layer_copies(target, draft, drafter_for(draft), K) == 4 + 2 * K
     assert step_of(target, draft, regions="auto").config.layer_regions is False
     assert step_of(target, draft, regions="auto", num_draft_tokens=4).config.layer_regions is True
     # A device kernel that takes a per-layer view of the cache, or the NPU's KV write, runs layers unrolled.

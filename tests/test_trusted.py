@@ -155,7 +155,7 @@ def test_flat_calls_equal_the_eager_step_and_other_layouts_are_still_refused(sto
     assert [call.watched for call in calls] == [1]
 
     # A watched call that disagrees with the probe's map: the graph keeps Dynamo's bytecode, tokens unchanged.
-    monkeypatch.setattr(flat, "_agrees", lambda *args: False)
+    monkeypatch.setattr(flat, "agrees", lambda *args: False)
     for call in calls:
         call.flat = None  # to be watched again
     again, _ = run(step, STEPS)

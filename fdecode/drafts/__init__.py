@@ -6,7 +6,9 @@
 
 `drafter_for(draft)` is the one place that asks which kind a draft module is; the step, the prefill, the
 backends, tensor parallelism and the Engine ask the drafter. A new kind is one module here (a `Drafter`
-subclass, and its case in `drafter_for` and `resolve_draft`) plus its tests.
+subclass), its case in `drafter_for` and `resolve_draft`, and its tests; a kind with leaves of its own also
+adds them to the `Draft` part (`fdecode.state.parts`), `fdecode.prefill.draft_leaves` and
+`fdecode.state.checks`.
 """
 
 from __future__ import annotations

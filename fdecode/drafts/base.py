@@ -7,15 +7,18 @@ the backends, tensor parallelism and the Engine ask it, never the draft's type:
 
 - state: which leaves the kind adds (`history_width`, `missed_width`);
 - priming: whether the prompt runs through a draft forward (`forwards`);
-- the step: how it proposes the next window (`propose`) and how many drafts (`proposals`);
+- the step: how it proposes the next window (`propose`) and how many drafts (`proposals`), the next tree
+  (`propose_tree`), and a host loop's proposals for a draft without a forward (`host_proposals`);
 - the schedule: which depths it runs (`depths`), whether it may sit steps out (`idles`), and which depth
   policy an Engine uses (`gated`, `adapts`: `fdecode.runtime.policy`);
-- backends and costs: why a backend cannot capture it (`backend_reason`), the bytes a forward reads.
+- backends and costs: why a backend cannot capture it (`backend_reason`), the bytes a forward reads and
+  the decoder layers it runs (`layers_per_forward`).
 """
 
 from __future__ import annotations
 
 from fdecode.models.cost import forward_bytes
+from fdecode.models.regions import decoder_layers
 from fdecode.state.recurrent import is_hybrid
 
 
@@ -30,6 +33,15 @@ class Drafter:
     def recurrent(self, draft) -> bool:
         """Whether the draft carries linear-attention state (a ring of states over the window's rows)."""
         return is_hybrid(draft)
+
+    def depths(self, draft, cfg, *, target) -> tuple[int, ...]:
+        """The depths a step of this draft beside `target` runs (`Schedule.depths`): a tree step depth K (its N
+        nodes); where the target or the draft carries linear-attention state (`recurrent`) 0 or K; else any
+        depth 0 .. K."""
+        k = cfg.K
+        if cfg.tree:
+            return (k,)
+        return (0, k) if is_hybrid(target) or self.recurrent(draft) else tuple(range(k + 1))
 
     def idles(self, draft, cfg) -> bool:
         """Whether the draft sits out depth-0 steps and catches up later (`fdecode.ops.catch_up`)."""
@@ -50,6 +62,10 @@ class Drafter:
         if self.recurrent(draft):
             return cfg.K
         return 0 if depth == 0 and self.idles(draft, cfg) else max(depth, 1)
+
+    def layers_per_forward(self, draft) -> int:
+        """Decoder layers one draft forward runs (`fdecode.models.regions.layer_copies`): a draft LM's all."""
+        return decoder_layers(draft)
 
     def forward_kwargs(self, draft, j: int) -> dict:
         """Extra keywords of draft forward j (an MTP head's layer); {} for a draft LM."""
@@ -102,6 +118,16 @@ class Drafter:
         attention window's block columns; draft_u: [B, K, 2] uniforms (None: greedy-only); `plan`, `draft_regions`, `proposals` (how many, `proposals`), `catch_up` (the draft takes what it sat out first,
         `fdecode.ops.catch_up`) and `last` (the last committed token per lane, the next window's first)."""
         raise NotImplementedError
+
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, draft_regions):
+        """The next tree's N nodes: tokens [B, N] (-1 absent) and parents [B, N] (0: the root), in topological
+        order, from the last committed token at `pos` (`fdecode.tree.step.tree_advance`)."""
+        raise NotImplementedError
+
+    def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:
+        """Up to k drafts after a lane's `tokens` (prompt and output), proposed on the host by a draft without a
+        forward (`forwards` False) in a host-side loop (`fdecode.baseline.BeforeLoop`)."""
+        raise NotImplementedError(f"a {self.kind} draft proposes through its forwards, not on the host")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r})"

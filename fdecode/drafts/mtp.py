@@ -24,6 +24,9 @@ class MTPDrafter(LMDrafter):
             return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
         return None
 
+    def layers_per_forward(self, draft) -> int:
+        return 1  # draft forward j runs layer j mod `num_mtp_layers`
+
     def layer_of(self, draft, j: int) -> int:
         return j % draft.num_mtp_layers
 

@@ -20,7 +20,8 @@ import torch
 from fdecode.drafts.base import Drafter
 from fdecode.drafts.tokens import point_masses
 from fdecode.ops.grammar import walk
-from fdecode.ops.ngram import lookup, write_history
+from fdecode.ops.ngram import lookup, lookup_list, write_history
+from fdecode.tree.ngram import ngram_tree
 
 
 class NgramDraft(torch.nn.Module):
@@ -99,6 +100,9 @@ class NgramDrafter(Drafter):
     def forward_bytes(self, draft) -> int:
         return 0
 
+    def layers_per_forward(self, draft) -> int:
+        return 0
+
     def propose(
         self,
         draft,
@@ -126,3 +130,13 @@ class NgramDrafter(Drafter):
             found = torch.where(torch.cumsum((walked == -2).long(), dim=1) > 0, -1, found)
         draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
         return list(found.unbind(1)), draft_probs, state.missed
+
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, draft_regions):
+        """The k most frequent continuations of each node (`fdecode.tree.ngram`), over the history written first."""
+        write_history(state.history, state.base_pos, committed.accepted)
+        window = state.history[:, : context.shape[1] * cfg.block_size]
+        return ngram_tree(window, pos, cfg, draft.max_n, draft.min_n, state.draft_probs.shape[-1])
+
+    def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:
+        """The step's lookup rule on the host (`fdecode.ops.ngram.lookup_list`)."""
+        return lookup_list(tokens, k, draft.max_n, draft.min_n)

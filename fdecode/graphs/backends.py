@@ -94,9 +94,9 @@ def _inductor(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     return parameters_reason((target, draft), cfg.device_type)
 
 
-def recurrent_reason(target, draft) -> str | None:
+def recurrent_reason(target, draft, drafter: Drafter) -> str | None:
     """Why graph replay cannot hold a hybrid model's recurrent state (`fdecode.state.recurrent`), or None."""
-    if any(is_hybrid(m) for m in (target, draft)):
+    if is_hybrid(target) or drafter.recurrent(draft):
         return (
             "the recurrent-state leaves of a hybrid model (Gated DeltaNet layers) are not yet held at static "
             "addresses (priming rebuilds them), so graph replay would copy or re-record them every step"
@@ -107,7 +107,7 @@ def recurrent_reason(target, draft) -> str | None:
 def _cudagraphs(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     if cfg.device_type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft) or drafter.backend_reason("cudagraphs")
+    reason = recurrent_reason(target, draft, drafter) or drafter.backend_reason("cudagraphs")
     if reason is not None:
         return reason
     # CUDA availability and triton are checked by _inductor, which CUDA graphs build on. A CPU tensor anywhere in the graph makes CUDA graph trees skip it ("skipping cudagraphs due to cpu
@@ -118,7 +118,7 @@ def _cudagraphs(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | Non
 def _torchair(cfg: DecodeConfig, target, draft, drafter: Drafter) -> str | None:
     if cfg.device_type != "npu":
         return f"torchair captures on an Ascend NPU, the step runs on {cfg.device_type!r}"
-    reason = recurrent_reason(target, draft) or drafter.backend_reason("torchair") or npu.availability_reason()
+    reason = recurrent_reason(target, draft, drafter) or drafter.backend_reason("torchair") or npu.availability_reason()
     if reason is not None:
         return reason
     if cfg.dtype not in npu.DTYPES:

@@ -284,7 +284,7 @@ def compile(
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
     check_tree(target_model, draft_model, drafter, config)  # a tree these models or features cannot run
-    regions = resolve_regions(config.layer_regions, target_model, draft_model, config.K)
+    regions = resolve_regions(config.layer_regions, target_model, draft_model, drafter, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)
     packing = cpu.pack_linears(target_model, draft_model) if cpu.packs_weights(config, backend) else None

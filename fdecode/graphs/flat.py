@@ -253,7 +253,7 @@ class FlatCall:
             rebuilt = self._result(state, extra, seen["outs"])
         except Exception:  # the outputs are not what the probe read (`seen` without them: no graph call)
             rebuilt = None
-        self.flat = rebuilt is not None and _agrees(args, seen, result, rebuilt)
+        self.flat = rebuilt is not None and agrees(args, seen, result, rebuilt)
         if self.flat:  # the inputs AOTAutograd's wrapper bumps (the graph's own in-place writes bump their own)
             wrapper = [a - b for a, b in zip(seen["after"], seen["before"])]
             own = [a - b for a, b in zip(seen["graph_after"], seen["graph_before"])]
@@ -277,7 +277,7 @@ def _versions(values) -> list[int]:
     return [v._version if isinstance(v, torch.Tensor) else 0 for v in values]
 
 
-def _agrees(args: list, seen: dict, result, rebuilt) -> bool:
+def agrees(args: list, seen: dict, result, rebuilt) -> bool:
     """Whether the watched call ran exactly what the flat call would: the same inputs (the very objects; sizes
     equal), one graph call with them, its outputs returned as they are, and the same result rebuilt."""
     inputs, graph = seen.get("inputs"), seen.get("graph")

@@ -20,7 +20,6 @@ from fdecode.graphs.warmup import Run, warm
 from fdecode.host_record import HostRecord, HostRecords, read_record
 from fdecode.ops.plan import SamplingPlan, exact, plan_for, rank
 from fdecode.state import DecodeState
-from fdecode.state.recurrent import is_hybrid
 from fdecode.step import general_plan
 
 MADE_MEMO = 256  # `Schedule.made_plans` and `key` answers kept (window, depth, lanes' sampling, graphs made)
@@ -57,14 +56,10 @@ class Schedule:
 
     @classmethod
     def for_models(cls, config: DecodeConfig, graph_set: GraphSet, target, draft, drafter) -> Schedule:
-        """The schedule of a step of these models: a tree step runs depth K (its N nodes), recurrent
-        (linear-attention) models depth 0 or K, others any depth 0 .. K; a draft LM may sit depth-0 steps out
+        """The schedule of a step of these models: the depths the drafter runs beside `target` (`Drafter.depths`:
+        K in a tree step, 0 or K with a recurrent model, else 0 .. K); a draft LM may sit depth-0 steps out
         (`Drafter.idles`), never in a tree step."""
-        k = config.K
-        if config.tree:
-            depths = (k,)
-        else:
-            depths = (0, k) if is_hybrid(target) or drafter.recurrent(draft) else tuple(range(k + 1))
+        depths = drafter.depths(draft, config, target=target)
         return cls(config, graph_set, depths=depths, idles_draft=drafter.idles(draft, config) and not config.tree)
 
     def record(self, state: DecodeState) -> HostRecord:

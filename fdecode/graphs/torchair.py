@@ -66,7 +66,7 @@ GE_BLOCKERS: dict[bool, tuple[str, ...]] = {False: (), True: ()}
 GE_OUTPUTS = ("tokens", "hidden_rows", "positions", "kv_lens", "slots")
 
 
-def _import_torchair():
+def import_torchair():
     """torchair as a package, or as shipped inside torch_npu (older releases)."""
     import torch_npu  # noqa: F401 - registers the NPU device with torch
 
@@ -96,7 +96,7 @@ def availability_reason() -> str | None:
     if reason is not None:
         return reason
     try:
-        _import_torchair()
+        import_torchair()
     except ImportError as err:
         return f"torchair is not importable: {err}"
     return None
@@ -263,7 +263,7 @@ def register_ge_converters(tng) -> None:
 
 def backend(cfg: DecodeConfig):
     """The torchair backend object for `torch.compile(..., backend=...)`, configured for `cfg.torchair_mode`."""
-    tng = _import_torchair()
+    tng = import_torchair()
     config = tng.CompilerConfig()
     if cfg.torchair_mode == "max-autotune":
         register_ge_converters(tng)

@@ -13,10 +13,15 @@ the NPU's "scatter_nd" write need an int, so with them layers run unrolled, as t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from fdecode.ops.attention import PagedContext
+
+if TYPE_CHECKING:
+    from fdecode.drafts.base import Drafter
 
 # `DecodeConfig.layer_regions="auto"` uses regions from this many layer copies per step: a region call
 # costs host time in Inductor's CPU wrapper, which few copies do not win back in compile time, and many
@@ -46,23 +51,23 @@ def _region(layer: nn.Module, ctx_at: int, *args, **kwargs):
     return layer(*args, **kwargs)
 
 
-def layer_copies(target: nn.Module, draft: nn.Module, k: int) -> int:
-    """Decoder-layer calls in one step: the target's layers once, the draft's K times (an MTP head runs one
-    layer per draft forward; an n-gram draft none)."""
-
-    def layers(model) -> int:
-        if hasattr(model, "layers"):
-            return len(model.layers)
-        return 1 if hasattr(model, "layer") else 0
-
-    per_forward = 1 if hasattr(draft, "num_mtp_layers") else layers(draft)
-    return layers(target) + k * per_forward
+def decoder_layers(model: nn.Module) -> int:
+    """The decoder layers `model` holds: its `layers`, else one `layer`, else none."""
+    if hasattr(model, "layers"):
+        return len(model.layers)
+    return 1 if hasattr(model, "layer") else 0
 
 
-def resolve_regions(setting: bool | str, target: nn.Module, draft: nn.Module, k: int) -> bool:
+def layer_copies(target: nn.Module, draft: nn.Module, drafter: Drafter, k: int) -> int:
+    """Decoder-layer calls in one step: the target's layers once, the draft's K times (each draft forward runs
+    `Drafter.layers_per_forward`: an MTP head one layer, an n-gram draft none)."""
+    return decoder_layers(target) + k * drafter.layers_per_forward(draft)
+
+
+def resolve_regions(setting: bool | str, target: nn.Module, draft: nn.Module, drafter: Drafter, k: int) -> bool:
     """`DecodeConfig.layer_regions` as a bool: "auto" is True from `AUTO_MIN_COPIES` layer copies a step."""
     if setting == "auto":
-        return layer_copies(target, draft, k) >= AUTO_MIN_COPIES
+        return layer_copies(target, draft, drafter, k) >= AUTO_MIN_COPIES
     return bool(setting)
 
 

@@ -8,8 +8,8 @@
       --sample----> greedy: the deepest path the target's argmax agrees with; random lanes: recursive
                     rejection over siblings (`fdecode.ops.tree`); then stops, budgets, missing KV as a chain
       --commit----> the accepted path's target KV moved to base_pos + 1 .. (`move_path_kv`)
-      --advance---> the draft's next tree from the last committed token (`fdecode.tree.draft`; n-gram drafts:
-                    `fdecode.tree.ngram`)
+      --advance---> the draft's next tree from the last committed token (`Drafter.propose_tree`: a draft LM's
+                    `fdecode.tree.draft`, n-gram drafts' `fdecode.tree.ngram`)
 
 A node whose own slot is the scratch slot (past the lane's blocks) is absent: it is never accepted.
 """
@@ -21,7 +21,6 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.filters import filtered
-from fdecode.ops.ngram import write_history
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.processors import processors
@@ -30,8 +29,6 @@ from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense
 from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
 from fdecode.processing import tallied
 from fdecode.state.decode_state import with_leaves
-from fdecode.tree.draft import draft_tree
-from fdecode.tree.ngram import ngram_tree
 
 
 def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, draft_regions: bool):
@@ -109,12 +106,7 @@ def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
     last = accepted.gather(1, (length - 1).clamp_min(0)[:, None])[:, 0]
     last = torch.where(length > 0, last, state.tokens[:, 0])
     pos = state.base_pos + length
-    if not drafter_for(draft).forwards:  # a lookup: the k most frequent continuations (`fdecode.tree.ngram`)
-        write_history(state.history, state.base_pos, accepted)
-        window = state.history[:, : context.shape[1] * cfg.block_size]
-        vocab = state.draft_probs.shape[-1]
-        nodes, parents = ngram_tree(window, pos, cfg, draft.max_n, draft.min_n, vocab)
-    else:
-        nodes, parents = draft_tree(draft, cfg, state, committed, pos, context, draft_regions=draft_regions)
+    drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
+    nodes, parents = drafter.propose_tree(draft, cfg, state, committed, pos, context, draft_regions=draft_regions)
     new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, state.missed)
     return with_leaves(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))

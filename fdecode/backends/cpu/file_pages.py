@@ -39,7 +39,7 @@ class FileBytes:
     offset: int  # the weight's first byte in the file
 
 
-def _mappings() -> list[tuple[int, int, int, int, str]]:
+def file_mappings() -> list[tuple[int, int, int, int, str]]:
     """(start, end, file offset, inode, path) of the process's file mappings."""
     out = []
     with open("/proc/self/maps") as maps:
@@ -79,14 +79,14 @@ def _pages_are_the_files(start: int, end: int) -> bool:
 def file_backed(weight: torch.Tensor, mappings: list | None = None) -> FileBytes | None:
     """Where `weight`'s bytes lie in a file the process maps, or None: a CPU tensor of no mapped file, over
         two mappings, or written since it was mapped (its version counter, or a page of it the process copied on
-    writing, a neighbour's write on a page they share included). mappings: `_mappings()`, read once for many
+    writing, a neighbour's write on a page they share included). mappings: `file_mappings()`, read once for many
         weights."""
-    if weight.device.type != "cpu" or not weight.is_contiguous() or weight.numel() == 0 or not _linux():
+    if weight.device.type != "cpu" or not weight.is_contiguous() or weight.numel() == 0 or not on_linux():
         return None
     if not weight.is_inference() and weight._version:  # written in place since it was made
         return None
     start, end = _span(weight)
-    for lo, hi, offset, inode, path in _mappings() if mappings is None else mappings:
+    for lo, hi, offset, inode, path in file_mappings() if mappings is None else mappings:
         if lo <= start and end <= hi:
             try:
                 stat = os.stat(path)
@@ -116,5 +116,6 @@ def resident_bytes(weight: torch.Tensor) -> int:
     return PAGE * int(_bit(_pagemap(*_span(weight)), _PRESENT).sum())
 
 
-def _linux() -> bool:
+def on_linux() -> bool:
+    """Whether the process can read its page map and file mappings (`/proc/self/pagemap`, Linux)."""
     return os.path.exists("/proc/self/pagemap")

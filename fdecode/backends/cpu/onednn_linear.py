@@ -99,7 +99,7 @@ class Packing:
 def pack_linears(*models: nn.Module) -> Packing:
     """Keeps oneDNN's packed layout (`onednn_packed`) of the weight of every `nn.Linear` in `models` that
     oneDNN takes: in place of a checkpoint file's weight, beside any other."""
-    mappings = file_pages._mappings() if file_pages._linux() else []
+    mappings = file_pages.file_mappings() if file_pages.on_linux() else []
     total = Packing()
     for model in models:
         for m in model.modules():

@@ -84,7 +84,7 @@ def pack(weight: torch.Tensor, mappings: list | None = None) -> Packed | None:
     bytes (see the module's docstring), else beside it. None: kept already, an inference tensor, or a
     dtype this CPU's oneDNN cannot pack, such as bfloat16 without AVX-512 (those run as they lie).
     Tensors that view one weight (two steps sharing a model's parameters) share one copy, kept while any of
-    them lives. mappings: `file_pages._mappings()`, read once for many weights."""
+    them lives. mappings: `file_pages.file_mappings()`, read once for many weights."""
     if weight.is_inference():
         return None
     key = _key(weight)
