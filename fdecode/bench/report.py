@@ -91,7 +91,7 @@ SECTIONS = (
         "--new-tokens 64 --reps 3\n"
         "OMP_NUM_THREADS=1 fdecode bench --workloads acceptance -k 1 2 3 4 --new-tokens 96",
         "avx2",
-        "2026-12-01 (acceptance: 2026-12-05)",
+        "2026-12-05, quiet (acceptance: the same day)",
         ("bundled_b1.json", "acceptance_bundled.json"),
         "The 4-layer byte-level model shipped in fdecode/assets with its MTP head (bundled-mtp) or its 2-layer "
         "draft LM (bundled-draft), held-out standard-library prompts, greedy, K = 3, one thread on one core. "
