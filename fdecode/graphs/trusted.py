@@ -26,7 +26,6 @@ from fdecode.state import DecodeState
 from fdecode.state.decode_state import LEAVES, leaves_of
 
 KV = tuple(LEAVES.index(name) for name in ("target_kv", "draft_kv"))  # the pool's: the very tensors, not copies
-_leaves = leaves_of  # a state's leaves, in one call
 
 
 def same_layout(a: object, b: object) -> bool:
@@ -68,7 +67,7 @@ class TrustedStates:
         ticket = None if self._ticket is None else self._ticket()
         if not isinstance(state, DecodeState) or ticket is None or state.kv_ticket is not ticket:
             return None
-        leaves = _leaves(state)
+        leaves = leaves_of(state)
         if any(leaves[i] is not self._leaves[i] for i in KV):  # a copy of the KV is a chain of its own
             return None
         return last[1] if all(same_layout(new, old) for new, old in zip(leaves, self._leaves)) else None
@@ -76,7 +75,7 @@ class TrustedStates:
     def made(self, state: DecodeState, graph: Hashable) -> None:
         """`state` is the Step's new last state, made by `graph`."""
         self._last = (weakref.ref(state), graph)
-        self._leaves = _leaves(state)
+        self._leaves = leaves_of(state)
         self._ticket = None if state.kv_ticket is None else weakref.ref(state.kv_ticket)
 
     def call(self, state: DecodeState, key: Hashable, graph: Callable, extra: tuple) -> Callable | None:

@@ -239,12 +239,6 @@ def leaves_of(state: DecodeState) -> tuple[torch.Tensor | None, ...]:
     return leaves
 
 
-def leaves_getter(names: tuple[str, ...]) -> Callable[[DecodeState], tuple[torch.Tensor | None, ...]]:
-    """A function of a state to its leaves named `names` (flat names, at least two), as a tuple."""
-    pick = operator.itemgetter(*(LEAVES.index(name) for name in names))
-    return lambda state: pick(leaves_of(state))
-
-
 def with_leaves(state: DecodeState, **changes: torch.Tensor | Part | None) -> DecodeState:
     """`state` with `changes` by flat leaf name (routed to its part) or part name, without a KV ticket: what a
     step builds inside its graph (`DecodeState.replace` is this plus the ticket). An optional part left with no
