@@ -42,9 +42,14 @@ class Chains:
     def start(self, build: Callable[[torch.Tensor, torch.Tensor], tuple[DecodeState, T]], *, take_over: bool):
         """The state `build(target_kv, draft_kv)` makes as the first of a new chain (`KVPools.start`), with what
         else `build` returns beside it (a prefill's `HostRecord`): (state, that)."""
-        made = []
-        state = self.kv.start(lambda *kv: made.append(build(*kv)) or made[0][0], take_over=take_over)
-        return state, made[0][1]
+        beside = []
+
+        def first(*kv: torch.Tensor) -> DecodeState:
+            state, extra = build(*kv)
+            beside.append(extra)
+            return state
+
+        return self.kv.start(first, take_over=take_over), beside[0]
 
     def check(self, state: DecodeState) -> None:
         """Host-side shape/device checks (no device sync), so a wrong state fails before the graph runs."""
