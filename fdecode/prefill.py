@@ -345,9 +345,9 @@ def prime(
                 recurrent=first_copy(fresh, "draft"),
                 valid=real,
             )
-    history = None
-    if drafter.history_width(cfg):  # an n-gram draft's history: the prompt
-        history = torch.full((n, drafter.history_width(cfg)), -1, dtype=torch.int64, device=device)
+    fresh_draft = draft_leaves(drafter, draft, cfg, n, device)  # nothing missed yet, a root alone
+    history = fresh_draft["history"]
+    if history is not None:  # an n-gram draft's history: the prompt
         history[:, : min(longest, history.shape[1])] = torch.where(real, tokens, -1)[:, : history.shape[1]]
 
     rows = torch.arange(n, device=device)
@@ -363,7 +363,7 @@ def prime(
         grammar_allowed=state.grammar_allowed,
         grammar_keys=state.grammar_keys,
         grammar_next=state.grammar_next,
-        **dict(draft_leaves(drafter, draft, cfg, n, device), history=history),  # nothing missed yet, a root alone
+        **fresh_draft,
         active=active,
         remaining=remaining,
         stop_ids=stops,
