@@ -118,8 +118,7 @@ class HostRecords:
 def read_record(state) -> HostRecord:
     """The facts of `state` read from its tensors (a device read: for a state no record describes, built by hand
     or copied), exact rather than bounds; unknown where a leaf cannot be read (a meta or fake tensor)."""
-    names = ("base_pos", "active", "temperature", "top_k", "top_p", "penalties", "min_left", "bias_ids", "missed")
-    leaves = [getattr(state, name) for name in names]
+    leaves = _leaves(state)  # in `_NAMES`' order, unpacked below
     present = [t for t in leaves if t is not None]  # penalties, bias_ids, missed: absent where the step has none
     if any(not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor) or t.device.type == "meta" for t in present):
         return HostRecord()
