@@ -10,9 +10,11 @@ Only the state the Step returned last is trusted, and for as long as no other is
 from it that keeps its KV chain (the same `kv_ticket` and the very KV tensors: `state.replace` of other leaves)
 and whose every other leaf is that state's own or one of the same layout (type, shape, strides, storage offset, dtype,
 device, requires_grad): what an `Engine` steps after growing a lane's block table. Any other state (prefilled,
-primed, built by hand, an older one, a leaf of another layout) goes through `Step.check_state` and the guards
-as before, so a state of another layout is still refused before anything runs. A graph that is not stored
-(the cache off, other backends, CUDA graphs) keeps its guards.
+primed, built by hand, an older one, a leaf of another layout) goes through `Step.check_state`, so a state of
+another layout is still refused before anything runs; then the graph's guards are checked for it alone and, where
+they pass, the graph is called as for a trusted state (not through Dynamo's bytecode: the first step after each
+prefill or admission costs one guard check more than a trusted one), else through Dynamo as before. A graph that
+is not stored (the cache off, other backends, CUDA graphs) keeps its guards.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ class TrustedStates:
         """The call of `graph` (the Step's graph `key`) that skips its guards for `state`, or None: `state` is
         untrusted, or `graph` has no unguarded form (`StoredGraph.unguarded`), or its guards refuse `state`."""
         maker = self.maker(state)
-        if maker is None:
-            return None
+        if maker is None:  # a state of a layout not known yet: its guards checked now, for it alone
+            unguarded = getattr(graph, "unguarded", None)
+            return None if unguarded is None else unguarded(state, *extra)
         fast = self._calls.get((maker, key))
         if fast is None:
             unguarded = getattr(graph, "unguarded", None)
