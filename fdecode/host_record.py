@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from fdecode.state.decode_state import LEAVES, DecodeState, leaves_of
+
 # A lane's `SamplingParams.plan_inputs`: (temperature, top_k, top_p, processed), None for a free lane.
 LaneSampling = tuple[tuple[float, int, float, bool] | None, ...]
 
@@ -34,7 +36,14 @@ DESCRIBES = (
 KEEP = 64  # records kept, newest first: about one per chain of states alive (a step's drops its input's)
 _NAMES = tuple(dict.fromkeys(name for _, names in DESCRIBES for name in names))
 _COLUMNS = tuple((fact, tuple(_NAMES.index(name) for name in names)) for fact, names in DESCRIBES)
-_leaves = operator.attrgetter(*_NAMES)  # a state's described leaves, as a tuple
+_DESCRIBED = operator.itemgetter(*(LEAVES.index(name) for name in _NAMES))
+_BY_NAME = operator.attrgetter(*_NAMES)
+
+
+def _leaves(state) -> tuple:
+    """`state`'s described leaves, in `_NAMES`' order: from the leaves a `DecodeState` keeps once read, else
+    (any object with the flat names) by name."""
+    return _DESCRIBED(leaves_of(state)) if isinstance(state, DecodeState) else _BY_NAME(state)
 
 
 @dataclass(frozen=True)
@@ -81,29 +90,52 @@ class HostRecord:
 class HostRecords:
     """The records of the states a Step made, newest first, each held with the leaves its facts describe (small
     per-lane tensors): `of(state)` takes each fact from the newest record whose leaves `state` carries. A record
-    goes when a step or priming consumes its state (or a state over the same leaves), or past the newest `KEEP`."""
+    goes when a step or priming consumes its state (or a state over the same leaves), or past the newest `KEEP`.
+
+    Records are grouped by the identities of the leaves they describe, so a step drops its input's records and
+    notes its output's in constant time, however many chains of states were left behind (each `generate` call
+    leaves one)."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[weakref.ref, tuple, HostRecord]] = []
+        # ids of the described leaves -> (those leaves, [(state, record), newest first]); oldest group first
+        self._groups: dict[tuple[int, ...], tuple[tuple, list[tuple[weakref.ref, HostRecord]]]] = {}
 
     def note(self, state: object, record: HostRecord, *, spent: object = None) -> None:
         """`record` is what the host knows of `state`, a state the Step just made (from `spent`, consumed)."""
-        entries = self._entries
-        if spent is not None:
-            gone = _leaves(spent)
-            entries = [e for e in entries if e[0]() is not spent and not all(map(operator.is_, e[1], gone))]
-        self._entries = [(weakref.ref(state), _leaves(state), record), *entries[: KEEP - 1]]
+        groups = self._groups
+        if spent is not None:  # its record, and those of the states over the very same leaves
+            newest = next(reversed(groups), None)  # a step's input is mostly the state the Step made last
+            if newest is not None and groups[newest][1][0][0]() is spent:
+                del groups[newest]
+            else:
+                groups.pop(tuple(map(id, _leaves(spent))), None)
+        leaves = _leaves(state)
+        key = tuple(map(id, leaves))
+        held = groups.pop(key, None)
+        groups[key] = (leaves, [(weakref.ref(state), record), *([] if held is None else held[1][: KEEP - 1])])
+        if len(groups) > KEEP:
+            del groups[next(iter(groups))]
+
+    def _newest_first(self):
+        """(made, held leaves, record) of every record, newest first."""
+        for held, records in reversed(self._groups.values()):
+            for made, record in records:
+                yield made, held, record
 
     def of(self, state: object, fill: Callable[[], HostRecord] | None = None) -> HostRecord:
         """What the host knows of `state`: its record where the Step made it, else each fact of the newest record
         whose described leaves are `state`'s very tensors; a fact no record has is `fill()`'s (None: unknown)."""
-        for made, _, record in self._entries:
+        groups = self._groups
+        newest = next(reversed(groups), None)  # mostly the state the Step made last
+        if newest is not None and groups[newest][1][0][0]() is state:
+            return groups[newest][1][0][1]
+        for made, _, record in self._newest_first():
             if made() is state:
                 return record
         leaves = _leaves(state)
         facts, missing = {}, []
         for fact, columns in _COLUMNS:
-            for _, held, record in self._entries:
+            for _, held, record in self._newest_first():
                 if all(held[i] is leaves[i] for i in columns):
                     facts[fact] = getattr(record, fact)
                     break
