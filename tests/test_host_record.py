@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 import fdecode
 from fdecode.host_record import HostRecord, HostRecords, read_record
+from fdecode.state.decode_state import LEAVES, MEMO, leaves_of
 from fdecode.state.ownership import TICKET
 
 PROMPTS = [[5, 17, 33, 2, 9], [7, 3, 4]]
@@ -70,7 +71,8 @@ def test_read_record_reads_the_facts_from_the_tensors():
 
 
 def test_no_host_bookkeeping_rides_on_the_state():
-    """Only the KV ticket (ownership, `fdecode.state.ownership`) is held beside a state's leaves."""
+    """Only the KV ticket (ownership, `fdecode.state.ownership`) is held beside a state's leaves, and the tuple of
+    those leaves once read (`leaves_of`: its own fields, nothing of the host's)."""
     target = fdecode_target(2)
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
     step = fdecode.compile(target, independent_draft("partial", target), cfg)
@@ -78,7 +80,8 @@ def test_no_host_bookkeeping_rides_on_the_state():
     fields = {f.name for f in dataclasses.fields(state)}
     for _ in range(2):
         state, _ = step(state)
-        assert set(vars(state)) == fields | {TICKET} and state.kv_ticket is not None
+        assert set(vars(state)) - {MEMO} == fields | {TICKET} and state.kv_ticket is not None
+        assert all(a is getattr(state, name) for a, name in zip(leaves_of(state), LEAVES, strict=True))
     record = step.schedule.record(state)
     assert record.max_position == len(PROMPTS[0]) + 2 * cfg.W  # prefill's bound, W per step
     assert step.schedule.record(pytree.tree_map(lambda t: t, state)) == record

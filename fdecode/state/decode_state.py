@@ -229,13 +229,20 @@ LEAVES = tuple(ROUTES)  # every flat leaf name, in the state's leaf order
 _GETTERS = tuple((name, operator.attrgetter(*FIELDS[name]), (None,) * len(FIELDS[name])) for name in PARTS)
 
 
+MEMO = "_leaves"  # where a state keeps its leaves once read: not a field, so not a pytree leaf, never in a graph
+
+
 def leaves_of(state: DecodeState) -> tuple[torch.Tensor | None, ...]:
-    """`state`'s leaf of each name in `LEAVES` (None where absent), read part by part: a Step reads them every
-    call (`fdecode.graphs.trusted`), and a property per name costs several times as much."""
-    leaves: tuple = ()
-    for name, get, absent in _GETTERS:
-        part = getattr(state, name)
-        leaves += absent if part is None else get(part)
+    """`state`'s leaf of each name in `LEAVES` (None where absent), read part by part once and then kept beside
+    the state (it is frozen: they cannot change): a Step reads them several times a call (its trust in the state,
+    `fdecode.graphs.trusted`, and its host records, `fdecode.host_record`)."""
+    leaves = state.__dict__.get(MEMO)
+    if leaves is None:
+        leaves = ()
+        for name, get, absent in _GETTERS:
+            part = getattr(state, name)
+            leaves += absent if part is None else get(part)
+        state.__dict__[MEMO] = leaves
     return leaves
 
 
