@@ -2,9 +2,11 @@
 
 Per model (`micro`: a 1-layer, 32-wide Llama target and draft at V = 64, one thread; `bundled`: the bundled
 model with its MTP head) and batch, with the default `DecodeConfig` (greedy lanes, K = 3):
-- step_ms: wall time of `step(state)`, the median over `reps` runs of `steps` steps from a fresh prefill, one
-  device read at each run's end (no profiler); cpu_ms: the process's CPU time over the same runs (on a machine
-  shared with other jobs, the figure their load disturbs least);
+- step_ms: wall time of `step(state)`, the median over `reps` runs of `steps` steps after the first step from a
+  fresh prefill, one device read at each run's end (no profiler); cpu_ms: the process's CPU time over the same
+  runs (on a machine shared with other jobs, the figure their load disturbs least); first_step_ms: that first
+  step's wall time (a state the Step did not make: its checks and one guard check, once per prefill; every
+  other figure is of the steps after it);
 - inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
   compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
   choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
@@ -64,16 +66,27 @@ def prompts_of(step, batch: int) -> list[list[int]]:
     return [[(7 * lane + i) % vocab for i in range(PROMPT_LEN + lane)] for lane in range(batch)]
 
 
-def timed_run(step, prompts, steps: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds per step of `steps` steps from a fresh prefill (device-resident, one read at
-    the end)."""
-    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
-    synchronize()
+def timed_run(step, prompts, steps: int) -> tuple[float, float, float]:
+    """(wall, process CPU) seconds per step of the `steps` steps that follow the first step from a fresh prefill
+    (device-resident, one read at the end), and the wall seconds of that first step (`first_step`)."""
+    state, first = first_step(step, prompts, steps)
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         state, out = step(state)
     out.packed.cpu()
-    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps, first
+
+
+def first_step(step, prompts, steps: int):
+    """(the state after, wall seconds) of the first step from a fresh prefill for `steps` more steps: a state the
+    Step did not make, so it pays for `Step.check_state` and one guard check; a decode loop pays it once per
+    prefill, an `Engine` once per admission. The other figures are of the steps after it."""
+    state = step.prefill(prompts, max_new_tokens=(steps + 1) * step.config.W, eos_token_id=[])
+    synchronize()
+    start = time.perf_counter()
+    state, out = step(state)
+    synchronize()
+    return state, time.perf_counter() - start
 
 
 def _ranges(prof, name: str, device: bool = False) -> list[tuple[float, float]]:
@@ -110,7 +123,7 @@ def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
     activities = [ProfilerActivity.CPU]
     if step.config.device_type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    state, _ = first_step(step, prompts, steps)
     prof = profile(activities=activities)
     with quiet_stderr():
         prof.start()
@@ -140,7 +153,7 @@ def cpu_split(step, prompts, steps: int) -> tuple[float, float]:
         finally:
             inside[0] += time.thread_time() - start
 
-    state = step.prefill(prompts, max_new_tokens=steps * step.config.W, eos_token_id=[])
+    state, _ = first_step(step, prompts, steps)
     CompiledFxGraph.__call__ = timed
     try:
         start = time.thread_time()
@@ -205,7 +218,7 @@ def run_host_workload(
             prompts = prompts_of(step, batch)
             timed_run(step, prompts, steps)  # compiles (or loads) the graph, fills the caches
             runs = [timed_run(step, prompts, steps) for _ in range(reps)]
-            seconds, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+            seconds, cpu, first = (statistics.median(r[i] for r in runs) for i in (0, 1, 2))
             split = profiled_run(step, prompts, steps)
             cpu_splits = [cpu_split(step, prompts, steps) for _ in range(reps)]
             cpu_total, cpu_inside = (statistics.median(r[i] for r in cpu_splits) for i in (0, 1))
@@ -221,6 +234,7 @@ def run_host_workload(
                     "threads": torch.get_num_threads(),
                     "step_ms": seconds * 1e3,
                     "cpu_ms": cpu * 1e3,
+                    "first_step_ms": first * 1e3,
                     "inside_ms": inside / 1e3,
                     "outside_ms": outside / 1e3,
                     "outside_share": outside / max(inside + outside, 1e-9),
@@ -240,15 +254,17 @@ def run_host_workload(
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | B | backend | threads | ms/step | CPU ms/step | inside ms | outside ms | outside share | CPU outside ms "
+        "| model | B | backend | threads | ms/step | CPU ms/step | first step ms | inside ms | outside ms | outside share "
+        "| CPU outside ms "
         "| CPU outside share | device idle "
         "| Engine ms/step | Engine's own ms | Engine CPU ms/step | Engine's own CPU ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         idle = "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.1f} %"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['backend']} | {r['threads']} | {r['step_ms']:.3f} | {r['cpu_ms']:.3f} | "
+            f"{r['first_step_ms']:.3f} | "
             f"{r['inside_ms']:.3f} | {r['outside_ms']:.3f} | {100 * r['outside_share']:.1f} % | "
             f"{r['cpu_outside_ms']:.3f} | {100 * r['cpu_outside_share']:.1f} % | {idle} | "
             f"{r['engine_ms']:.3f} | {r['engine_own_ms']:.3f} | {r['engine_cpu_ms']:.3f} | {r['engine_own_cpu_ms']:.3f} |"
