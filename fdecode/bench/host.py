@@ -9,7 +9,8 @@ model with its MTP head) and batch, with the default `DecodeConfig` (greedy lane
   other figure is of the steps after it);
 - inside / outside: from one run under `torch.profiler`, each step in a `fdecode/host-step` range: time in the
   compiled code (Inductor's `## Call CompiledFxGraph` ranges) and the rest of the step (the Step's checks and
-  choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps;
+  choices, Dynamo's guards and bytecode, AOTAutograd's wrappers), medians over the steps; outside is less what
+  entering and leaving the two ranges costs (profiler_ms: the median outside of empty steps ranged alike);
 - cpu_outside / cpu_outside_share: the same split without the profiler, in CPU time of the thread (Inductor's
   compiled graphs timed as they run, median over `reps` runs): the figure to read on a shared machine;
 - device_idle: on a GPU, the device's idle time between consecutive steps (from the last kernel of step n to
@@ -32,6 +33,7 @@ from fdecode.bench.models import llama
 from fdecode.bench.timing import synchronize
 
 STEP = "fdecode/host-step"
+EMPTY_STEP, EMPTY_CALL = "fdecode/empty-step", "fdecode/empty-call"  # `profiler_cost`'s ranges
 COMPILED = "## Call CompiledFxGraph"  # Inductor's range around a compiled graph's call (output_code.py)
 MODELS = ("micro", "bundled")
 PROMPT_LEN = 16
@@ -101,19 +103,40 @@ def _ranges(prof, name: str, device: bool = False) -> list[tuple[float, float]]:
     )
 
 
+def _split(steps: list[tuple[float, float]], inner: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """(inside, outside) us of each outer range: its time in the `inner` ranges, and the rest."""
+    inside = [sum(min(e, end) - max(s, start) for s, e in inner if s < end and e > start) for start, end in steps]
+    return inside, [(end - start) - i for (start, end), i in zip(steps, inside)]
+
+
+def profiler_cost(n: int) -> None:
+    """`n` empty steps as the profiled run ranges its steps: an outer `STEP`-like range around an inner one of the
+    kind Inductor puts around a compiled graph (`_RecordFunctionFast`). Their split's outside is what the
+    ranges themselves add to a step's outside time (entering and leaving them), which `shares` takes off."""
+    for _ in range(n):
+        with record_function(EMPTY_STEP), torch._C._profiler._RecordFunctionFast(EMPTY_CALL):
+            pass
+
+
 def shares(prof) -> dict[str, float | None]:
-    """inside_us / outside_us (medians over the steps) and device_idle (share of the step period, None where
-    the device ran nothing apart from the host) from a profile of steps in `STEP` ranges."""
-    steps, compiled = _ranges(prof, STEP), _ranges(prof, COMPILED)
-    inside = [sum(min(e, end) - max(s, start) for s, e in compiled if s < end and e > start) for start, end in steps]
-    outside = [(end - start) - i for (start, end), i in zip(steps, inside)]
+    """inside_us / outside_us (medians over the steps; outside less the profiler's own cost, `profiler_cost`,
+    given as profiler_us) and device_idle (share of the step period, None where the device ran nothing apart
+    from the host) from a profile of steps in `STEP` ranges."""
+    inside, outside = _split(_ranges(prof, STEP), _ranges(prof, COMPILED))
+    _, cost = _split(_ranges(prof, EMPTY_STEP), _ranges(prof, EMPTY_CALL))
+    cost = statistics.median(cost) if cost else 0.0
     device = _ranges(prof, STEP, device=True)  # the same ranges as the device ran their kernels
     idle = None
     if len(device) >= 2:
         gaps = [max(b[0] - a[1], 0.0) for a, b in zip(device, device[1:])]
         periods = [b[0] - a[0] for a, b in zip(device, device[1:])]
         idle = statistics.median(g / p for g, p in zip(gaps, periods) if p > 0)
-    return {"inside_us": statistics.median(inside), "outside_us": statistics.median(outside), "device_idle": idle}
+    return {
+        "inside_us": statistics.median(inside),
+        "outside_us": statistics.median(outside) - cost,
+        "profiler_us": cost,
+        "device_idle": idle,
+    }
 
 
 def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
@@ -132,6 +155,7 @@ def profiled_run(step, prompts, steps: int) -> dict[str, float | None]:
             with record_function(STEP):
                 state, out = step(state)
         out.packed.cpu()
+        profiler_cost(steps)
     finally:
         with quiet_stderr():
             prof.stop()
@@ -238,6 +262,7 @@ def run_host_workload(
                     "inside_ms": inside / 1e3,
                     "outside_ms": outside / 1e3,
                     "outside_share": outside / max(inside + outside, 1e-9),
+                    "profiler_ms": split["profiler_us"] / 1e3,
                     "device_idle": split["device_idle"],
                     "cpu_outside_ms": (cpu_total - cpu_inside) * 1e3,
                     "cpu_outside_share": (cpu_total - cpu_inside) / max(cpu_total, 1e-9),
