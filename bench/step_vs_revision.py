@@ -11,6 +11,10 @@ up, and times `--steps` steps from a prefilled state (one device read at the end
 Inductor cache, so every child after a tree's first loads its graph. Reported: each tree's median
 ms/step over the rounds and the ratio now / before.
 
+`--model qwen-coder`: the real Qwen2.5-Coder pair (`$FDECODE_QWEN_CODER`, fp32, K = 4, B = 1, the free-text chat
+prompt), `--steps` steps from a fresh prefill, 3 timed runs after one that compiles or loads the graphs; the
+process's CPU time (the pair runs on every thread). The two trees' committed tokens are compared too.
+
 `--model micro`: instead, the 1-layer, 32-wide target and draft at V = 64 (`fdecode.bench.host`), B = 1,
 K = 3, one thread (`--model bundled`: the bundled model with its MTP head, the process's threads); each child times `--steps` steps from a fresh prefill, 7 times, and reports the median
 wall time and the median CPU time of its thread (`time.thread_time`: on a machine shared with other jobs,
@@ -67,6 +71,51 @@ def small_child(steps: int, model: str) -> dict:
     }
 
 
+# The real pair's free-text prompt (`fdecode.bench.pair`'s "text"), spelled here: a child imports the other tree.
+PAIR_TEXT = "In a short paragraph, explain to a new programmer why version control matters."
+
+
+def pair_child(steps: int) -> dict:
+    """The real Qwen2.5-Coder pair (`$FDECODE_QWEN_CODER`), fp32, the default config at K = 4, B = 1, greedy: the
+    median of 3 timed runs of `steps` steps from a fresh prefill of the free-text chat prompt, after one run that
+    compiles or loads the graphs. Both trees commit the same tokens (greedy, lossless), so ms/step compares the
+    same work."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import fdecode
+    from fdecode.assets.qwen_coder import safetensors_folders
+
+    target, draft = safetensors_folders()
+    tokenizer = AutoTokenizer.from_pretrained(draft)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PAIR_TEXT}], add_generation_prompt=True, tokenize=False
+    )
+    prompt, k = tokenizer(chat)["input_ids"], 4
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=k, max_batch=1, max_seq_len=len(prompt) + (steps + 2) * (k + 1), dtype=torch.float32
+    )
+    step = fdecode.compile(str(target), str(draft), cfg, announce=False)
+    runs, cpu, tokens = [], [], None
+    for _ in range(4):  # the first run compiles or loads the graphs
+        state = step.prefill([prompt], max_new_tokens=steps * (k + 1), eos_token_id=[])
+        start, start_cpu = time.perf_counter(), time.process_time()
+        committed = []
+        for _ in range(steps):
+            state, out = step(state)
+            committed.append(out.packed)
+        committed = [row.tolist() for row in committed]  # one device read at the end
+        runs.append((time.perf_counter() - start) / steps)
+        cpu.append((time.process_time() - start_cpu) / steps)
+        tokens = committed
+    return {
+        "ms": 1e3 * statistics.median(runs[1:]),
+        "cpu_ms": 1e3 * statistics.median(cpu[1:]),
+        "torch_threads": torch.get_num_threads(),
+        "tokens": tokens,
+    }
+
+
 def child(steps: int) -> dict:
     import torch
 
@@ -103,7 +152,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--model", choices=("default", "micro", "bundled"), default="default")
+    parser.add_argument("--model", choices=("default", "micro", "bundled", "qwen-coder"), default="default")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -114,7 +163,9 @@ def main() -> int:
     if args.quick:
         args.model, args.rounds, args.steps, args.before = "micro", 1, 3, args.before or "HEAD"
     if args.child is not None:
-        print(json.dumps(child(args.child) if args.model == "default" else small_child(args.child, args.model)))
+        children = {"default": child, "qwen-coder": pair_child}
+        run = children.get(args.model, lambda steps: small_child(steps, args.model))
+        print(json.dumps(run(args.child)))
         return 0
     if args.before is None:
         parser.error("--before REV is required")
@@ -125,11 +176,13 @@ def main() -> int:
             print(f"step_vs_revision: cannot check out {args.before!r} here (not a git clone?); nothing measured")
             return 0
         try:
-            runs = {"before": [], "now": []}
+            runs, tokens = {"before": [], "now": []}, []
             for round_ in range(args.rounds):
                 for name, tree in (("before", before), ("now", ROOT)):
                     # The smoke run checks that both trees run, not Inductor's code: eager (FDECODE_BACKEND).
                     runs[name].append(run_child(tree, args.steps, args.model, "eager" if args.quick else None))
+                    if "tokens" in runs[name][-1]:  # the real pair's committed tokens, compared below
+                        tokens.append(runs[name][-1].pop("tokens"))
                     print(f"round {round_}: {name} {runs[name][-1]}", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
@@ -151,6 +204,9 @@ def main() -> int:
             f"{paired:.3f} median of the rounds' ratios\n"
         )
         report[f"ratio_{field}"] = paired
+    if tokens:
+        report["same_tokens"] = all(t == tokens[0] for t in tokens)
+        print(f"committed tokens equal in every child of both trees: {report['same_tokens']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
