@@ -10,7 +10,7 @@ pools (`fdecode.state.ownership.KVPools`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -92,12 +92,16 @@ class Step:
         self.chains = Chains(config, target, draft, drafter, self.graph_set.new_kv)
         # The pure step function (what every backend captures), whole-lane window, exact for any lanes.
         self.fn = pure_step(target, draft, config, GraphKey(config.blocks_per_lane, general_plan(config), config.K))
-        self.graphs = self.graph_set.graphs  # a read-only view of the graph set's graphs, as they are made
         self.buckets = tuple(n * config.block_size for n in config.bucket_blocks)
         self.plans = all_plans(config.sampling, config.top_k_candidates, config.logit_processors)
         self.covering_plans = covering(config.sampling, config.logit_processors)
         self.gated = drafter.gated(config)
         self._models = (target, draft, config)  # what priming and prefill take first
+
+    @property
+    def graphs(self) -> Mapping[GraphKey, Callable]:
+        """The graphs made so far, by key: a read-only view (`GraphSet.graphs`)."""
+        return self.graph_set.graphs
 
     @property
     def kv_pools(self) -> list:

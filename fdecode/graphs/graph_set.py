@@ -11,6 +11,7 @@ window of 2 blocks or more (`dynamic_window`), its key's window is None and it t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from fdecode.backends import cpu
 from fdecode.config import DecodeConfig
 from fdecode.graphs.backends import DYNAMIC_WINDOW, STATIC_KV, capture
+from fdecode.graphs.background import BackgroundGraphs
 from fdecode.graphs.graph_key import GraphKey
 from fdecode.graphs.pure import pure_step, window_width
 from fdecode.graphs.stored import StoredGraph, cache_dir, graph_key, serializable_guards
@@ -36,7 +38,7 @@ class GraphSet:
     Attributes: `dynamic_window` (one graph per plan and depth serves every window of 2+ blocks),
     `compile_seconds` (per window in tokens: first calls of its graphs, compile included, summed),
     `plan_compile_seconds` ((window in tokens, graph name) -> seconds), `announce` (say on stderr when a
-    graph compiles)."""
+    graph compiles), `background` (graphs made on a thread of their own, `fdecode.graphs.background`)."""
 
     def __init__(self, target, draft, config: DecodeConfig, *, backend: str, announce: bool = True):
         self.target = target
@@ -50,7 +52,9 @@ class GraphSet:
         )
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
-        self._graphs: dict[GraphKey, Callable] = {}
+        self._graphs: dict[GraphKey, Callable] = {}  # replaced, never changed in place (`run`)
+        self._making = threading.RLock()  # held by a graph's first call, in whichever thread makes it
+        self.background = BackgroundGraphs(self)  # graphs made on a thread of their own (an adaptive Engine's)
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._keys: dict[tuple, GraphKey] = {}  # each key made once: a step asks for one at every call
 
@@ -89,12 +93,8 @@ class GraphSet:
         name = key.name(self.config.K)
         first = (window, name) not in self.plan_compile_seconds
         graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = self._capture(pure_step(self.target, self.draft, self.config, key))
-            if self.announce and not quiet:
-                self._announce(blocks, key)
         extra = () if key.window is not None else (self.window_width(blocks),)
-        if not first:  # no_grad's effect without its context manager's Python layers (a step's hot path)
+        if not first and graph is not None:  # no_grad's effect without its context manager's Python layers
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
             try:
@@ -102,12 +102,22 @@ class GraphSet:
                 return graph(state, *extra) if unguarded is None else unguarded(state, *extra)
             finally:
                 torch._C._set_grad_enabled(grad)
-        start = time.perf_counter()
-        # A graph's first call compiles or loads it: its CPU kernels are built a few to a library.
-        with torch.no_grad(), cpu.compiling():
+        # A graph's first call (at a window) compiles or loads it: one at a time, whichever thread asks
+        # (`fdecode.graphs.background` makes some on a thread of its own); its CPU kernels are built a few to a
+        # library. The graph joins `graphs` once that call is done, so no other thread runs it before.
+        with self._making, torch.no_grad(), cpu.compiling():
+            graph = self._graphs.get(key)
+            made = graph is None
+            if made:
+                graph = self._capture(pure_step(self.target, self.draft, self.config, key))
+                if self.announce and not quiet:
+                    self._announce(blocks, key, graph)
+            start = time.perf_counter()
             new_state, out = graph(state, *extra)
-        seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
-        self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
+            seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
+            self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
+            if made:
+                self._graphs = {**self._graphs, key: graph}  # a new dict: another thread may be reading the old
         return new_state, out
 
     def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +151,7 @@ class GraphSet:
             return None
         return folder / f"{fn.__name__}-{graph_key(fn, self.backend)}.step"
 
-    def _announce(self, blocks: int, key: GraphKey) -> None:
+    def _announce(self, blocks: int, key: GraphKey, graph: Callable) -> None:
         """One line on stderr before a graph's first call (its compile, or its load from disk), so a pause is
         never silent. Called once the graph is made, before it runs."""
         if self.backend == "eager":
@@ -152,7 +162,7 @@ class GraphSet:
             else f"the {blocks * self.config.block_size}-token window's graph"
         )
         what = f"({self.backend}, {key.name(self.config.K)} sampling plan, {windows})"
-        path = getattr(self._graphs[key], "path", None)  # a `StoredGraph`'s file
+        path = getattr(graph, "path", None)  # a `StoredGraph`'s file
         if path is not None and path.exists():
             notice(f"loading the compiled decode step {what} from {path}")
             return
