@@ -1,0 +1,122 @@
+"""Step graphs made on a thread of their own while the steps run (docs/design.md, "Adaptive depth and the idle
+draft").
+
+An adaptive `Engine` launches only depths whose graphs are made (`Schedule.ready_depths`), so a stream never
+waits for a compile once it has begun. Without a `Step.warmup(depths=...)` call only depth K's graph exists, so
+the Engine asks for the others here (`fdecode.runtime.depth_graphs`): `BackgroundGraphs.request` queues graph
+runs on an all-inactive state, and one daemon thread makes them in order (compiled, or loaded from the disk
+store: `GraphSet.run`'s first call), each joining the step's graphs once its first call is done. The steps go
+on meanwhile at the depths already made and use each new depth from the launch after it joins. The throwaway
+state holds a KV pool of the step's until its graphs are made (a second pool where an Engine holds one: its
+memory is the KV cache's once more, for that long).
+
+The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux, its compiler processes
+too), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
+slowing the stream; a step's Python still waits for the interpreter lock at most a switch interval (5 ms).
+A graph's first call holds the graph set's lock (`GraphSet.run`), so a graph the main thread itself must make
+(a new sampling plan or window) waits for the one being made here to finish.
+
+`FDECODE_BACKGROUND_GRAPHS=0` turns it off (the test suite does, but for its tests of it): an adaptive Engine
+then chooses among the depths made by `warmup` alone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from fdecode.graphs.graph_key import GraphKey
+from fdecode.graphs.trusted import TrustedStates
+from fdecode.progress import notice
+
+ENV = "FDECODE_BACKGROUND_GRAPHS"
+
+
+def enabled() -> bool:
+    """Whether graphs may be made in the background (`FDECODE_BACKGROUND_GRAPHS`, on unless "0")."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _lowest_priority() -> None:
+    """This thread (and the compiler processes it starts) at the lowest CPU priority, where the system allows."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: a thread's own nice value
+    except (AttributeError, OSError):
+        pass
+
+
+class BackgroundGraphs:
+    """Makes a `GraphSet`'s graphs on one daemon thread, in the order asked (`request`).
+
+    made: the keys made here, in order; failed: key -> the error its first call raised (the graph is then left
+    to the main thread, which meets the same error only where it runs that graph)."""
+
+    def __init__(self, graph_set) -> None:
+        self.graph_set = graph_set
+        self.made: list[GraphKey] = []
+        self.failed: dict[GraphKey, BaseException] = {}
+        self._queue: deque = deque()  # (state, [(blocks, key), ...]) still to make
+        self._asked: set[GraphKey] = set()
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def request(self, runs: Sequence[tuple[int, GraphKey]], make_state: Callable[[], object]) -> tuple[GraphKey, ...]:
+        """Queue `runs` ((window in blocks, key) each) not made nor asked for yet, to be made in that order on the
+        state `make_state()` returns (called here, only where something is queued: all-inactive, so its steps
+        stay so; its KV pool goes back to the step once they are done: `Step.empty_state`). Returns the keys
+        queued."""
+        graphs = self.graph_set.graphs
+        runs = [(blocks, key) for blocks, key in runs if key not in graphs and key not in self._asked]
+        if not runs:
+            return ()
+        state = make_state()
+        with self._idle:
+            self._asked.update(key for _, key in runs)
+            self._queue.append((state, runs))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="fdecode-graphs", daemon=True)
+                self._thread.start()
+        return tuple(key for _, key in runs)
+
+    @property
+    def busy(self) -> bool:
+        """Whether graphs asked for are still being made."""
+        with self._idle:
+            return bool(self._queue) or (self._thread is not None and self._thread.is_alive())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every graph asked for is made (or failed); False where `timeout` seconds passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._queue and self._thread is None, timeout)
+
+    def _work(self) -> None:
+        _lowest_priority()
+        while True:
+            with self._idle:
+                if not self._queue:
+                    self._thread = None
+                    self._idle.notify_all()
+                    return
+                state, runs = self._queue[0]
+            for blocks, key in runs:
+                if key in self.graph_set.graphs:
+                    continue
+                try:  # a fresh trust: the throwaway state is no chain of the Step's
+                    state, _ = self.graph_set.run(state, blocks, key, trusted=TrustedStates(), quiet=True)
+                    self.made.append(key)
+                except Exception as error:  # left to the main thread, which meets it only where it runs the graph
+                    self.failed[key] = error
+                    notice(
+                        f"could not make the step graph {key.name(self.graph_set.config.K)} in the background "
+                        f"({type(error).__name__}: {error}); an Engine goes on without it"
+                    )
+            with self._idle:
+                self._queue.popleft()
+
+    def __repr__(self) -> str:
+        names = ", ".join(key.name(self.graph_set.config.K) for key in self.made)
+        return (
+            f"BackgroundGraphs(made=[{names}], queued={sum(len(r) for _, r in self._queue)}, failed={len(self.failed)})"
+        )
