@@ -24,6 +24,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1
 
+# No graphs made in the background (`fdecode.graphs.background`) but where a test asks for them: an adaptive
+# Engine would otherwise compile its other depths' graphs beside every test that runs one.
+os.environ.setdefault("FDECODE_BACKGROUND_GRAPHS", "0")
+
 # Compiled step graphs go to one folder per test session (`fdecode.graphs.stored`), not the user's cache:
 # set here, before the xdist workers start, so both workers share it and a step one test compiled loads
 # in the next test that compiles it.

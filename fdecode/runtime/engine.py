@@ -33,6 +33,7 @@ from fdecode.host_record import HostRecord
 from fdecode.params import SamplingParams, request_params
 from fdecode.prefill import block_table, check_budgets, check_prompt
 from fdecode.runtime.allocator import BlockAllocator
+from fdecode.runtime.depth_graphs import DepthGraphs
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
 from fdecode.runtime.metrics import RequestMetrics, SpecMetrics
 from fdecode.runtime.policy import depth_policy
@@ -127,6 +128,8 @@ class Engine:
         self._cancelled: list[Event] = []  # final events of cancelled requests, emitted by the next step()
         # How each launch's depth is chosen: by cost and acceptance, the n-gram gate, or K (`fdecode.runtime.policy`).
         self.policy = depth_policy(step)
+        # The depth graphs the policy may choose that are not made, asked for after launches (`DepthGraphs`).
+        self.depth_graphs = DepthGraphs(step, self.policy)
         self._out_ticket: object = None  # what the policy said of the pending step (`DepthPolicy.observe_output`)
         # The grammars resident in the state's pool (`fdecode.state.grammar_pool`), where lanes may follow one.
         self.grammars = GrammarPool(cfg, step.target.config.vocab_size) if cfg.grammars else None
@@ -270,6 +273,7 @@ class Engine:
             ready = self.step_fn.schedule.ready_depths(self.state, host) if self.policy.reads_ready else None
             depth, ticket = self.policy.launch(ready)
             self.state, out = self.step_fn(self.state, depth=depth, host=host)
+            self.depth_graphs.after_launch(host)  # the other depths' graphs, made on a thread of their own
             launched = out.packed
             self.steps += 1
         events, self._cancelled = self._cancelled + early + self._drain(), []

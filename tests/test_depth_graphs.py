@@ -1,0 +1,99 @@
+"""An adaptive Engine on the plain path (no `warmup(depths=...)` call) reaches the other depths: their graphs
+are made on a thread of their own (`fdecode.runtime.depth_graphs`, `fdecode.graphs.background`) while the
+steps run at depth K, and nothing compiles on the Engine's thread once its first launch is done.
+
+Eager first (making a graph is cheap there; the schedule is the same), then Inductor on the host-time micro
+pair (a 1-layer, 32-wide target and draft), whose tokens are checked against the eager step's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
+
+import fdecode
+from fdecode.bench import llama
+from fdecode.graphs import background
+from fdecode.runtime.depth_graphs import depth_order
+
+PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
+
+
+def test_depth_zero_first_then_the_middle_depths_from_half_k_outwards():
+    assert depth_order(range(5), 4) == [0, 2, 3, 1]
+    assert depth_order(range(4), 3) == [0, 2, 1]
+    assert depth_order((0, 4), 4) == [0]  # a recurrent model's: 0 or K
+    assert depth_order((4,), 4) == []
+
+
+def launched(engine) -> set[int]:
+    return {d for d, n in engine.policy.launches.items() if n}
+
+
+def test_an_engine_without_a_warmup_call_reaches_the_depth_its_draft_earns(monkeypatch):
+    monkeypatch.setenv(background.ENV, "1")
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=4, max_seq_len=64, block_size=4, backend="eager")
+    step = fdecode.compile(target, independent_draft("random", target), cfg)  # drafts that are never accepted
+    assert set(step.graphs) == set()
+    for _ in range(2):
+        engine = fdecode.Engine(step)
+        engine.policy.costs, engine.policy.learn_costs = [1.0, 1.3, 1.6], False  # a draft 0.3 of the target
+        ids = [engine.add_request(list(p), max_new_tokens=12) for p in PROMPTS]
+        got = engine.run()
+        assert [got[i] for i in ids] == [hf_greedy(p, 12) for p in PROMPTS]
+        assert step.graph_set.background.wait(timeout=60)
+    made = {(key.depth, key.catch_up) for key in step.graph_set.background.made}
+    assert made == {(0, False), (0, True), (1, False)}, step.graph_set.background
+    assert launched(engine) - {2}, engine.policy  # the second round launched a shallower depth than K
+
+
+def test_no_graph_is_made_in_the_background_when_it_is_turned_off_or_the_depth_is_fixed(monkeypatch):
+    target = fdecode_target(2)
+    for env, adaptive in (("0", True), ("1", False)):
+        monkeypatch.setenv(background.ENV, env)
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager", adaptive_depth=adaptive
+        )
+        step = fdecode.compile(target, independent_draft("random", target), cfg)
+        engine = fdecode.Engine(step)
+        engine.add_request(list(PROMPTS[0]), max_new_tokens=8)
+        engine.run()
+        assert engine.depth_graphs.asked == [] and launched(engine) == {2}, (env, adaptive)
+        assert {key.depth for key in step.graphs} == {2}
+
+
+@pytest.mark.slow
+def test_inductor_graphs_of_the_other_depths_are_made_off_the_engines_thread(monkeypatch):
+    monkeypatch.setenv(background.ENV, "1")
+    target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
+    prompts = [[(7 * i + 3) % 64 for i in range(20)], [(5 * i + 1) % 64 for i in range(9)]]
+
+    def compiled(backend: str):
+        cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=96, backend=backend)
+        return fdecode.compile(target, draft, cfg, announce=False)
+
+    step = compiled("inductor")
+    threads = []
+    capture = type(step.graph_set)._capture
+    monkeypatch.setattr(
+        type(step.graph_set),
+        "_capture",
+        lambda self, fn: threads.append(threading.current_thread().name) or capture(self, fn),
+    )
+    outputs = []
+    for _ in range(2):
+        engine = fdecode.Engine(step)
+        engine.policy.costs, engine.policy.learn_costs = [1.0, 1.3, 1.6], False
+        ids = [engine.add_request(p, max_new_tokens=24, eos_token_id=[]) for p in prompts]
+        got = engine.run()
+        outputs.append([got[i] for i in ids])
+        assert step.graph_set.background.wait(timeout=600)
+    # The Engine's thread made depth K's graph at its first launch; every other graph was made in the background.
+    assert threads[0] == threading.main_thread().name and set(threads[1:]) == {"fdecode-graphs"}, threads
+    assert {(key.depth, key.catch_up) for key in step.graph_set.background.made} == {(0, False), (0, True), (1, False)}
+    assert launched(engine) - {2}, engine.policy  # the second round launched a shallower depth than K
+    reference = fdecode.generate(compiled("eager"), prompts, max_new_tokens=24, eos_token_id=[])
+    assert outputs[0] == outputs[1] == reference, (outputs, reference)
