@@ -27,6 +27,7 @@ SCRIPTS = (
     "small_linears.py",
     "weights_memory.py",
     "tree_acceptance.py",
+    "default_path.py",
 )
 HELPERS = ("compile_phases.py", "child_process.py")  # imported by the scripts, not run on their own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
