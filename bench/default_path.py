@@ -12,7 +12,8 @@ their own, `fdecode.runtime.depth_graphs`); then the wait until those graphs are
 seconds of each graph's first call (`Step.plan_compile_seconds`) and the process's peak resident memory
 against the weights' bytes. Then, per prompt (the bench's three qwen-coder prompts, `fdecode.bench.pair`),
 interleaved rounds of target-only decoding (`fdecode.baseline.TargetOnly`), the default Engine (what
-`generate` runs, choosing among the depths now made) and the same Engine held at depth K. Greedy, no EOS
+`generate` runs, choosing among the depths now made), the same Engine held at depth K and, with --assisted,
+transformers' assisted generation with the same pair (float32, its tokens compared but not required equal). Greedy, no EOS
 stop, K = 4, B = 1, fp32; every system must decode target-only's tokens. --cache points both the Inductor
 cache and fdecode's stored step graphs at one folder (empty: a cold start; filled by a run before: a warm one).
 Times are given in seconds and in CPU seconds (C++ builds included), which a busy machine does not stretch.
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--no-warm-up", action="store_true", help="no untimed round first (every graph is made)")
     parser.add_argument("--quick", action="store_true", help="the bundled model, eager, 8 tokens: a smoke run")
     parser.add_argument("--first-call-only", action="store_true", help="stop after the first call (a warm start)")
+    parser.add_argument("--assisted", action="store_true", help="transformers' assisted generation in the rounds too")
     args = parser.parse_args()
     if args.cache:  # before torch reads them
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache) / "inductor")
@@ -125,6 +127,15 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text(json.dumps(first_call, indent=1) + "\n")
         return
+    hf = None
+    if args.assisted and not args.quick:  # transformers' models from the same folders, float32, no EOS stop
+        from transformers import AutoModelForCausalLM
+
+        from fdecode.bench.pair import hf_generate
+
+        hf = tuple(AutoModelForCausalLM.from_pretrained(f, dtype=torch.float32).eval() for f in (target, draft))
+        for model in hf:
+            model.generation_config.eos_token_id = None
     target_only = TargetOnly(step, backend=step.backend)
     start = time.perf_counter()
     target_only.generate([first_prompt], max_new_tokens=4)  # compiles its graph
@@ -137,13 +148,15 @@ def main() -> None:
             "default": lambda: one(engine_run(step, [prompt], new_tokens, adaptive=True)),
             f"depth {k} only": lambda: one(engine_run(step, [prompt], new_tokens, adaptive=False)),
         }
+        if hf is not None:
+            systems["hf-assisted"] = lambda: (hf_generate(hf[0], [prompt], new_tokens, assistant=hf[1])[0], None)
         rounds: dict[str, list[float]] = {}
         with torch.no_grad():
             timed = interleaved_runs(
                 systems, args.reps, warm_up=not args.no_warm_up, announce=f"... {name}: ", rounds=rounds
             )
         reference = timed["target-only"][3][0]
-        wrong = [s for s, (*_, (tokens, _)) in timed.items() if tokens != reference]
+        wrong = [s for s, (*_, (tokens, _)) in timed.items() if tokens != reference and s != "hf-assisted"]
         if wrong:
             raise RuntimeError(f"{name}: {wrong} disagree with target-only's greedy tokens; no numbers")
         rows[name] = {
@@ -151,10 +164,13 @@ def main() -> None:
                 "tok_s": round(new_tokens / median, 3),
                 "seconds": [round(s, 3) for s in rounds[system]],
                 "vs_target_only": round(paired_ratio(rounds[system], rounds["target-only"]), 3),
+                "same_tokens": tokens == reference,
                 **({} if info is None else info),
             }
-            for system, (median, _lo, _hi, (_tokens, info)) in timed.items()
+            for system, (median, _lo, _hi, (tokens, info)) in timed.items()
         }
+        if hf is not None:
+            rows[name]["default"]["vs_hf_assisted"] = round(paired_ratio(rounds["default"], rounds["hf-assisted"]), 3)
         print(f"... {name}: " + ", ".join(f"{s} {r['vs_target_only']:.2f}x" for s, r in rows[name].items()), flush=True)
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
