@@ -59,6 +59,18 @@ def batch_body() -> list[str]:
     return [f"fdecode's default against transformers' batched `generate`: **{ratio:.2f}x**.", "", *lines]
 
 
+def default_path_body() -> list[str]:
+    first = t.default_first_calls({"cold": "default_path_cold.json", "warm": "default_path_warm.json"})
+    rounds, geomean = t.default_rounds("default_path_assisted.json")
+    return [
+        *first,
+        "",
+        f"Against transformers' assisted generation: **{geomean:.2f}x** on the geometric mean.",
+        "",
+        *rounds,
+    ]
+
+
 SECTIONS = (
     Section(
         "The real pair against transformers, batch 1",
@@ -86,6 +98,18 @@ SECTIONS = (
         batch_body,
     ),
     Section(
+        "The default path on the real pair",
+        "python bench/default_path.py --cache DIR --reps 2 --prompts text write edit  # DIR empty: cold\n"
+        "python bench/default_path.py --cache DIR --first-call-only --prompts text  # then: warm\n"
+        "python bench/default_path.py --cache DIR --reps 2 --prompts text write edit --assisted",
+        "avx2",
+        "2026-12-06, quiet",
+        ("default_path_cold.json", "default_path_warm.json", "default_path_assisted.json"),
+        "The pair's folders to `fdecode.compile` (float32, K = 4, B = 1), an Engine, no warmup call: a process's "
+        "first call, cold and warm; then interleaved rounds, 64 greedy tokens, all tokens equal.",
+        default_path_body,
+    ),
+    Section(
         "The bundled model",
         "OMP_NUM_THREADS=1 taskset -c 0 fdecode bench --workloads bundled-mtp bundled-draft --batch 1 -k 3 "
         "--new-tokens 64 --reps 3\n"
@@ -98,7 +122,11 @@ SECTIONS = (
         "*before* is the host-round-trip loop on the same compiled forwards; tok/lane-step of the fdecode rows "
         "is the mean accepted length. Below: tokens per verified step (per draft position, the share of steps "
         "accepting it), every step at K: counts.",
-        lambda: [*t.speeds("bundled_b1.json"), "", *t.rows("acceptance_bundled.json", "acceptance")],
+        lambda: [
+            *t.speeds("bundled_b1.json", systems=("target-only", "before", "fdecode", "hf-generate", "hf-assisted")),
+            "",
+            *t.rows("acceptance_bundled.json", "acceptance"),
+        ],
     ),
     Section(
         "First run on a GPU",
@@ -127,7 +155,7 @@ SECTIONS = (
         partial(
             t.speeds,
             "smollm2_prompt_lookup.json",
-            systems=("target-only", "fdecode", "hf-generate", "hf-prompt-lookup"),
+            systems=("target-only", "fdecode", "hf-prompt-lookup"),  # (the file has hf-generate too)
         ),
     ),
     Section(
@@ -144,23 +172,15 @@ SECTIONS = (
     Section(
         "Cold start and warm-up",
         "python bench/cold_start.py --workloads depth --modes regions\n"
-        "python bench/cold_start.py --workloads qwen-coder --modes regions\n"
-        "python bench/cold_start.py --workloads bundled\n"
         "python bench/cold_start.py --workloads qwen-coder --modes regions --warmup",
         "avx2",
         "2026-12-04",
-        ("cold_start_pair_and_depth.json", "cold_start_bundled.json", "warmup_qwen_coder.json"),
+        ("cold_start_pair_and_depth.json", "warmup_qwen_coder.json"),
         "Seconds from `fdecode.compile` to the first step's tokens, each a fresh process: *cold* on an empty "
-        "Inductor cache, *warm* a second process on it (the stored step graph loads without a trace). "
-        "Then the bundled model (its default: layers unrolled; the unrolled runs overlapped a test run), and "
+        "Inductor cache, *warm* a second process on it (the stored step graph loads without a trace); the real "
+        'pair\'s first token as a user meets it is in "The default path on the real pair". Then '
         "`step.warmup()` (the greedy and the general sampling plan) on the real pair.",
-        lambda: [
-            *t.cold_starts("cold_start_pair_and_depth.json", "B"),
-            "",
-            *t.first_steps("cold_start_bundled.json", "bundled"),
-            "",
-            *t.warmups("warmup_qwen_coder.json"),
-        ],
+        lambda: [*t.cold_starts("cold_start_pair_and_depth.json", "B"), "", *t.warmups("warmup_qwen_coder.json")],
     ),
     Section(
         "The adaptive depth and the idle draft, replayed",
@@ -200,11 +220,11 @@ SECTIONS = (
         "avx2",
         "2026-12-03",
         ("grammar_cost_and_acceptance.json",),
-        "Step cost with every lane under a 1,199-state JSON schema (fdecode/bench/grammar.py) at two real "
-        "vocabularies, then the real pair's accepted drafts per verified step with and without the schema "
-        "(`whitespace_pattern` lets the model keep its own layout).",
+        "Step cost with every lane under a 1,199-state JSON schema (fdecode/bench/grammar.py) at V = 151,936 "
+        "(the file has V = 49,152 too), then the real pair's accepted drafts per verified step with and without "
+        "the schema (`whitespace_pattern` lets the model keep its own layout).",
         lambda: [
-            *t.step_times("grammar_cost_and_acceptance.json"),
+            *t.step_times("grammar_cost_and_acceptance.json", workloads=("grammar V=151936",)),
             "",
             *t.acceptance("grammar_cost_and_acceptance.json"),
         ],

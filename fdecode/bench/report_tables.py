@@ -42,8 +42,9 @@ def speeds(name: str, workloads: tuple[str, ...] = (), systems: tuple[str, ...] 
     return markdown(rows).splitlines()
 
 
-def step_times(name: str, batches: tuple[int, ...] = ()) -> list[str]:
-    """The file's step-time rows (`sampling`): each system against the run's baseline system."""
+def step_times(name: str, batches: tuple[int, ...] = (), workloads: tuple[str, ...] = ()) -> list[str]:
+    """The file's step-time rows (`sampling`; optionally some batches / workloads): each system against the run's
+    baseline system."""
     rows = [
         [
             r["workload"],
@@ -54,7 +55,7 @@ def step_times(name: str, batches: tuple[int, ...] = ()) -> list[str]:
             f"{r['ratio']:.2f}x",
         ]
         for r in load(name)["sampling"]
-        if not batches or r["batch"] in batches
+        if (not batches or r["batch"] in batches) and (not workloads or r["workload"] in workloads)
     ]
     return table(["workload", "B", "system", "plan", "ms/step (min-max)", "x baseline"], rows)
 
@@ -134,7 +135,7 @@ def cold_starts(name: str, revision: str) -> list[str]:
     """Median first-token seconds per workload, cold and warm, of one revision's fresh processes."""
     groups: dict[tuple, list[float]] = {}
     for r in load(name)["runs"]:
-        if r["revision"] == revision:
+        if r["revision"] == revision and r["workload"] != "qwen-coder":  # (the pair: `default_first_calls`)
             groups.setdefault((r["workload"], r["layers"], r["start"]), []).append(r["first_step_s"])
     keys = sorted({(w, n) for w, n, _ in groups}, key=lambda k: (k[0] != "qwen-coder", k[1]))
     rows = []
@@ -143,15 +144,6 @@ def cold_starts(name: str, revision: str) -> list[str]:
         what = "Qwen2.5-Coder 1.5B + 0.5B" if w == "qwen-coder" else f"random Llama, {n} layers + 2-layer draft"
         rows.append([what, f"{statistics.median(cold):.1f} ({len(cold)})", f"{statistics.median(warm):.1f}"])
     return table(["model (K = 4, B = 1, regions)", "cold s (runs)", "warm s"], rows)
-
-
-def first_steps(name: str, workload: str) -> list[str]:
-    rows = [
-        [r["mode"], r["start"], f"{r['first_step_s']:.2f}", f"{r['step_ms']:.2f}"]
-        for r in load(name)["bench_cold_start_py_run"]
-        if r["workload"] == workload
-    ]
-    return table(["layers", "start", "first step s", "step ms"], rows)
 
 
 def warmups(name: str) -> list[str]:
@@ -225,3 +217,46 @@ def tp_step(name: str) -> list[str]:
     rows = [[r["tp"], r["backend"], f"{r['step_ms']:.1f}", f"{r['tokens_per_step']:.2f}"] for r in d["rows"]]
     lines = table(["TP", "backend", "ms/step", "tokens/step"], rows)
     return lines + ["", f"Tokens identical at TP = 1 and 2: {d['tokens_identical']}."]
+
+
+def default_first_calls(names: dict[str, str]) -> list[str]:
+    """The plain path's first call per start (`bench/default_path.py` files, start -> file)."""
+    rows = []
+    for start, name in names.items():
+        r = load(name)
+        depths = ", ".join(f"{d}: {n}" for d, n in sorted(r["first_stream_depths"].items()))
+        rows.append(
+            [
+                start,
+                f"{r['compile_call_s']:.1f}",
+                f"{r['first_token_s']:.1f}",
+                f"{r['first_stream_rest_s']:.1f} ({depths})",
+                f"{r['background_wait_s']:.1f}",
+                f"{r['peak_gb']:.2f} ({r['peak_gb'] / r['weights_gb']:.2f}x)",
+            ]
+        )
+    header = ["start", "`compile` s", "first token s", "next 63 tokens s (launches per depth)"]
+    return table([*header, "other depths' graphs, s more", "peak GB (x weights)"], rows)
+
+
+def default_rounds(name: str) -> tuple[list[str], float]:
+    """Per prompt: target-only, the default Engine, depth K alone and transformers' assisted generation (tok/s,
+    ratios of the interleaved rounds), and the geometric mean of the default against assisted."""
+    prompts, rows = load(name)["prompts"], []
+    for prompt, s in prompts.items():
+        depth_k = next(system for system in s if system.startswith("depth"))
+        launched = ", ".join(f"{d}: {n}" for d, n in sorted(s["default"]["depths_launched"].items()))
+        rows.append(
+            [
+                prompt,
+                f"{s['target-only']['tok_s']:.2f}",
+                f"{s['default']['tok_s']:.2f} ({s['default']['vs_target_only']:.2f}x)",
+                f"{s[depth_k]['tok_s']:.2f} ({s[depth_k]['vs_target_only']:.2f}x)",
+                f"{s['hf-assisted']['tok_s']:.2f}",
+                f"{s['default']['vs_hf_assisted']:.2f}x",
+                launched,
+            ]
+        )
+    geomean = statistics.geometric_mean(s["default"]["vs_hf_assisted"] for s in prompts.values())
+    header = ["prompt", "target-only tok/s", "default tok/s (x target-only)", "depth 4 alone", "assisted tok/s"]
+    return table([*header, "default / assisted", "default's launches per depth"], rows), geomean
