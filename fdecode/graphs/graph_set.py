@@ -32,6 +32,19 @@ from fdecode.progress import notice
 from fdecode.state import DecodeState, StepOutput
 
 
+def compile_lock():
+    """The lock a graph's first call holds: Dynamo's own around every frame it compiles, so that a graph made on
+    another thread (`fdecode.graphs.background`) never overlaps any other compile in the process (Inductor's
+    compile keeps class-level state: two at once fail), whoever started it; a lock of fdecode's where torch has
+    none."""
+    import torch._dynamo.convert_frame as convert_frame
+
+    return getattr(convert_frame, "compile_lock", None) or _OWN_LOCK
+
+
+_OWN_LOCK = threading.RLock()
+
+
 class GraphSet:
     """The step graphs of one Step, by `GraphKey`; each captured (or loaded from disk) on first use.
 
@@ -53,7 +66,7 @@ class GraphSet:
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self._graphs: dict[GraphKey, Callable] = {}  # replaced, never changed in place (`run`)
-        self._making = threading.RLock()  # held by a graph's first call, in whichever thread makes it
+        self._making = compile_lock()  # held by a graph's first call, in whichever thread makes it
         self.background = BackgroundGraphs(self)  # graphs made on a thread of their own (an adaptive Engine's)
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._keys: dict[tuple, GraphKey] = {}  # each key made once: a step asks for one at every call
