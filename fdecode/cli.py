@@ -37,7 +37,11 @@ from fdecode.models import from_hf
 from fdecode.ops.plan import GREEDY
 from fdecode.tokenizer import load_tokenizer
 
-REPS = 3  # timed runs of each system
+# Timed runs of each system, interleaved; the verdict is the median of the rounds' paired ratios. Measured with
+# `fdecode demo` on this project's 2-core AVX2 machine (2026-12-06): quiet, 1.03x and 1.06x target-only; beside a
+# process multiplying matrices on both cores, 1.04-1.11x (three runs), where 3 rounds and the ratio of the medians
+# had said 0.90x (rounds 0.76-1.30x) against 1.06x quiet. A run of the bundled model takes a tenth of a second.
+REPS = 9
 # Why the demo runs on one thread by default. Measured with `fdecode demo` on this project's 2-core AVX2 machine
 # (2026-12-05). Busy with other jobs: one thread gave fdecode 1.13x target-only, one thread per core (torch's
 # default) 0.23x, its rounds spread 0.20-0.65x. Nearly quiet: one thread 1.40x (339 tok/s; target-only 243),
@@ -140,9 +144,11 @@ def demo(args: argparse.Namespace) -> int:
         "before": lambda: before.generate([prompt], max_new_tokens=new)[0][0],
         "fdecode": lambda: fdecode.generate(step, [prompt], max_new_tokens=new, eos_token_id=eos)[0],
     }
-    # Warm-up over the same generation: compiles the baselines' forwards for every attention window they cross.
+    # Warm-up over the same generation: compiles the baselines' forwards for every attention window they cross;
+    # then the graphs of the depths the Engine chooses among, made in the background (`fdecode.graphs.background`).
     for run in systems.values():
         run()
+    step.graph_set.background.wait()
     times: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(REPS):
         for name, run in systems.items():
@@ -160,8 +166,10 @@ def demo(args: argparse.Namespace) -> int:
     accepted = (n - 1) / max(steps - 1, 1)  # decode steps only: the first token comes from the prefill
     base, loop, ours = (n / seconds[name] for name in ("target-only", "before", "fdecode"))
     cut = " (the text above stops at its last line end)" if shown and held else ""
-    # Each round ran the three systems back to back: per-round ratios do not move with a machine whose speed drifts.
+    # Each round ran the three systems back to back: per-round ratios do not move with a machine whose speed drifts,
+    # and their median is the verdict (a busy machine's time slices spread single runs by +-30 %).
     rounds = [times["target-only"][i] / times["fdecode"][i] for i in range(REPS)]
+    vs_before = statistics.median(times["before"][i] / times["fdecode"][i] for i in range(REPS))
     spread = {name: f"{n / max(t):.1f}-{n / min(t):.1f}" for name, t in times.items()}
     print(
         f"\n-- {n} tokens{cut}, greedy, K = {args.k}, draft: {draft_name}; tok/s, median (min-max) of {REPS} "
@@ -174,7 +182,8 @@ def demo(args: argparse.Namespace) -> int:
     )
     print(
         f"{f'fdecode step ({step.backend}, one graph):':46}{ours:8.1f} tok/s   ({spread['fdecode']}; "
-        f"{ours / base:.2f}x target-only, {ours / loop:.2f}x before; per round {min(rounds):.2f}-{max(rounds):.2f}x)"
+        f"{statistics.median(rounds):.2f}x target-only, {vs_before:.2f}x before: medians of the rounds' ratios, "
+        f"target-only's {min(rounds):.2f}-{max(rounds):.2f}x)"
     )
     print(
         f"mean accepted length: {accepted:.2f} tokens per step (of {args.k + 1}); compile: {compile_s:.1f} s "
