@@ -11,6 +11,7 @@ window of 2 blocks or more (`dynamic_window`), its key's window is None and it t
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -35,10 +36,9 @@ from fdecode.state import DecodeState, StepOutput
 def compile_lock():
     """The lock a graph's first call holds: Dynamo's own around every frame it compiles, so that a graph made on
     another thread (`fdecode.graphs.background`) never overlaps any other compile in the process (Inductor's
-    compile keeps class-level state: two at once fail), whoever started it; a lock of fdecode's where torch has
-    none."""
-    import torch._dynamo.convert_frame as convert_frame
-
+    compile keeps class-level state: two at once fail), whoever started it; a lock of fdecode's where Dynamo is
+    not loaded (the eager backend: nothing compiles) or has none."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
     return getattr(convert_frame, "compile_lock", None) or _OWN_LOCK
 
 
@@ -66,7 +66,6 @@ class GraphSet:
         self.compile_seconds: dict[int, float] = {}
         self.plan_compile_seconds: dict[tuple[int, str], float] = {}
         self._graphs: dict[GraphKey, Callable] = {}  # replaced, never changed in place (`run`)
-        self._making = compile_lock()  # held by a graph's first call, in whichever thread makes it
         self.background = BackgroundGraphs(self)  # graphs made on a thread of their own (an adaptive Engine's)
         self._widths: dict[int, torch.Tensor] = {}  # blocks -> [blocks, 0], the dynamic graph's window argument
         self._keys: dict[tuple, GraphKey] = {}  # each key made once: a step asks for one at every call
@@ -118,7 +117,7 @@ class GraphSet:
         # A graph's first call (at a window) compiles or loads it: one at a time, whichever thread asks
         # (`fdecode.graphs.background` makes some on a thread of its own); its CPU kernels are built a few to a
         # library. The graph joins `graphs` once that call is done, so no other thread runs it before.
-        with self._making, torch.no_grad(), cpu.compiling():
+        with compile_lock(), torch.no_grad(), cpu.compiling():
             graph = self._graphs.get(key)
             made = graph is None
             if made:
