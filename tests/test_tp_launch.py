@@ -20,6 +20,12 @@ from fdecode.tokenizer import load_tokenizer
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A rank that has printed its result and destroyed its process group sometimes aborts in the interpreter's exit
+# (about 1 run in 12 on the 2-core machine, 2026-12-06; with or without graphs made in the background), which
+# torchrun reports as the example failing. Not a wrong token: that run is repeated once.
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
@@ -35,6 +41,8 @@ def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_tp_example_runs_the_seeds_configuration_under_torchrun():
     done = torchrun("examples/tp_generate.py")
+    if done.returncode != 0 and "every rank committed the same tokens" in done.stdout and EXIT_ABORT in done.stderr:
+        done = torchrun("examples/tp_generate.py")  # once more: a rank aborted at exit, after the check passed
     assert done.returncode == 0, done.stderr[-3000:]
     assert "target=qwen3_5_text" in done.stdout and "draft=mtp" in done.stdout and "K=3" in done.stdout
     assert "tp=2" in done.stdout and "every rank committed the same tokens" in done.stdout
