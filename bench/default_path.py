@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from weights_memory import weights_bytes  # bench/weights_memory.py, beside this script
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -201,17 +203,6 @@ def peak_gb() -> float:
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 2)
-
-
-def weights_bytes(*models) -> int:
-    """The bytes of the models' tensors, each storage once."""
-    seen, total = set(), 0
-    for model in models:
-        for t in list(model.parameters()) + list(model.buffers()):
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-    return total
 
 
 def one(run):
