@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from fdecode.graphs import background
+
 
 def synchronize() -> None:
     """Wait for the accelerator (if any), so a timed run includes the work it launched."""
@@ -45,6 +47,7 @@ def interleaved_runs(
     machine's speed (its other core, memory bandwidth) lands on every system alike instead of on whichever
     ran during it: the ratios between rows are what a benchmark here reports."""
     results = {name: fn() for name, fn in fns.items()} if warm_up else {}
+    background.wait_all()  # the graphs an Engine's warm-up asked for, made before any round is timed
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
@@ -65,6 +68,7 @@ def interleaved_seconds(fns: dict, reps: int) -> dict[str, tuple[float, float, f
     prefill, say), after one untimed warm-up call each, the `reps` calls round-robin as in `interleaved_runs`."""
     for fn in fns.values():
         fn()
+    background.wait_all()
     seconds: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -32,6 +34,20 @@ from fdecode.graphs.trusted import TrustedStates
 from fdecode.progress import notice
 
 ENV = "FDECODE_BACKGROUND_GRAPHS"
+
+
+_SETS: weakref.WeakSet = weakref.WeakSet()  # every `BackgroundGraphs` alive (`wait_all`)
+
+
+def wait_all(timeout: float | None = None) -> bool:
+    """Wait until no `BackgroundGraphs` of the process has graphs to make: before timing anything (a benchmark's
+    rounds after its warm-up), so no compile runs beside them. False where `timeout` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for graphs in list(_SETS):
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not graphs.wait(left):
+            return False
+    return True
 
 
 def enabled() -> bool:
@@ -61,6 +77,7 @@ class BackgroundGraphs:
         self._asked: set[GraphKey] = set()
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
+        _SETS.add(self)
 
     def request(self, runs: Sequence[tuple[int, GraphKey]], make_state: Callable[[], object]) -> tuple[GraphKey, ...]:
         """Queue `runs` ((window in blocks, key) each) not made nor asked for yet, to be made in that order on the
