@@ -13,8 +13,10 @@ memory is the KV cache's once more, for that long).
 The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux, its compiler processes
 too), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
 slowing the stream; a step's Python still waits for the interpreter lock at most a switch interval (5 ms).
-A graph's first call holds the graph set's lock (`GraphSet.run`), so a graph the main thread itself must make
-(a new sampling plan or window) waits for the one being made here to finish.
+A graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the main thread itself must make
+(a new sampling plan or window), or any other compile, waits for the one being made here to finish; and in the
+thread that asks for graphs a `torch.compile`d function called while one is being traced here runs as plain
+PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet Dynamo's error.
 
 `FDECODE_BACKGROUND_GRAPHS=0` turns it off (the test suite does, but for its tests of it): an adaptive Engine
 then chooses among the depths made by `warmup` alone.
@@ -22,6 +24,7 @@ then chooses among the depths made by `warmup` alone.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -37,6 +40,20 @@ ENV = "FDECODE_BACKGROUND_GRAPHS"
 
 
 _SETS: weakref.WeakSet = weakref.WeakSet()  # every `BackgroundGraphs` alive (`wait_all`)
+_EXITING = threading.Event()
+
+
+def _finish_at_exit() -> None:
+    """At the interpreter's exit: no graph starts any more, and the one being made is finished first. A daemon
+    thread left inside a compile while the interpreter tears down can abort the process ("terminate called
+    without an active exception"); waiting costs the exit at most one graph's compile. Run among the
+    interpreter's thread-exit calls where it has them, registered after (so run before) the shutdown of the
+    compile's worker pools (`concurrent.futures`), else at `atexit`."""
+    _EXITING.set()
+    for graphs in list(_SETS):
+        thread = graphs._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join()
 
 
 def wait_all(timeout: float | None = None) -> bool:
@@ -50,6 +67,20 @@ def wait_all(timeout: float | None = None) -> bool:
     return True
 
 
+_HOOKED: list[bool] = []
+
+
+def _hook_exit() -> None:
+    """Register `_finish_at_exit` once, when the first thread starts (torch has set its pools' exit calls up)."""
+    if not _HOOKED:
+        _HOOKED.append(True)
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            register(_finish_at_exit) if register is not None else atexit.register(_finish_at_exit)
+        except RuntimeError:  # the interpreter is already exiting
+            pass
+
+
 def enabled() -> bool:
     """Whether graphs may be made in the background (`FDECODE_BACKGROUND_GRAPHS`, on unless "0")."""
     return os.environ.get(ENV, "1") != "0"
@@ -61,6 +92,18 @@ def _lowest_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: a thread's own nice value
     except (AttributeError, OSError):
         pass
+
+
+def _tolerate_traces_elsewhere() -> None:
+    """In the calling thread (the one that asks for graphs, and runs the steps): Dynamo's flag that an FX trace
+    is under way is the process's, not the thread's, so a function compiled with `torch.compile` called here
+    while the background thread traces a graph (the caller's own model, a baseline) would raise "using FX to
+    symbolically trace a dynamo-optimized function". Dynamo's documented alternative, set for this thread
+    (its config overrides are per thread), runs such a call as plain PyTorch instead: right, only not compiled,
+    for that call. Other threads keep Dynamo's default."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.error_on_nested_fx_trace = False
 
 
 class BackgroundGraphs:
@@ -89,10 +132,12 @@ class BackgroundGraphs:
         if not runs:
             return ()
         state = make_state()
+        _tolerate_traces_elsewhere()
         with self._idle:
             self._asked.update(key for _, key in runs)
             self._queue.append((state, runs))
             if self._thread is None or not self._thread.is_alive():
+                _hook_exit()
                 self._thread = threading.Thread(target=self._work, name="fdecode-graphs", daemon=True)
                 self._thread.start()
         return tuple(key for _, key in runs)
@@ -105,8 +150,11 @@ class BackgroundGraphs:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every graph asked for is made (or failed); False where `timeout` seconds passed first."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._queue and self._thread is None, timeout)
+        with self._idle:  # (a thread that died of an error the graphs' own handling let through counts as done)
+            return self._idle.wait_for(self._done, timeout)
+
+    def _done(self) -> bool:
+        return not self._queue or self._thread is None or not self._thread.is_alive()
 
     def _work(self) -> None:
         _lowest_priority()
@@ -117,20 +165,26 @@ class BackgroundGraphs:
                     self._idle.notify_all()
                     return
                 state, runs = self._queue[0]
-            for blocks, key in runs:
-                if key in self.graph_set.graphs:
-                    continue
-                try:  # a fresh trust: the throwaway state is no chain of the Step's
-                    state, _ = self.graph_set.run(state, blocks, key, trusted=TrustedStates(), quiet=True)
-                    self.made.append(key)
-                except Exception as error:  # left to the main thread, which meets it only where it runs the graph
-                    self.failed[key] = error
+            try:
+                self._make(state, runs)
+            finally:
+                with self._idle:
+                    self._queue.popleft()
+
+    def _make(self, state, runs) -> None:
+        for blocks, key in runs:
+            if key in self.graph_set.graphs or _EXITING.is_set():
+                continue
+            try:  # a fresh trust: the throwaway state is no chain of the Step's
+                state, _ = self.graph_set.run(state, blocks, key, trusted=TrustedStates(), quiet=True)
+                self.made.append(key)
+            except Exception as error:  # left to the main thread, which meets it only where it runs the graph
+                self.failed[key] = error
+                if not _EXITING.is_set():  # (at exit a compile may find its pools shut: nothing to say)
                     notice(
                         f"could not make the step graph {key.name(self.graph_set.config.K)} in the background "
                         f"({type(error).__name__}: {error}); an Engine goes on without it"
                     )
-            with self._idle:
-                self._queue.popleft()
 
     def __repr__(self) -> str:
         names = ", ".join(key.name(self.graph_set.config.K) for key in self.made)
