@@ -6,9 +6,9 @@ waits for a compile once it has begun. Without a `Step.warmup(depths=...)` call 
 the Engine asks for the others here (`fdecode.runtime.depth_graphs`): `BackgroundGraphs.request` queues graph
 runs on an all-inactive state, and one daemon thread makes them in order (compiled, or loaded from the disk
 store: `GraphSet.run`'s first call), each joining the step's graphs once its first call is done. The steps go
-on meanwhile at the depths already made and use each new depth from the launch after it joins. The throwaway
-state holds a KV pool of the step's until its graphs are made (a second pool where an Engine holds one: its
-memory is the KV cache's once more, for that long).
+on meanwhile at the depths already made and use each new depth from the launch after it joins. All are made on
+one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool where an
+Engine holds one: the KV cache's memory once more, for that long).
 
 The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux, its compiler processes
 too), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
@@ -33,7 +33,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from fdecode.graphs.graph_key import GraphKey
-from fdecode.graphs.trusted import TrustedStates
 from fdecode.progress import notice
 
 ENV = "FDECODE_BACKGROUND_GRAPHS"
@@ -107,16 +106,18 @@ def _tolerate_traces_elsewhere() -> None:
 
 
 class BackgroundGraphs:
-    """Makes a `GraphSet`'s graphs on one daemon thread, in the order asked (`request`).
+    """Makes a `GraphSet`'s graphs on one daemon thread, in the order asked (`request`), all on one throwaway
+    state (so one KV pool at most, for as long as the thread has graphs to make).
 
-    made: the keys made here, in order; failed: key -> the error its first call raised (the graph is then left
-    to the main thread, which meets the same error only where it runs that graph)."""
+    made: the keys made here, in order; failed: key -> why its first call failed (the graph is then left to the
+    main thread, which meets the same error only where it runs that graph)."""
 
     def __init__(self, graph_set) -> None:
         self.graph_set = graph_set
         self.made: list[GraphKey] = []
-        self.failed: dict[GraphKey, BaseException] = {}
-        self._queue: deque = deque()  # (state, [(blocks, key), ...]) still to make
+        self.failed: dict[GraphKey, str] = {}
+        self._pending: deque[tuple[int, GraphKey]] = deque()  # (window in blocks, key) still to make
+        self._state = None  # the throwaway state they are made on, while there are any
         self._asked: set[GraphKey] = set()
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -124,18 +125,19 @@ class BackgroundGraphs:
 
     def request(self, runs: Sequence[tuple[int, GraphKey]], make_state: Callable[[], object]) -> tuple[GraphKey, ...]:
         """Queue `runs` ((window in blocks, key) each) not made nor asked for yet, to be made in that order on the
-        state `make_state()` returns (called here, only where something is queued: all-inactive, so its steps
-        stay so; its KV pool goes back to the step once they are done: `Step.empty_state`). Returns the keys
-        queued."""
+        state `make_state()` returns (called here, in the asking thread, where the thread has none: all-inactive,
+        so its steps stay so; its KV pool goes back to the step once the queue is done: `Step.empty_state`).
+        Returns the keys queued."""
         graphs = self.graph_set.graphs
         runs = [(blocks, key) for blocks, key in runs if key not in graphs and key not in self._asked]
         if not runs:
             return ()
-        state = make_state()
         _tolerate_traces_elsewhere()
         with self._idle:
+            if self._state is None:
+                self._state = make_state()
             self._asked.update(key for _, key in runs)
-            self._queue.append((state, runs))
+            self._pending.extend(runs)
             if self._thread is None or not self._thread.is_alive():
                 _hook_exit()
                 self._thread = threading.Thread(target=self._work, name="fdecode-graphs", daemon=True)
@@ -146,48 +148,53 @@ class BackgroundGraphs:
     def busy(self) -> bool:
         """Whether graphs asked for are still being made."""
         with self._idle:
-            return bool(self._queue) or (self._thread is not None and self._thread.is_alive())
+            return not self._done()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every graph asked for is made (or failed); False where `timeout` seconds passed first."""
-        with self._idle:  # (a thread that died of an error the graphs' own handling let through counts as done)
+        with self._idle:
             return self._idle.wait_for(self._done, timeout)
 
     def _done(self) -> bool:
-        return not self._queue or self._thread is None or not self._thread.is_alive()
+        return self._thread is None or not self._thread.is_alive()
 
     def _work(self) -> None:
-        _lowest_priority()
-        while True:
-            with self._idle:
-                if not self._queue:
-                    self._thread = None
-                    self._idle.notify_all()
-                    return
-                state, runs = self._queue[0]
-            try:
-                self._make(state, runs)
-            finally:
+        try:
+            _lowest_priority()
+            while True:
                 with self._idle:
-                    self._queue.popleft()
+                    if not self._pending or _EXITING.is_set():
+                        return
+                    blocks, key = self._pending.popleft()
+                    state = self._state
+                state = self._make(state, blocks, key)
+                with self._idle:
+                    self._state = state
+        finally:  # (however it ends: an error its own handling let through too)
+            with self._idle:
+                self._pending.clear()
+                self._thread = self._state = None
+                self._idle.notify_all()
 
-    def _make(self, state, runs) -> None:
-        for blocks, key in runs:
-            if key in self.graph_set.graphs or _EXITING.is_set():
-                continue
-            try:  # a fresh trust: the throwaway state is no chain of the Step's
-                state, _ = self.graph_set.run(state, blocks, key, trusted=TrustedStates(), quiet=True)
-                self.made.append(key)
-            except Exception as error:  # left to the main thread, which meets it only where it runs the graph
-                self.failed[key] = error
-                if not _EXITING.is_set():  # (at exit a compile may find its pools shut: nothing to say)
-                    notice(
-                        f"could not make the step graph {key.name(self.graph_set.config.K)} in the background "
-                        f"({type(error).__name__}: {error}); an Engine goes on without it"
-                    )
+    def _make(self, state, blocks: int, key: GraphKey):
+        """The state after `key`'s graph's first call on `state` (unless another thread made it meanwhile)."""
+        try:
+            after = self.graph_set.make(state, blocks, key)
+        except Exception as error:  # left to the main thread, which meets it only where it runs the graph
+            self.failed[key] = f"{type(error).__name__}: {error}"  # (not the error: its frames hold the state)
+            if not _EXITING.is_set():  # (at exit a compile may find its pools shut: nothing to say)
+                notice(
+                    f"could not make the step graph {key.name(self.graph_set.config.K)} in the background "
+                    f"({self.failed[key]}); an Engine goes on without it"
+                )
+            return state
+        if after is None:
+            return state
+        self.made.append(key)
+        return after
 
     def __repr__(self) -> str:
         names = ", ".join(key.name(self.graph_set.config.K) for key in self.made)
-        return (
-            f"BackgroundGraphs(made=[{names}], queued={sum(len(r) for _, r in self._queue)}, failed={len(self.failed)})"
-        )
+        with self._idle:
+            queued = len(self._pending)
+        return f"BackgroundGraphs(made=[{names}], queued={queued}, failed={len(self.failed)})"

@@ -106,7 +106,13 @@ class GraphSet:
         first = (window, name) not in self.plan_compile_seconds
         graph = self._graphs.get(key)
         extra = () if key.window is not None else (self.window_width(blocks),)
-        if not first and graph is not None:  # no_grad's effect without its context manager's Python layers
+        if graph is not None and first:  # a made graph's first call at another window: timed, nothing made
+            start = time.perf_counter()
+            with torch.no_grad(), cpu.compiling():
+                new_state, out = graph(state, *extra)
+            self._first_call(window, name, time.perf_counter() - start)
+            return new_state, out
+        if graph is not None:  # no_grad's effect without its context manager's Python layers
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
             try:
@@ -114,23 +120,34 @@ class GraphSet:
                 return graph(state, *extra) if unguarded is None else unguarded(state, *extra)
             finally:
                 torch._C._set_grad_enabled(grad)
-        # A graph's first call (at a window) compiles or loads it: one at a time, whichever thread asks
+        # A graph's first call compiles or loads it: one at a time in the process, whichever thread asks
         # (`fdecode.graphs.background` makes some on a thread of its own); its CPU kernels are built a few to a
         # library. The graph joins `graphs` once that call is done, so no other thread runs it before.
         with compile_lock(), torch.no_grad(), cpu.compiling():
             graph = self._graphs.get(key)
-            made = graph is None
-            if made:
-                graph = self._capture(pure_step(self.target, self.draft, self.config, key))
-                if self.announce and not quiet:
-                    self._announce(blocks, key, graph)
+            if graph is not None:  # made by another thread while this one waited
+                return self.run(state, blocks, key, trusted=trusted, quiet=quiet)
+            graph = self._capture(pure_step(self.target, self.draft, self.config, key))
+            if self.announce and not quiet:
+                self._announce(blocks, key, graph)
             start = time.perf_counter()
             new_state, out = graph(state, *extra)
-            seconds = self.plan_compile_seconds[window, name] = time.perf_counter() - start
-            self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
-            if made:
-                self._graphs = {**self._graphs, key: graph}  # a new dict: another thread may be reading the old
+            self._first_call(window, name, time.perf_counter() - start)
+            self._graphs = {**self._graphs, key: graph}  # a new dict: another thread may be reading the old
         return new_state, out
+
+    def make(self, state: DecodeState, blocks: int, key: GraphKey) -> DecodeState | None:
+        """Make `key`'s graph by its first call on `state` (all-inactive: a throwaway), unless it is made; the
+        state after, or None where it was made already (`fdecode.graphs.background`: never a made graph's run,
+        whose flat call the Engine's thread may be learning)."""
+        with compile_lock():
+            if key in self._graphs:
+                return None
+            return self.run(state, blocks, key, trusted=TrustedStates(), quiet=True)[0]
+
+    def _first_call(self, window: int, name: str, seconds: float) -> None:
+        self.plan_compile_seconds[window, name] = seconds
+        self.compile_seconds[window] = self.compile_seconds.get(window, 0.0) + seconds
 
     def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A fresh target + draft KV pool (the Step's `KVPools` hands pools out and takes them back), at
