@@ -48,6 +48,9 @@ def test_an_engine_without_a_warmup_call_reaches_the_depth_its_draft_earns(monke
         assert step.graph_set.background.wait(timeout=60)
     made = {(key.depth, key.catch_up) for key in step.graph_set.background.made}
     assert made == {(0, False), (0, True), (1, False)}, step.graph_set.background
+    # The catch-up graph first: once a lane's draft lags every depth but 0 runs it (none ready without it).
+    first_two = [(key.depth, key.catch_up) for key in step.graph_set.background.made[:2]]
+    assert first_two == [(0, True), (0, False)], step.graph_set.background
     assert launched(engine) - {2}, engine.policy  # the second round launched a shallower depth than K
 
 

@@ -6,8 +6,9 @@ An adaptive Engine launches only depths whose graphs are made (`Schedule.ready_d
 window and plan makes depth K's graph alone; right after it, `DepthGraphs.after_launch` asks for the graphs of
 the step's other depths of that window and plan, made on a thread of their own (`fdecode.graphs.background`),
 so no stream waits for them: the steps run at depth K until a depth's graph joins, and the controller may
-choose it from the next launch. Order: depth 0 and the catch-up graph first (depth 0 is the target alone,
-what a stream whose drafts fail runs best at), then the middle depths from K / 2 outwards.
+choose it from the next launch. Order: the catch-up graph and depth 0 first (depth 0 is the target alone,
+what a stream whose drafts fail runs best at; the catch-up graph before it, which every other depth runs
+once a lane's draft lags), then the middle depths from K / 2 outwards.
 
 Random plans are left at K: a seeded random lane's draws depend on the depths its steps verify, so random
 lanes run depth K unless `warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not
@@ -23,6 +24,7 @@ from fdecode.graphs import background
 from fdecode.graphs.backends import STATIC_KV
 from fdecode.graphs.graph_key import GraphKey
 from fdecode.host_record import HostRecord
+from fdecode.progress import notice
 
 
 def depth_order(depths, k: int) -> list[int]:
@@ -52,14 +54,22 @@ class DepthGraphs:
         seen = (blocks, host.lane_sampling)
         if seen in self._seen:
             return ()
+        if len(self._seen) >= 1024:  # a server's changing mixes of lanes: looked at again, nothing made twice
+            self._seen.clear()
         self._seen.add(seen)
         plan = schedule.plan_for(None, k, host=host)  # (with `host` given, no state is read)
         if plan.random:
             return ()
         runs = [(blocks, graph_set.key(blocks, plan, depth)) for depth in depth_order(schedule.depths, k)]
-        if schedule.idles_draft and 0 in schedule.depths:  # the graph that ends a run of depth-0 steps
-            runs.insert(1, (blocks, graph_set.key(blocks, plan, 0, catch_up=True)))
-        asked = graph_set.background.request(runs, self.step.empty_state)
+        if schedule.idles_draft and 0 in schedule.depths:  # the graph that ends a run of depth-0 steps, made
+            # before depth 0's: once a lane lags, every depth but 0 runs it, and none would be ready without it
+            runs.insert(0, (blocks, graph_set.key(blocks, plan, 0, catch_up=True)))
+        try:
+            asked = graph_set.background.request(runs, self.step.empty_state)
+        except Exception as error:  # (the throwaway state's KV pool, say): the steps go on at the depths made
+            self.on = False
+            notice(f"no step graphs will be made in the background ({type(error).__name__}: {error})")
+            return ()
         self.asked += asked
         return asked
 
