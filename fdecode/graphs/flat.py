@@ -14,8 +14,10 @@ layers do for one graph and then does only that:
   they are, bumping the versions of the same inputs each time: by watching the first real call, which must
   agree with the probe's map in every input, output and version, or the graph keeps its usual call.
 
-Only `StoredGraph.unguarded` makes one, so only a state `TrustedStates` vouches for (the layout of the graph
-that made it) runs it: a state of another layout goes through the Step's checks and the guards as before.
+Only `StoredGraph.unguarded` makes one, so only a state whose guards passed runs it: one `TrustedStates` vouches
+for (the layout of the graph that made it, guards checked once per pair of graphs), or one whose guards were
+just checked for it alone (a prefilled or primed state, after the Step's checks); a state the guards refuse
+goes through Dynamo as before.
 The step function is pure (`fdecode.step`), so the bytecode replays no side effect a flat call would skip:
 all it does besides the graph call is read the inputs and build the result.
 """

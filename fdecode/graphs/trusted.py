@@ -81,8 +81,9 @@ class TrustedStates:
         self._ticket = None if state.kv_ticket is None else weakref.ref(state.kv_ticket)
 
     def call(self, state: DecodeState, key: Hashable, graph: Callable, extra: tuple) -> Callable | None:
-        """The call of `graph` (the Step's graph `key`) that skips its guards for `state`, or None: `state` is
-        untrusted, or `graph` has no unguarded form (`StoredGraph.unguarded`), or its guards refuse `state`."""
+        """The call of `graph` (the Step's graph `key`) that skips its guards for `state`, or None: `graph` has no
+        unguarded form (`StoredGraph.unguarded`), or its guards refuse `state`. For an untrusted state the guards
+        are checked now, for it alone; for a trusted one once per (graph that made it, `key`)."""
         maker = self.maker(state)
         if maker is None:  # a state of a layout not known yet: its guards checked now, for it alone
             unguarded = getattr(graph, "unguarded", None)
