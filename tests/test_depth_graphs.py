@@ -8,6 +8,7 @@ pair (a 1-layer, 32-wide target and draft), whose tokens are checked against the
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -67,6 +68,14 @@ def test_no_graph_is_made_in_the_background_when_it_is_turned_off_or_the_depth_i
         engine.run()
         assert engine.depth_graphs.asked == [] and launched(engine) == {2}, (env, adaptive)
         assert {key.depth for key in step.graphs} == {2}
+    # Nor where the steps' graphs are Dynamo-wrapped functions (one called during a background trace would run
+    # as plain PyTorch): aot_eager, or Inductor with the disk store off.
+    monkeypatch.setenv(background.ENV, "1")
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="aot_eager")
+    assert not fdecode.Engine(fdecode.compile(target, independent_draft("random", target), cfg)).depth_graphs.on
+    monkeypatch.setenv("FDECODE_CACHE_DIR", "off")
+    cfg = dataclasses.replace(cfg, backend="inductor")
+    assert not fdecode.Engine(fdecode.compile(target, independent_draft("random", target), cfg)).depth_graphs.on
 
 
 @pytest.mark.slow

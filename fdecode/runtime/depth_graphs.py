@@ -13,7 +13,9 @@ once a lane's draft lags), then the middle depths from K / 2 outwards.
 Random plans are left at K: a seeded random lane's draws depend on the depths its steps verify, so random
 lanes run depth K unless `warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not
 under CUDA or ACL graphs either (`STATIC_KV` backends: a graph replays at the KV addresses it was captured
-at, and the steps own the pools), nor on tensor-parallel ranks (each would make its graphs at its own pace,
+at, and the steps own the pools), nor where the steps' graphs are Dynamo-wrapped functions (the disk store
+turned off, `aot_eager`, `dynamo`: one called during a background trace would run as plain PyTorch), nor on
+tensor-parallel ranks (each would make its graphs at its own pace,
 and the ranks must launch the same depths): there `warmup(depths=...)` makes them. Nor with
 `FDECODE_BACKGROUND_GRAPHS=0`.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 from fdecode.graphs import background
 from fdecode.graphs.backends import STATIC_KV
 from fdecode.graphs.graph_key import GraphKey
+from fdecode.graphs.stored import cache_dir
 from fdecode.host_record import HostRecord
 from fdecode.progress import notice
 
@@ -40,7 +43,11 @@ class DepthGraphs:
         self.step = step
         # Not on tensor-parallel ranks: each would make its graphs at its own pace, and ranks must launch alike.
         alone = step.config.tp_size == 1
-        self.on = policy.reads_ready and background.enabled() and step.backend not in STATIC_KV and alone
+        # Only where the Engine's steps call no Dynamo-wrapped function: eager (nothing is traced), or Inductor's
+        # graphs kept on disk (called directly, `fdecode.graphs.stored`); a Dynamo-wrapped step called during a
+        # background trace would run as plain PyTorch (`background._tolerate_traces_elsewhere`).
+        direct = step.backend == "eager" or (step.backend == "inductor" and cache_dir() is not None)
+        self.on = policy.reads_ready and background.enabled() and step.backend not in STATIC_KV and alone and direct
         self.asked: list[GraphKey] = []
         self._seen: set[tuple] = set()  # (window in blocks, lanes' sampling) already looked at
 
