@@ -209,27 +209,3 @@ def test_a_file_that_cannot_serve_is_compiled_afresh(tmp_path, capsys) -> None:
         torch.testing.assert_close(third(x), torch.tanh(x @ model.weight) + 1)
         assert "could not load the stored step graph" in capsys.readouterr().err and not third.loaded
         assert stored(path, model)(x) is not None and path.stat().st_size > 100  # written again, whole
-
-
-@pytest.mark.slow
-def test_a_write_cut_short_leaves_no_file_to_load(tmp_path, monkeypatch, capsys) -> None:
-    """The graph is written beside its path and renamed: a process ending mid-write (a graph made in the
-    background at exit) leaves nothing a later process would load half; a whole write leaves one file."""
-    from torch._dynamo.aot_compile import AOTCompiledFunction
-
-    path, x = tmp_path / "f.step", torch.randn(3, 8)
-    save = AOTCompiledFunction.save_compiled_function
-
-    def cut_short(self, where, **kwargs):
-        with open(where, "wb") as file:
-            file.write(b"half a graph")
-        raise KeyboardInterrupt  # (as an exit would stop it: not an Exception the store reports)
-
-    monkeypatch.setattr(AOTCompiledFunction, "save_compiled_function", cut_short)
-    with torch.no_grad(), pytest.raises(KeyboardInterrupt):
-        stored(path, Scale(0))(x)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(AOTCompiledFunction, "save_compiled_function", save)
-    with torch.no_grad():
-        stored(path, Scale(0))(x)
-    assert [p.name for p in tmp_path.iterdir()] == ["f.step"] and capsys.readouterr().err == ""

@@ -31,7 +31,6 @@ import hashlib
 import os
 import sys
 import sysconfig
-import threading
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -243,14 +242,7 @@ class StoredGraph:
             return self._fallback()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Written beside, then renamed: a process that ends mid-write (a graph made in the background when
-            # it exits, `fdecode.graphs.background`) leaves no half file for the next one to load.
-            partial = self.path.with_name(f"{self.path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-            try:
-                compiled.save_compiled_function(str(partial), external_data=self.models)
-                os.replace(partial, self.path)
-            finally:
-                partial.unlink(missing_ok=True)
+            compiled.save_compiled_function(str(self.path), external_data=self.models)
         except Exception as error:
             notice(f"could not store the step graph in {self.path} ({type(error).__name__}: {error})")
         return compiled
