@@ -104,8 +104,8 @@ class HostRecords:
         """`record` is what the host knows of `state`, a state the Step just made (from `spent`, consumed)."""
         groups = self._groups
         if spent is not None:  # its record, and those of the states over the very same leaves
-            newest = next(reversed(groups), None)  # a step's input is mostly the state the Step made last
-            if newest is not None and groups[newest][1][0][0]() is spent:
+            newest = self._made_last(spent)  # a step's input is mostly the state the Step made last
+            if newest is not None:
                 del groups[newest]
             else:
                 groups.pop(tuple(map(id, _leaves(spent))), None)
@@ -116,6 +116,11 @@ class HostRecords:
         if len(groups) > KEEP:
             del groups[next(iter(groups))]
 
+    def _made_last(self, state: object) -> tuple[int, ...] | None:
+        """The newest group's key where its newest record is `state`'s own, else None."""
+        newest = next(reversed(self._groups), None)
+        return newest if newest is not None and self._groups[newest][1][0][0]() is state else None
+
     def _newest_first(self):
         """(made, held leaves, record) of every record, newest first."""
         for held, records in reversed(self._groups.values()):
@@ -125,10 +130,9 @@ class HostRecords:
     def of(self, state: object, fill: Callable[[], HostRecord] | None = None) -> HostRecord:
         """What the host knows of `state`: its record where the Step made it, else each fact of the newest record
         whose described leaves are `state`'s very tensors; a fact no record has is `fill()`'s (None: unknown)."""
-        groups = self._groups
-        newest = next(reversed(groups), None)  # mostly the state the Step made last
-        if newest is not None and groups[newest][1][0][0]() is state:
-            return groups[newest][1][0][1]
+        newest = self._made_last(state)  # mostly the state the Step made last: no walk over the records
+        if newest is not None:
+            return self._groups[newest][1][0][1]
         for made, _, record in self._newest_first():
             if made() is state:
                 return record
