@@ -10,8 +10,8 @@ on meanwhile at the depths already made and use each new depth from the launch a
 one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool where an
 Engine holds one: the KV cache's memory once more, for that long).
 
-The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux, its compiler processes
-too), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
+The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux; compiler processes it
+starts inherit it, those of a pool the Engine's thread started do not), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
 slowing the stream; a step's Python still waits for the interpreter lock at most a switch interval (5 ms).
 A graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the main thread itself must make
 (a new sampling plan or window), or any other compile, waits for the one being made here to finish; and in the
@@ -86,7 +86,7 @@ def enabled() -> bool:
 
 
 def _lowest_priority() -> None:
-    """This thread (and the compiler processes it starts) at the lowest CPU priority, where the system allows."""
+    """This thread (and compiler processes it starts itself) at the lowest CPU priority, where the system allows."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: a thread's own nice value
     except (AttributeError, OSError):

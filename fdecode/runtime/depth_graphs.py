@@ -15,9 +15,8 @@ lanes run depth K unless `warmup(depths=...)` made others (the guarantee `Sampli
 under CUDA or ACL graphs either (`STATIC_KV` backends: a graph replays at the KV addresses it was captured
 at, and the steps own the pools), nor where the steps' graphs are Dynamo-wrapped functions (the disk store
 turned off, `aot_eager`, `dynamo`: one called during a background trace would run as plain PyTorch), nor on
-tensor-parallel ranks (each would make its graphs at its own pace,
-and the ranks must launch the same depths): there `warmup(depths=...)` makes them. Nor with
-`FDECODE_BACKGROUND_GRAPHS=0`.
+tensor-parallel ranks (each would make its graphs at its own pace, and the ranks must launch the same
+depths): there `warmup(depths=...)` makes them. Nor with `FDECODE_BACKGROUND_GRAPHS=0`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from fdecode.progress import notice
 
 def depth_order(depths, k: int) -> list[int]:
     """The depths other than `k` in the order they are made: 0 first, then from k / 2 outwards (the deeper of
-    two equally near first)."""
+    two equally near first). `DepthGraphs` puts the catch-up graph before them all."""
     return sorted((d for d in depths if d != k), key=lambda d: (d != 0, abs(2 * d - k), -d))
 
 
