@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 import fdecode
 from fdecode.bench.models import qwen3_5
+from fdecode.models import group_exit
 
 
 def run(rank: int, port: int, out: str, size: int, args: dict) -> None:
@@ -71,8 +72,7 @@ def run(rank: int, port: int, out: str, size: int, args: dict) -> None:
         with open(os.path.join(out, f"tp{size}.json"), "w") as f:
             json.dump(result, f)
     if group is not None:
-        dist.barrier()
-        dist.destroy_process_group()
+        group_exit.destroy_process_group()
 
 
 def _free_port() -> int:

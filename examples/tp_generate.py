@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import fdecode
 from fdecode.bench.models import llama, qwen3_5
-from fdecode.models import from_hf
+from fdecode.models import from_hf, group_exit
 from fdecode.models.parallel import DEVICE_BACKENDS
 
 
@@ -63,7 +63,7 @@ def main() -> None:
         for seq in out:
             print(seq)
         print("every rank committed the same tokens" if all(o == out for o in everyone) else "RANKS DISAGREE")
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()  # not dist's: that one can abort the exit (see group_exit)
 
 
 if __name__ == "__main__":

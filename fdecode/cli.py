@@ -196,6 +196,8 @@ def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) 
     """Every rank decodes; rank 0 prints the text, the step time, and whether every rank agreed."""
     import torch.distributed as dist
 
+    from fdecode.models import group_exit
+
     if rank0:
         print(f"model: {name}, TP = {args.tp}\nstep:  {step}", file=sys.stderr)
     step.warmup(plans=(GREEDY,))
@@ -215,7 +217,7 @@ def _tp_demo(args, step, tokenizer, prompt, eos, group, rank0: bool, name: str) 
             f"{len(done.tokens) / seconds:.1f} tok/s, {m.mean_accepted_length:.2f} tokens per verified step; "
             f"every rank committed {'the same' if agree else 'DIFFERENT'} tokens"
         )
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()
     return 0 if agree else 1
 
 

@@ -20,12 +20,6 @@ from fdecode.tokenizer import load_tokenizer
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# A rank that has printed its result and destroyed its process group sometimes aborts in the interpreter's exit
-# (about 1 run in 12 on the 2-core machine, 2026-12-06; with or without graphs made in the background), which
-# torchrun reports as the example failing. Not a wrong token: that run is repeated once.
-EXIT_ABORT = "terminate called without an active exception"
-
-
 def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
@@ -41,8 +35,6 @@ def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_tp_example_runs_the_seeds_configuration_under_torchrun():
     done = torchrun("examples/tp_generate.py")
-    if done.returncode != 0 and "every rank committed the same tokens" in done.stdout and EXIT_ABORT in done.stderr:
-        done = torchrun("examples/tp_generate.py")  # once more: a rank aborted at exit, after the check passed
     assert done.returncode == 0, done.stderr[-3000:]
     assert "target=qwen3_5_text" in done.stdout and "draft=mtp" in done.stdout and "K=3" in done.stdout
     assert "tp=2" in done.stdout and "every rank committed the same tokens" in done.stdout
@@ -62,6 +54,16 @@ def test_demo_tp2_on_the_bundled_model_streams_what_one_process_decodes():
     )
     alone = fdecode.generate(step, [prompt], max_new_tokens=24, eos_token_id=tokenizer.eos_token_id)[0]
     assert DEFAULT_PROMPT + tokenizer.decode(alone) in done.stdout
+
+
+@pytest.mark.slow
+def test_tp_ranks_leave_without_aborting_the_exit():
+    """With `dist.destroy_process_group` a rank aborted at exit in 3 of 11 runs of this demo (a gloo worker
+    still held the last collective's tensors; see fdecode.models.group_exit), which a retry used to hide."""
+    for _ in range(4):
+        done = torchrun("-m", "fdecode.cli", "demo", "--tp", "2", "--backend", "eager", "--max-new-tokens", "8")
+        assert "terminate called" not in done.stderr, done.stderr[-3000:]
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_demo_tp_outside_torchrun_says_how_to_launch_it(capsys):

@@ -27,6 +27,7 @@ from support.tp_worker import (
 )
 
 import fdecode
+from fdecode.models import group_exit
 
 WORLD = 4
 GROUPS = ([0, 1], [2, 3])
@@ -58,8 +59,7 @@ def run_rank(rank: int, port: int, out: str) -> None:
     seeds = PERTURBED_SEEDS if dist.get_rank(group) == 1 else SAMPLING["seed"]
     result = {"greedy": greedy(step), "random": accepted_per_step(step, STEPS, seeds)}
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

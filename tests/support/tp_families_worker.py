@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import fdecode
-from fdecode.models import from_hf
+from fdecode.models import from_hf, group_exit
 
 VOCAB = 96
 NEW = 10
@@ -134,8 +134,7 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
         result["errors"] = split_errors(group, os.path.join(out, f"configs{rank}"))
         result["agreement"] = agreement(group)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()
 
 
 LONG = list(range(1, 53))  # 52 tokens: with its budget it runs into max_seq_len 64
@@ -243,8 +242,7 @@ def run_rank_inductor(rank: int, port: int, out: str) -> None:
         "op_counts": report.op_counts,
     }
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()
 
 
 def run_rank_4(rank: int, port: int, out: str) -> None:

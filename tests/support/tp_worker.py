@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fdecode
-from fdecode.models import LlamaModel, ModelConfig, MTPHead
+from fdecode.models import LlamaModel, ModelConfig, MTPHead, group_exit
 from fdecode.models.dense import dense_forward
 
 CFG = ModelConfig(
@@ -216,5 +216,4 @@ def run_rank(rank: int, port: int, out: str) -> None:
     }
     lap("errors")
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    group_exit.destroy_process_group()
