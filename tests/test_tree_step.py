@@ -115,6 +115,25 @@ def test_greedy_ngram_tree_equals_transformers():
     assert max(lengths) >= 3  # the target repeats itself: some branch is accepted to depth 2 or more
 
 
+def test_a_tree_holds_the_chain_the_draft_would_draft():
+    """The draft's chain of depth S is a path of every tree it drafts, even where its deepest nodes score below
+    the root's other children (a near-uniform random draft, 4 nodes for 3 levels): the tree never verifies
+    less than the chain would."""
+    target = fdecode_target(2)
+    draft = independent_draft("random", target)
+    base = dict(max_batch=4, max_seq_len=64, block_size=4, backend="eager")
+    chain = fdecode.compile(target, draft, fdecode.DecodeConfig(num_draft_tokens=3, **base))
+    tree = fdecode.compile(target, draft, fdecode.DecodeConfig(num_draft_tokens=4, draft_topk=3, draft_depth=3, **base))
+    want = chain.prefill(PROMPTS, max_new_tokens=8).tokens[: len(PROMPTS), 1:].tolist()
+    state = tree.prefill(PROMPTS, max_new_tokens=8)
+    for lane, drafts in enumerate(want):
+        tokens, parents = state.tokens[lane].tolist(), state.tree_parents[lane].tolist()
+        path = [next(i for i in range(1, 5) if parents[i] == 0 and tokens[i] == drafts[0])]
+        for token in drafts[1:]:
+            path.append(next(i for i in range(1, 5) if parents[i] == path[-1] and tokens[i] == token))
+        assert len(path) == 3
+
+
 def test_committed_kv_is_contiguous_after_trees():
     """After several tree steps, the target's KV of every position before t and the draft's of every committed
     position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved

@@ -12,6 +12,12 @@
 3. The N best of all k + (S - 1) k^2 candidates by path probability are the tree (EAGLE-2's reranking),
    ordered by depth, then score, so parents come first. A child's score never exceeds its parent's, so
    the chosen set is a tree; a node whose parent a tie left out is marked absent (-1, never accepted).
+
+The draft's own chain (the top child of the root, then of that child, S deep: what a chain of depth S
+drafts) ranks first at every choice, in the frontier and in the N best: a tree is then a superset of the
+chain, so greedy commits at least the chain's tokens per verify. By path probability alone the N best can
+drop the chain's deepest nodes for shallow siblings, and on the real Qwen2.5-Coder pair's code prompt the
+trees then committed fewer tokens than the chain (4.50 against 4.85 per verify at S = 4).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
+
+CHAIN_FIRST = 1e4  # added to the chain's node at each level when ranking: above any path log-probability
 
 
 def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
@@ -88,8 +96,9 @@ def draft_tree(
         child_score = (score[..., None] + child_score).flatten(1)  # path log-probs [B, k^2]
         child = child.flatten(1)
         pool.append((child, child_score, frontier_id[..., None].expand(batch, k, k).flatten(1)))
-        if level < levels:  # the k best children are the next frontier
-            score, best = child_score.topk(k, dim=-1)
+        if level < levels:  # the k best children are the next frontier, the chain's node (index 0) first
+            _, best = chain_first(child_score).topk(k, dim=-1)
+            score = child_score.gather(1, best)
             frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
             frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
         offset += k * k
@@ -97,13 +106,15 @@ def draft_tree(
 
 
 def select(cfg, pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The N best candidates by path probability as a tree in topological order: tokens, parents [B, N]."""
+    """The N best candidates by path probability, the chain's S first, as a tree in topological order: tokens,
+    parents [B, N]."""
     n = cfg.num_draft_tokens
-    tokens, scores, parents = (torch.cat(column, dim=1) for column in zip(*pool))  # [B, C]
+    tokens = torch.cat([t for t, _, _ in pool], dim=1)  # [B, C]
+    parents = torch.cat([p for _, _, p in pool], dim=1)
     batch, count = tokens.shape
     device = tokens.device
     depth = torch.cat([torch.full((t.shape[1],), d + 1, device=device) for d, (t, _, _) in enumerate(pool)])
-    _, chosen = scores.topk(n, dim=1)  # best first
+    _, chosen = torch.cat([chain_first(s) for _, s, _ in pool], dim=1).topk(n, dim=1)  # best first, the chain ahead
     order = (depth[chosen] * n + torch.arange(n, device=device)).argsort(dim=1)  # by depth, then score
     chosen = chosen.gather(1, order)
     node_of = torch.full((batch, count), -1, dtype=torch.int64, device=device)
@@ -112,3 +123,9 @@ def select(cfg, pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> 
     parent = torch.where(parent < 0, 0, node_of.gather(1, parent.clamp_min(0)))
     orphan = parent < 0  # its parent tied below the cut
     return torch.where(orphan, -1, tokens.gather(1, chosen)), parent.clamp_min(0)
+
+
+def chain_first(scores: torch.Tensor) -> torch.Tensor:
+    """`scores` [B, C] of one level's candidates with the chain's node (index 0: the top child of the chain's
+    node above, itself first in its level) ranked above every other."""
+    return torch.cat([scores[:, :1] + CHAIN_FIRST, scores[:, 1:]], dim=1)
