@@ -1,0 +1,143 @@
+"""Draft trees against the chain in tokens per second on the real Qwen2.5-Coder pair, and where a tree's step
+time goes: can this machine pay for a tree's extra rows?
+
+    flock /tmp/fdecode-realpair.lock python bench/tree_speed.py      # ~10 min on a 2-core CPU (compiles cached)
+    python bench/tree_speed.py --quick                               # a smoke run: tiny random models, eager
+
+Each shape (`--shapes`, N:k:S; the chain is N:1:N) is compiled once with the default backend (Inductor on the
+CPU), then `--rounds` rounds decode the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), greedy, B = 1,
+`--new-tokens` tokens without an EOS stop, every step at the shape's full depth, the shapes in a new order each
+round. Per shape: the median step time, tokens per verify ((tokens - 1) / steps: the first token comes from the
+prompt's forward), and tokens per second over the steps; every shape must commit the chain's tokens. The
+breakdown then times, eagerly, one target forward over the rows a verify of each shape runs (N + 1) and one draft
+forward over the rows a level runs (k): a chain of depth S runs the target on S + 1 rows and the draft S times on
+1 row (2 rows first); a tree of N nodes runs the target on N + 1 rows and the draft S times on k rows (S + 1 rows
+first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import fdecode
+from fdecode.bench.pair import PROMPTS, chat_ids, load_pair
+from fdecode.ops.paging import window_columns
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    n, k, s = (int(part) for part in text.split(":"))
+    return n, k, s
+
+
+def decode(step, ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """Tokens (the prefill's first included) and each step's seconds, every step at the step's depth K."""
+    state = step.prefill([ids], max_new_tokens=new_tokens, ignore_eos=True)
+    tokens, seconds = state.step_output.tokens[0, :1].tolist(), []
+    while not bool(state.step_output.finished[0]):
+        start = time.perf_counter()
+        state, out = step(state)
+        count = int(out.num_tokens[0])  # reads the output: the step has run
+        seconds.append(time.perf_counter() - start)
+        tokens += out.tokens[0, :count].tolist()
+    return tokens, seconds
+
+
+def forward_seconds(model, rows: int, repeats: int) -> float:
+    """The median seconds of one eager forward of `model` over `rows` new rows after a 256-token context."""
+    cfg = fdecode.DecodeConfig(num_draft_tokens=rows, max_batch=1, max_seq_len=512, backend="eager")
+    step = fdecode.compile(model, "ngram", cfg, announce=False)
+    state = step.prefill([[1 + i % 50 for i in range(256)]], max_new_tokens=rows + 8)
+    bs = cfg.block_size
+    positions = 256 + torch.arange(rows)[None]
+    slots = torch.zeros_like(positions)  # the scratch slot: timing only
+    context = window_columns(state.block_tables, (256 + rows) // bs + 1)
+    tokens = torch.ones(1, rows, dtype=torch.int64)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        step.target(tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(4, 1, 4), (8, 3, 4), (12, 3, 4)])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5, help="timed forwards per row count in the breakdown")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    backend = "auto"
+    if args.quick:
+        from fdecode.bench import llama
+
+        target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
+        prompts, args.new_tokens, args.rounds, backend = {"prompt 0": list(range(1, 17))}, 8, 1, "eager"
+        args.shapes, args.repeats = [(3, 1, 3), (6, 2, 3)], 1
+    else:
+        loaded = load_pair(hf=False)
+        if loaded is None:
+            sys.exit(1)
+        target, draft, tokenizer, _, _ = loaded
+        prompts = {name: chat_ids(tokenizer, text) for name, text in PROMPTS.items()}
+    longest = max(len(ids) for ids in prompts.values())
+    steps = {}
+    for n, k, s in args.shapes:
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=n,
+            draft_topk=k,
+            draft_depth=s,
+            max_batch=1,
+            max_seq_len=longest + args.new_tokens + 32,
+            dtype=torch.float32,
+            backend=backend,
+            adaptive_depth=False,
+        )
+        steps[n, k, s] = fdecode.compile(target, draft, cfg, announce=False)
+        for ids in prompts.values():  # compiles (or loads) the shape's graphs: not timed
+            decode(steps[n, k, s], ids, 4)
+        print(f"... N={n} k={k} S={s} compiled", file=sys.stderr, flush=True)
+    times = {shape: [] for shape in steps}
+    verifies = {shape: {} for shape in steps}
+    expected: dict[str, list[int]] = {}
+    for r in range(args.rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for shape in order:
+            for name, ids in prompts.items():
+                tokens, seconds = decode(steps[shape], ids, args.new_tokens)
+                if tokens != expected.setdefault(name, tokens):
+                    sys.exit(f"{shape} on {name!r}: the tokens differ from the first shape's (not lossless)")
+                times[shape] += seconds
+                verifies[shape][name] = (len(tokens) - 1) / len(seconds)
+    chain_rate = None
+    print(
+        "| N | k | S | step ms (median) | tokens per verify | tok/s | vs the first shape |\n|---|---|---|---|---|---|---|"
+    )
+    for (n, k, s), seconds in times.items():
+        per_verify = statistics.mean(verifies[n, k, s].values())
+        rate = per_verify / statistics.median(seconds)
+        chain_rate = chain_rate or rate
+        print(
+            f"| {n} | {k} | {s} | {1e3 * statistics.median(seconds):.1f} | {per_verify:.2f} | {rate:.2f} | "
+            f"{rate / chain_rate:.2f}x |",
+            flush=True,
+        )
+    rows = sorted({n + 1 for n, _, _ in steps} | {k for _, k, _ in steps} | {1, 2})
+    print("\n| rows | target forward ms | draft forward ms |\n|---|---|---|")
+    for count in rows:
+        print(
+            f"| {count} | {1e3 * forward_seconds(target, count, args.repeats):.1f} | "
+            f"{1e3 * forward_seconds(draft, count, args.repeats):.1f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
