@@ -43,6 +43,7 @@ from fdecode.processing import processed, tallied
 from fdecode.state import DecodeState, StepOutput
 from fdecode.state.decode_state import with_leaves
 from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
+from fdecode.tree.shape import TreeShape
 from fdecode.tree.step import tree_advance, tree_step
 
 
@@ -146,12 +147,19 @@ def decode_step(
     (`pure_step`): inside the trace Dynamo would walk every parameter of both models.
     """
     plan = general_plan(cfg) if plan is None else plan
+    depth = cfg.K if depth is None else depth
     if cfg.tree:  # a draft tree (`fdecode.tree`): its own validate, verify, commit and advance
         new_state = tree_step(
-            target, draft, cfg, state, context_blocks=context_blocks, plan=plan, draft_regions=draft_regions
+            target,
+            draft,
+            cfg,
+            state,
+            context_blocks=context_blocks,
+            plan=plan,
+            depth=depth,
+            draft_regions=draft_regions,
         )
         return new_state, new_state.step_output
-    depth = cfg.K if depth is None else depth
     verified = validate(target, cfg, state, context_blocks, depth)
     noise, accept_u, draft_u = transition_randoms(state, cfg.K) if plan.random else (None, None, None)
     committed = commit(target, cfg, state, verified, noise, accept_u, plan, depth)
@@ -300,7 +308,9 @@ def advance(
     batch = accepted.shape[0]
     context = window_columns(state.block_tables, context_blocks)  # [B, context_blocks]
     if cfg.tree:  # priming a tree step: the first tree from the first token (`fdecode.tree.step`)
-        return tree_advance(draft, cfg, state, committed, context, draft_regions=draft_regions)
+        return tree_advance(
+            draft, cfg, state, committed, context, TreeShape.at(cfg, cfg.K), draft_regions=draft_regions
+        )
     bs = cfg.block_size
     placeholder = hidden.new_zeros(hidden.shape[-1])
     rows = prepare_next_draft(accepted, hidden, placeholder, state.base_pos, state.base_pos + 1, state.block_tables, bs)

@@ -12,11 +12,22 @@ import torch
 from support.hybrid_models import hybrid_target
 from support.llama_models import fdecode_target, fresh_forward, hf_greedy, independent_draft, mtp_head
 from support.runs import NEW, PROMPTS, run
-from support.tiny_vocab import check_follows_the_target, tiny_draft, tiny_target
+from support.tiny_vocab import (
+    ALPHA,
+    LANES,
+    PROMPT,
+    V,
+    check_follows_the_target,
+    chi2_pvalue,
+    exact_distribution,
+    tiny_draft,
+    tiny_target,
+)
 
 import fdecode
 from fdecode.ops import slot_of
 from fdecode.tree.ngram import ngram_tree
+from fdecode.tree.shape import TreeShape
 
 
 def tree_step(kind: str, n: int, k: int, s: int, backend: str = "eager", **changes):
@@ -96,11 +107,11 @@ def test_greedy_mtp_tree_equals_transformers(kind):
 
 def test_ngram_tree_branches_are_the_most_frequent_continuations():
     history = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, -1, -1]])  # "1 2" ends at 1, 4, 7: then 3, 4, 3
-    cfg = fdecode.DecodeConfig(num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=1, max_seq_len=16)
-    tokens, parents = ngram_tree(history, torch.tensor([10]), cfg, max_n=2, min_n=1, vocab=8)
+    shape = TreeShape(nodes=6, topk=2, levels=3)
+    tokens, parents = ngram_tree(history, torch.tensor([10]), shape, max_n=2, min_n=1, vocab=8)
     # 3 (twice) along its latest occurrence (ending at 7), then 4; neither runs past the last token (10)
     assert tokens.tolist() == [[3, 1, 2, 4, 1, 2]] and parents.tolist() == [[0, 1, 2, 0, 4, 5]]
-    tokens, _ = ngram_tree(history, torch.tensor([8]), cfg, max_n=2, min_n=1, vocab=8)  # "2 3": once, then 1 2
+    tokens, _ = ngram_tree(history, torch.tensor([8]), shape, max_n=2, min_n=1, vocab=8)  # "2 3": once, then 1 2
     assert tokens.tolist() == [[1, 2, 4, -1, -1, -1]]
 
 
@@ -115,10 +126,10 @@ def test_greedy_ngram_tree_equals_transformers():
     assert max(lengths) >= 3  # the target repeats itself: some branch is accepted to depth 2 or more
 
 
-def test_a_tree_holds_the_chain_the_draft_would_draft():
-    """The draft's chain of depth S is a path of every tree it drafts, even where its deepest nodes score below
-    the root's other children (a near-uniform random draft, 4 nodes for 3 levels): the tree never verifies
-    less than the chain would."""
+def test_a_tree_holds_first_the_chain_the_draft_would_draft():
+    """The draft's chain of depth S is the first S nodes of every tree it drafts, even where its deepest nodes
+    score below the root's other children (a near-uniform random draft, 4 nodes for 3 levels): the tree never
+    verifies less than the chain would, and a shallower step verifies that chain."""
     target = fdecode_target(2)
     draft = independent_draft("random", target)
     base = dict(max_batch=4, max_seq_len=64, block_size=4, backend="eager")
@@ -131,7 +142,60 @@ def test_a_tree_holds_the_chain_the_draft_would_draft():
         path = [next(i for i in range(1, 5) if parents[i] == 0 and tokens[i] == drafts[0])]
         for token in drafts[1:]:
             path.append(next(i for i in range(1, 5) if parents[i] == path[-1] and tokens[i] == token))
-        assert len(path) == 3
+        assert path == [1, 2, 3]  # first: a depth-d step verifies the window's first d + 1 rows
+
+
+@pytest.mark.parametrize("kind", ["partial", "ngram"])
+def test_tree_steps_at_every_depth_equal_transformers(kind):
+    """A tree step's depths 1 .. S verify the window's first rows (the chain every tree holds first) and draft a
+    chain; K verifies and drafts the tree. Any order of them commits transformers' greedy tokens."""
+    if kind == "ngram":
+        target = fdecode_target(2)
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+        )
+        step = fdecode.compile(target, "ngram", cfg)
+    else:
+        step = tree_step(kind, 6, 2, 3)
+    assert step.depths == (1, 2, 3, 6)
+    schedule = [6, 1, 6, 3, 2, 6, 6, 2, 1, 3, 3, 6]  # tree -> chain -> tree, chains of each depth after each
+    state = step.prefill(PROMPTS, max_new_tokens=NEW)
+    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
+    for i in range(60):
+        if bool(state.step_output.finished[: len(PROMPTS)].all()):
+            break
+        state, out = step(state, depth=schedule[i % len(schedule)])
+        for lane in range(len(PROMPTS)):
+            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+    assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
+    with pytest.raises(ValueError, match="a tree step runs depths 1, 2, 3, 6"):
+        step(state, depth=4)
+
+
+@pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step
+def test_random_lanes_of_a_tree_step_at_a_chain_depth_follow_the_target():
+    """Depth 1 of a tree step verifies the primed tree's first two rows, then chains of one draft: exact too."""
+    target = tiny_target()
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, block_size=4, backend="eager"
+    )
+    step = fdecode.compile(target, tiny_draft("self", target), cfg)
+    params = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    samples = []
+    for batch in range(40):
+        seeds = [1000 * batch + lane for lane in range(LANES)]
+        state = step.prefill([PROMPT] * LANES, max_new_tokens=3, seed=seeds, **params)
+        got = [state.step_output.tokens[lane, :1].tolist() for lane in range(LANES)]
+        while not bool(state.step_output.finished.all()):
+            state, out = step(state, depth=1)
+            for lane in range(LANES):
+                got[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+        samples.append(torch.tensor(got))
+    samples = torch.cat(samples)
+    cells = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
+    counts = torch.bincount(cells, minlength=V**3)
+    expected = exact_distribution(target, params)
+    assert chi2_pvalue(counts, expected) > ALPHA and expected[counts > 0].min() > 0
 
 
 def test_committed_kv_is_contiguous_after_trees():

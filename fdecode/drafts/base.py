@@ -20,6 +20,7 @@ from __future__ import annotations
 from fdecode.models.cost import forward_bytes
 from fdecode.models.regions import decoder_layers
 from fdecode.state.recurrent import is_hybrid
+from fdecode.tree.shape import tree_depths
 
 
 class Drafter:
@@ -35,13 +36,13 @@ class Drafter:
         return is_hybrid(draft)
 
     def depths(self, draft, cfg, *, target) -> tuple[int, ...]:
-        """The depths a step of this draft beside `target` runs (`Schedule.depths`): a tree step depth K (its N
-        nodes); where the target or the draft carries linear-attention state (`recurrent`) 0 or K; else any
-        depth 0 .. K."""
-        k = cfg.K
+        """The depths a step of this draft beside `target` runs (`Schedule.depths`): where the target or the draft
+        carries linear-attention state (`recurrent`) 0 or K (a tree step: K); else any depth 0 .. K (a tree step:
+        1 .. S, chains, and K, its N nodes: `fdecode.tree.shape.tree_depths`)."""
+        k, recurrent = cfg.K, is_hybrid(target) or self.recurrent(draft)
         if cfg.tree:
-            return (k,)
-        return (0, k) if is_hybrid(target) or self.recurrent(draft) else tuple(range(k + 1))
+            return (k,) if recurrent else tree_depths(cfg)
+        return (0, k) if recurrent else tuple(range(k + 1))
 
     def idles(self, draft, cfg) -> bool:
         """Whether the draft sits out depth-0 steps and catches up later (`fdecode.ops.catch_up`)."""
@@ -119,9 +120,11 @@ class Drafter:
         `fdecode.ops.catch_up`) and `last` (the last committed token per lane, the next window's first)."""
         raise NotImplementedError
 
-    def propose_tree(self, draft, cfg, state, committed, pos, context, *, draft_regions):
-        """The next tree's N nodes: tokens [B, N] (-1 absent) and parents [B, N] (0: the root), in topological
-        order, from the last committed token at `pos` (`fdecode.tree.step.tree_advance`)."""
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions):
+        """The next tree's `shape.nodes` nodes (`fdecode.tree.shape.TreeShape`: the config's tree, or a chain at a
+        shallower depth): tokens [B, n] (-1 absent) and parents [B, n] (0: the root), in topological order, the
+        draft's chain first where it has one, from the last committed token at `pos`
+        (`fdecode.tree.step.tree_advance`)."""
         raise NotImplementedError
 
     def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:

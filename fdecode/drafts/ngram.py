@@ -84,7 +84,7 @@ class NgramDrafter(Drafter):
         return cfg.K
 
     def gated(self, cfg) -> bool:
-        return cfg.draft_gate and not cfg.tree  # a tree step runs depth K only
+        return cfg.draft_gate and not cfg.tree  # a tree step has no depth 0
 
     def adapts(self, cfg) -> bool:
         return False  # a lookup costs nothing: the gate decides between depth K and 0
@@ -131,11 +131,11 @@ class NgramDrafter(Drafter):
         draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
         return list(found.unbind(1)), draft_probs, state.missed
 
-    def propose_tree(self, draft, cfg, state, committed, pos, context, *, draft_regions):
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions):
         """The k most frequent continuations of each node (`fdecode.tree.ngram`), over the history written first."""
         write_history(state.history, state.base_pos, committed.accepted)
         window = state.history[:, : context.shape[1] * cfg.block_size]
-        return ngram_tree(window, pos, cfg, draft.max_n, draft.min_n, state.draft_probs.shape[-1])
+        return ngram_tree(window, pos, shape, draft.max_n, draft.min_n, state.draft_probs.shape[-1])
 
     def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:
         """The step's lookup rule on the host (`fdecode.ops.ngram.lookup_list`)."""

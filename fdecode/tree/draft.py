@@ -27,6 +27,7 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
+from fdecode.tree.shape import TreeShape
 
 CHAIN_FIRST = 1e4  # added to the chain's node at each level when ranking: above any path log-probability
 
@@ -48,13 +49,14 @@ def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
 
 
 def draft_tree(
-    draft, cfg, state, committed, pos: torch.Tensor, context: torch.Tensor, *, draft_regions: bool
+    draft, cfg, state, committed, pos: torch.Tensor, context: torch.Tensor, shape: TreeShape, *, draft_regions: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The next tree's N nodes: tokens [B, N] (-1 absent) and parents [B, N] (0: the root, else a node's
-    index 1 .. N), in topological order. pos: P [B], the position of the root (the last committed token).
-    An MTP head's rows take the hidden state of the row before them: the target's for the committed run, its
-    own output at the parent for a tree node (a draft LM ignores it)."""
-    k, levels, bs = cfg.draft_topk, cfg.levels, cfg.block_size
+    """The next tree's `shape.nodes` nodes: tokens [B, n] (-1 absent) and parents [B, n] (0: the root, else a
+    node's index 1 .. n), in topological order, the draft's chain first. pos: P [B], the position of the root
+    (the last committed token). The catch-up takes the config's S + 1 rows whatever the shape (a tree of S
+    levels may have committed them). An MTP head's rows take the hidden state of the row before them: the
+    target's for the committed run, its own output at the parent for a tree node (a draft LM ignores it)."""
+    k, levels, bs = shape.topk, shape.levels, cfg.block_size
     batch, device = pos.shape[0], pos.device
     drafter = drafter_for(draft)
     live = (committed.length > 0)[:, None]
@@ -102,20 +104,22 @@ def draft_tree(
             frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
             frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
         offset += k * k
-    return select(cfg, pool)
+    return select(shape, pool)
 
 
-def select(cfg, pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The N best candidates by path probability, the chain's S first, as a tree in topological order: tokens,
-    parents [B, N]."""
-    n = cfg.num_draft_tokens
+def select(shape: TreeShape, pool: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The N best candidates by path probability, the chain's S first, as a tree: tokens, parents [B, N]. Rows
+    1 .. S are the chain (one node a depth), then the others by depth, then score: parents come first, and the
+    window's first d + 1 rows are the chain of depth d that a shallower step verifies (`tree_depths`)."""
+    n, levels = shape.nodes, shape.levels
     tokens = torch.cat([t for t, _, _ in pool], dim=1)  # [B, C]
     parents = torch.cat([p for _, _, p in pool], dim=1)
     batch, count = tokens.shape
     device = tokens.device
     depth = torch.cat([torch.full((t.shape[1],), d + 1, device=device) for d, (t, _, _) in enumerate(pool)])
-    _, chosen = torch.cat([chain_first(s) for _, s, _ in pool], dim=1).topk(n, dim=1)  # best first, the chain ahead
-    order = (depth[chosen] * n + torch.arange(n, device=device)).argsort(dim=1)  # by depth, then score
+    _, chosen = torch.cat([chain_first(s) for _, s, _ in pool], dim=1).topk(n, dim=1)  # best first: the chain
+    rank = torch.arange(n, device=device)
+    order = torch.where(rank < levels, depth[chosen] - levels - 1, depth[chosen] * n + rank).argsort(dim=1)
     chosen = chosen.gather(1, order)
     node_of = torch.full((batch, count), -1, dtype=torch.int64, device=device)
     node_of = node_of.scatter(1, chosen, torch.arange(1, n + 1, device=device).expand(batch, n))

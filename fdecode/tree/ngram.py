@@ -15,16 +15,17 @@ from __future__ import annotations
 import torch
 
 from fdecode.ops.ngram import NONE
+from fdecode.tree.shape import TreeShape
 
 
 def ngram_tree(
-    history: torch.Tensor, last_pos: torch.Tensor, cfg, max_n: int, min_n: int, vocab: int
+    history: torch.Tensor, last_pos: torch.Tensor, shape: TreeShape, max_n: int, min_n: int, vocab: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [B, N] (-1 absent) and parents [B, N] (0: the root) of each lane's tree.
+    """tokens [B, N] (-1 absent) and parents [B, N] (0: the root) of each lane's tree of `shape`.
 
     history: [B, T] int64, the committed token at each position of the attention window (-1 past the last);
     last_pos: [B] int64, P, the position of each lane's last committed token (the root)."""
-    k, levels, n_nodes = cfg.draft_topk, cfg.levels, cfg.num_draft_tokens
+    k, levels, n_nodes = shape.topk, shape.levels, shape.nodes
     batch, width = history.shape
     device = history.device
     index = torch.arange(width, device=device)[None, :]  # [1, T]: the end position i of an occurrence

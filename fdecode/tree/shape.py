@@ -10,12 +10,44 @@ before anything is captured, with the models in hand (the vocabulary, the model 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
 def candidates(k: int, levels: int) -> int:
     """The nodes S levels of k children per frontier node make: k at depth 1, k^2 at each deeper level."""
     return k + (levels - 1) * k * k
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+    """What one tree step drafts for the next: `nodes` (N) in `levels` (S) levels, `topk` (k) children kept
+    per expanded node. k = 1 with S = N is a chain."""
+
+    nodes: int
+    topk: int
+    levels: int
+
+    @classmethod
+    def at(cls, cfg, depth: int) -> TreeShape:
+        """The tree a step of `depth` drafts (`tree_depths`): the config's own at depth K, a chain of `depth`
+        nodes at 1 .. S."""
+        if depth == cfg.K:
+            return cls(cfg.num_draft_tokens, cfg.draft_topk, cfg.levels)
+        return cls(depth, 1, depth)
+
+
+def tree_depths(cfg) -> tuple[int, ...]:
+    """The depths a tree step runs: 1 .. S, which verify the window's first depth + 1 rows (the chain of the
+    draft, which every tree holds first) and draft a chain of that depth; and K, which verifies the whole tree
+    and drafts the config's tree. Each commits the target's tokens (a tree's first rows are a tree too)."""
+    return tuple(range(1, cfg.levels + 1)) + (cfg.K,)
+
+
+def verified_rows(cfg, depth: int) -> int:
+    """The window rows a tree step of `depth` verifies: the root and `depth` nodes, or all N + 1 at K."""
+    return cfg.W if depth == cfg.K else depth + 1
 
 
 def check_tree_shape(cfg) -> None:

@@ -29,30 +29,33 @@ from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense
 from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
 from fdecode.processing import tallied
 from fdecode.state.decode_state import with_leaves
+from fdecode.tree.shape import TreeShape, verified_rows
 
 
-def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, draft_regions: bool):
-    """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place)."""
+def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, depth: int, draft_regions: bool):
+    """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place).
+    depth (`tree_depths`): K verifies the whole tree and drafts the config's; 1 .. S verify the window's first
+    depth + 1 rows and draft a chain of depth nodes."""
     from fdecode.step import Committed  # the chain's hand-over type (fdecode.step imports this module)
 
     context = window_columns(state.block_tables, context_blocks)
     batch, window = state.tokens.shape
-    levels, bs = cfg.levels, cfg.block_size
+    rows, levels, bs = verified_rows(cfg, depth), cfg.levels, cfg.block_size
     own = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # row i's own position
     slots = torch.where(state.active[:, None], slot_of(state.block_tables, own, bs), torch.zeros_like(own))
-    tokens = torch.cat([state.tokens[:, :1], torch.where(slots[:, 1:] != 0, state.tokens[:, 1:], -1)], dim=1)
-    parents = state.tree_parents
-    seen = ancestors(parents, levels)  # [B, W, W]
+    tokens = torch.cat([state.tokens[:, :1], torch.where(slots[:, 1:rows] != 0, state.tokens[:, 1:rows], -1)], 1)
+    parents = state.tree_parents[:, :rows]
+    seen = ancestors(parents, levels)  # [B, rows, rows]
     positions = state.base_pos[:, None] + seen.sum(dim=-1) - 1  # base_pos + depth
     logits, hidden = target(
         tokens.clamp_min(0),
         positions,
-        slots,
+        slots[:, :rows],
         state.target_kv,
         context,
         block_size=bs,
         attention=cfg.attention,
-        tree=TreeRows(slots, seen, state.base_pos),
+        tree=TreeRows(slots[:, :rows], seen, state.base_pos),
     )
     accepted, length, path = verify_tree(cfg, state, tokens, parents, logits, plan)
     move_path_kv(state.target_kv, slots, path)
@@ -67,7 +70,7 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     committed = Committed(
         accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left, grammar_state, None
     )
-    return tree_advance(draft, cfg, state, committed, context, draft_regions=draft_regions)
+    return tree_advance(draft, cfg, state, committed, context, TreeShape.at(cfg, depth), draft_regions=draft_regions)
 
 
 def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
@@ -97,9 +100,10 @@ def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> N
     kv.index_copy_(2, target, kv.index_select(2, source))
 
 
-def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
+def tree_advance(draft, cfg, state, committed, context, shape: TreeShape, *, draft_regions: bool):
     """The state after a transition (or priming): the last committed token at P, the root of the draft's next
-    tree, and the tree; the output packed as a chain's (`fdecode.step.next_state`)."""
+    tree, and the tree of `shape` (the window's rows past it absent); the output packed as a chain's
+    (`fdecode.step.next_state`)."""
     from fdecode.step import next_state
 
     accepted, length = committed.accepted, committed.length
@@ -107,6 +111,11 @@ def tree_advance(draft, cfg, state, committed, context, *, draft_regions: bool):
     last = torch.where(length > 0, last, state.tokens[:, 0])
     pos = state.base_pos + length
     drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
-    nodes, parents = drafter.propose_tree(draft, cfg, state, committed, pos, context, draft_regions=draft_regions)
+    nodes, parents = drafter.propose_tree(
+        draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions
+    )
+    absent = cfg.K - shape.nodes
+    nodes = torch.cat([nodes, nodes.new_full((nodes.shape[0], absent), -1)], dim=1)
+    parents = torch.cat([parents, parents.new_zeros(parents.shape[0], absent)], dim=1)
     new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, state.missed)
     return with_leaves(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))
