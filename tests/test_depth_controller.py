@@ -417,3 +417,31 @@ def test_adaptive_depth_is_a_bool_and_leaves_n_gram_drafts_to_the_gate():
     cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=1, max_seq_len=32, backend="eager", adaptive_depth=True)
     engine = fdecode.Engine(fdecode.compile(target, "ngram", cfg))
     assert isinstance(engine.policy, DraftGate)
+
+
+def test_a_tree_step_chooses_the_tree_or_a_chain_by_cost_and_what_trees_commit():
+    """In a tree step (N = 8 nodes, S = 4 levels) depths 1 .. 4 are chains and 8 the tree. At the cost of the
+    chain of depth 4 the tree wins on its prior gain (lanes accepting 90 %); where it costs 1.5x that chain (a
+    CPU charging for rows) the chain is kept; and where trees commit 5 tokens per verify while the chain's
+    drafts are accepted half the time (the tree's gain, learned), the tree wins even at 1.5x."""
+    n, levels = 8, 4
+    chain_costs = [1.0 + 0.3 * max(d, 1) for d in range(n)]
+
+    def controller(tree_cost: float, prior: float) -> DepthController:
+        costs = chain_costs + [tree_cost * chain_costs[levels]]
+        made = DepthController(
+            n, costs, depths=(1, 2, 3, 4, n), tree_levels=levels, learn_costs=False, prior=prior, hysteresis=0.0
+        )
+        made.admit(0)
+        return made
+
+    assert controller(1.0, prior=0.9).launch()[0] == n
+    assert controller(1.5, prior=0.9).launch()[0] == levels
+    learns = controller(1.5, prior=0.5)
+    assert learns.launch()[0] == 1
+    for _ in range(40):
+        learns.observe_output(packed([5]), {0: (n, learns.admissions[0])})  # a verified tree: 4 levels + 1
+    assert learns.gains[0] > 2 and learns.rate(0) == 0.5  # a tree teaches the gain, not the chain's rate
+    assert learns.launch()[0] == n
+    with pytest.raises(ValueError, match="tree_levels must be in 1 .. K - 1"):
+        DepthController(n, chain_costs + [1.0], tree_levels=n)

@@ -32,11 +32,16 @@ def expected_tokens(rate: float, drafts: int) -> float:
 
 def depth_costs(target, draft, cfg, drafter) -> list[float]:
     """costs[d] for d in 0 .. K: the weights a step of depth d reads (`forward_bytes`: the target once, the
-    draft once per proposal, as `drafter` (`fdecode.drafts.Drafter`) counts both; an n-gram draft reads none),
-    in GB."""
+    draft once per proposal, as `drafter` (`fdecode.drafts.Drafter`) counts both; an n-gram draft reads none;
+    a tree step's tree once per level), in GB. Bytes do not see rows: a tree costs what the chain of depth S
+    does until its steps are timed (an accelerator at small batch; a CPU charges for rows, which the
+    Engine's measured costs then show)."""
     target_gb = forward_bytes(target) / 1e9
     draft_gb = drafter.forward_bytes(draft) / 1e9
-    return [target_gb + drafter.proposals(draft, cfg, d) * draft_gb for d in range(cfg.K + 1)]
+    forwards = [drafter.proposals(draft, cfg, d) for d in range(cfg.K + 1)]
+    if cfg.tree:  # a tree step of depth K runs the draft once a level: S forwards of k rows, read as one row's
+        forwards[cfg.K] = cfg.levels
+    return [target_gb + n * draft_gb for n in forwards]
 
 
 def smoothed(timed: dict[int, float]) -> dict[int, float]:
@@ -55,13 +60,17 @@ def smoothed(timed: dict[int, float]) -> dict[int, float]:
 def step_costs(step, depths: Sequence[int]) -> list[float]:
     """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed it (`Step.depth_seconds`,
     `smoothed`), else the weights it reads (`depth_costs`) times the median seconds per GB of the depths timed
-    (only the weights where none of `depths` was timed)."""
-    model = depth_costs(step.target, step.draft, step.config, step.drafter)
-    timed = smoothed({d: seconds for d, seconds in step.depth_seconds.items() if d in depths})
+    (only the weights where none of `depths` was timed). A tree step's tree (depth K) is off the chains' line:
+    as timed."""
+    cfg = step.config
+    model = depth_costs(step.target, step.draft, cfg, step.drafter)
+    timed = {d: seconds for d, seconds in step.depth_seconds.items() if d in depths}
+    tree = {cfg.K: timed.pop(cfg.K)} if cfg.tree and cfg.K in timed else {}
+    timed = {**smoothed(timed), **tree}
     if not timed:
         return model
     per_gb = statistics.median(timed[d] / model[d] for d in timed)
-    return [timed.get(d, model[d] * per_gb) for d in range(step.config.K + 1)]
+    return [timed.get(d, model[d] * per_gb) for d in range(cfg.K + 1)]
 
 
 class DepthController:
@@ -84,7 +93,11 @@ class DepthController:
     the first launch that drafts after them is a catch-up step (`fdecode.ops.catch_up`: it verifies nothing and
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
     depth-0 launches in a row, and the controller counts them as the step does (`Schedule.graph_depth`). A trial due
-    waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own."""
+    waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own.
+    In a tree step (`tree_levels` = S), depths 1 .. S are chains and K is the tree (`fdecode.tree.shape.tree_depths`):
+    a tree verified is worth a lane's tree gain times the chain of depth S it holds, the gain starting at `tree_gain`
+    (1.1: the trees of 8-12 nodes at S = 4 committed 1.14x the chain's tokens per verify on the real pair) and
+    following each verified tree's tokens over that chain's (a tree teaches the gain, not the rate)."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
 
@@ -104,6 +117,8 @@ class DepthController:
         cost_weight: float = 0.25,
         learn_costs: bool = True,
         catch_up: int = 0,
+        tree_levels: int | None = None,
+        tree_gain: float = 1.1,
     ):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
@@ -117,6 +132,10 @@ class DepthController:
             raise ValueError(f"DepthController strength must be > 0, got {strength!r}")
         if not hysteresis >= 0:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
+        if tree_levels is not None and not 1 <= tree_levels < k:
+            raise ValueError(f"DepthController tree_levels must be in 1 .. K - 1 = {k - 1}, got {tree_levels!r}")
+        if not tree_gain > 0:
+            raise ValueError(f"DepthController tree_gain must be > 0, got {tree_gain!r}")
         for name, value, least in (
             ("horizon", horizon, 1),
             ("probe", probe, 1),
@@ -141,6 +160,8 @@ class DepthController:
         self.carried: dict[int, int] = {}  # lane -> drafts its window carries now
         self.admissions: dict[int, int] = {}  # lane -> admissions so far (tells its requests apart)
         self.launches = {d: 0 for d in range(k + 1)}  # how many steps launched at each depth
+        self.tree_levels, self.tree_gain = tree_levels, tree_gain  # a tree step's S (depth K is its tree)
+        self.gains: dict[int, float] = {}  # lane -> its trees' tokens per verify over the chain of depth S
 
     @property
     def costs(self) -> list[float]:
@@ -174,11 +195,19 @@ class DepthController:
         self.lanes[lane] = [self.strength * self.prior, self.strength * (1 - self.prior)]
         self.probe_every = self.probe  # a new prompt may be worth drafting from
         self.carried[lane] = self.num_draft_tokens
+        self.gains[lane] = self.tree_gain
         self.admissions[lane] = self.admissions.get(lane, 0) + 1
 
     def rate(self, lane: int) -> float:
         accepted, rejected = self.lanes[lane]
         return accepted / (accepted + rejected) if accepted + rejected > 0 else self.prior
+
+    def lane_tokens(self, lane: int, rate: float, drafts: int) -> float:
+        """Tokens lane commits verifying `drafts` drafts: a chain's `expected_tokens`; in a tree step K drafts are
+        the tree, worth the lane's tree gain times the chain of depth S (which the tree holds first)."""
+        if self.tree_levels is not None and drafts == self.num_draft_tokens:
+            return self.gains[lane] * expected_tokens(rate, self.tree_levels)
+        return expected_tokens(rate, drafts)
 
     def choose(self, ready: Collection[int] | None = None) -> int:
         """The depth with the most expected tokens per cost over the lanes running now (K with none), among those
@@ -191,8 +220,8 @@ class DepthController:
         def score(depth: int) -> float:  # over `horizon` steps of that depth, the first verifying what is carried
             tokens = 0.0
             for b, rate in rates.items():
-                first = expected_tokens(rate, min(depth, self.carried[b]))
-                tokens += (first + (self.horizon - 1) * expected_tokens(rate, depth)) / self.horizon
+                first = self.lane_tokens(b, rate, min(depth, self.carried[b]))
+                tokens += (first + (self.horizon - 1) * self.lane_tokens(b, rate, depth)) / self.horizon
             return tokens / costs[depth]
 
         scores = {d: score(d) for d in depths}
@@ -243,8 +272,13 @@ class DepthController:
             if int(packed[lane, -1]) != 0:  # finished (or overflowed): no longer weighs on the depth
                 self.lanes.pop(lane)
                 self.carried.pop(lane)
+                self.gains.pop(lane)
                 continue
             accepted = max(int(packed[lane, -2]) - 1, 0)
+            if self.tree_levels is not None and drafts == self.num_draft_tokens:  # a tree: its gain learns
+                chain = expected_tokens(self.rate(lane), self.tree_levels)
+                self.gains[lane] = (1 - self.weight) * self.gains[lane] + self.weight * (accepted + 1) / chain
+                continue
             rejected = 1 if accepted < drafts else 0
             counts = self.lanes[lane]
             for hit in [1] * accepted + [0] * rejected:  # in the order verified: each draft weighs 1, the older less
