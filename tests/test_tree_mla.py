@@ -132,10 +132,14 @@ def tiny_mla_with_head():
     return target
 
 
-def test_random_nextn_tree_lanes_follow_the_target() -> None:
+@pytest.mark.parametrize(
+    "params",
+    [dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.0)],
+)
+def test_random_nextn_tree_lanes_follow_the_target(params: dict) -> None:
     target = tiny_mla_with_head()
     step = compiled(target, "mtp", 4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12)
-    check_follows_the_target(step, target, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+    check_follows_the_target(step, target, params)
 
 
 def test_nextn_tree_step_is_one_graph_without_host_syncs() -> None:
