@@ -40,6 +40,14 @@ def test_greedy_tree_over_latent_caches_equals_transformers() -> None:
     assert 3 <= max(lengths) <= 4, lengths  # the target agrees with itself: paths accepted to depth 2 or more
 
 
+def test_greedy_ngram_tree_over_the_latent_cache_equals_transformers() -> None:
+    """n-gram trees (no draft forward) on prompts that repeat themselves: paths of depths 1 to 3 accepted."""
+    prompts = [(5, 17, 33, 2, 9, 5, 17, 33, 4, 5, 17, 33, 2), (7, 3), (11, 12, 13, 14, 11, 12, 13, 15, 11, 12)]
+    outs, lengths, _ = run(compiled(deepseek_target(), "ngram", 6, **TREE), prompts, 30)
+    assert outs == [hf_greedy(p, 30) for p in prompts]
+    assert max(lengths) == 4, lengths
+
+
 @pytest.mark.parametrize("modules", [1, 2])
 def test_nextn_tree_from_a_checkpoint_folder_equals_transformers(tmp_path, modules: int) -> None:
     """DeepSeek's MTP head of one module (every published checkpoint) or two (level j runs module j - 1 mod 2,
