@@ -127,16 +127,19 @@ def test_tree_verification_captures_as_one_graph_without_host_reads():
         assert torch.equal(got, want)
 
 
-def test_a_tree_forward_equals_transformers_on_each_root_to_node_path():
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_a_tree_forward_equals_transformers_on_each_root_to_node_path(family):
     """One target forward over a tree's nodes (`TreeRows`: each sees the prompt and its ancestors, at position
-    root + depth, its KV in a slot of its own) gives every node the logits transformers gives its path."""
+    root + depth, its KV in a slot of its own) gives every node the logits transformers gives its path; for
+    DeepSeek-V3 each node's latent is its own slot's, read with the absorbed queries (`fdecode.ops.latent_kv`)."""
+    from support.deepseek_models import hf_deepseek
     from support.llama_models import hf_target
 
     from fdecode.models import from_hf
     from fdecode.ops.attention import TreeRows
     from fdecode.ops.paging import slot_of
 
-    hf = hf_target(2)
+    hf = hf_target(2) if family == "llama" else hf_deepseek()
     model, bs = from_hf(hf), 4
     prompt = [5, 9, 2, 7, 7, 3]
     tokens = [11, 4, 8, 1, 4, 6]  # the root (the token after the prompt), then the drafts of PARENTS' tree

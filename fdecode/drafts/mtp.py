@@ -3,13 +3,13 @@
 
 It proposes as a draft LM does (`fdecode.drafts.lm.forward_proposals`), from the target's hidden states
 of the step: draft forward j runs the head's layer j mod its layers. It never sits a step out, since its
-rows read the hidden states of the step they follow.
+rows read the hidden states of the step they follow. Every head drafts trees (`fdecode.tree.draft`: level j
+runs layer j - 1 mod its layers over the frontier); a hybrid target's head is refused with its target.
 """
 
 from __future__ import annotations
 
 from fdecode.drafts.lm import LMDrafter
-from fdecode.models.mtp.head import MTPHead
 
 
 class MTPDrafter(LMDrafter):
@@ -18,11 +18,6 @@ class MTPDrafter(LMDrafter):
 
     def idles(self, draft, cfg) -> bool:
         return False
-
-    def tree_reason(self, draft) -> str | None:
-        if type(draft) is not MTPHead:
-            return f"trees are drafted by a one-layer dense MTP head only, not a {type(draft).__name__}"
-        return None
 
     def layers_per_forward(self, draft) -> int:
         return 1  # draft forward j runs layer j mod `num_mtp_layers`

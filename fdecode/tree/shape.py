@@ -82,14 +82,13 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     if reason is not None:
         return reason
     # The models whose forwards the tree runs: the target, and the draft where it has one (an MTP head, bound
-    # to the target, was checked by its drafter).
+    # to the target, was checked by its drafter). An MLA latent cache is read as any cache: the mask and key
+    # slots of `TreeRows` are the `PagedContext`'s, and the accepted path moves along the leaf's slot axis.
     models = (("target", target),) + ((("draft", draft),) if drafter.forwards else ())
     for role, model in models:
         attention = isinstance(model, LlamaModel) or (role == "draft" and drafter.shares_target)
         if not attention or drafter.recurrent(model) or drafter.recurrent(target):
             return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
-        if getattr(getattr(model, "kv_config", None), "latent_kv", False):
-            return f"the {role} keeps an MLA latent cache, which tree attention does not read yet"
     features = {
         "penalties": cfg.penalties,
         "min_tokens": cfg.min_tokens,

@@ -92,7 +92,9 @@ def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
 
 def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> None:
     """The KV of the accepted path's node at depth j (row path[:, j], written at its own slot) to the slot of
-    position base_pos + j, `slots[:, j]`, for every layer, in place. Rows past the path move scratch to scratch."""
+    position base_pos + j, `slots[:, j]`, for every layer, in place. Rows past the path move scratch to scratch.
+    kv: any paged leaf, its slots on axis 2: keys and values [L, 2, num_slots, Hkv, D], or an MLA model's
+    latents [L, 1, num_slots, 1, R + Dr] (`fdecode.ops.latent_kv`)."""
     depth = path.shape[1]
     on_path = path[:, 1:] >= 0
     source = torch.where(on_path, slots.gather(1, path[:, 1:].clamp_min(0)), 0).reshape(-1)

@@ -190,3 +190,37 @@ def random_mtp_state(seed: int = 3, std: float = 0.3, layers: int = 1, **overrid
 
 def deepseek_target(seed: int = 0, **overrides):
     return from_hf(hf_deepseek(seed, **overrides))
+
+
+@functools.cache
+def agreeing_pair() -> tuple[transformers.DeepseekV3ForCausalLM, object]:
+    """A one-layer DeepSeek-V3 (all MoE) with unit-RMS embedding rows, and a NextN head that agrees with it:
+    module 0's decoder layer, final norm and `eh_proj = [I | 0]` copy the target's, so its x is
+    enorm(embed(token)) = embed(token) and it proposes the target's own greedy token (drafts accepted deep).
+    Returns (the transformers model, its fdecode target with the head as `target.mtp`); do not modify them."""
+    import copy
+
+    from fdecode.models.families.deepseek_v3 import mtp_head
+
+    hf = copy.deepcopy(hf_deepseek(0, num_hidden_layers=1, first_k_dense_replace=0))
+    with torch.no_grad():
+        rows = hf.model.embed_tokens.weight
+        rows.copy_(rows / rows.pow(2).mean(-1, keepdim=True).sqrt())
+    target = from_hf(hf)
+    head = mtp_head(target.config.replace(mtp_num_layers=1))
+    head.init_random_(seed=3, std=0.1)
+    width, module = target.config.hidden_size, head.layers[0]
+    with torch.no_grad():
+        module.enorm.weight.fill_(1.0)
+        module.eh_proj.weight.zero_()
+        module.eh_proj.weight[:, :width] = torch.eye(width)
+        module.layer.load_state_dict(target.layers[0].state_dict())
+        module.norm.load_state_dict(target.norm.state_dict())
+    target.mtp = head.bind(target)
+    return hf, target
+
+
+def greedy_of(hf, prompt, new: int = NEW) -> list[int]:
+    """transformers' greedy continuation of `prompt` by `hf`."""
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
