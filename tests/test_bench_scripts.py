@@ -27,6 +27,7 @@ SCRIPTS = (
     "small_linears.py",
     "weights_memory.py",
     "tree_acceptance.py",
+    "tree_speed.py",
     "default_path.py",
 )
 HELPERS = ("compile_phases.py", "child_process.py")  # imported by the scripts, not run on their own
