@@ -14,6 +14,9 @@
 #                                   # greedy tokens agree exactly, which the bench requires): tokens/s,
 #                                   # ms per step, the before loop and target-only side by side in one run
 #   bash bench/gpu_check.sh bench-bundled   # the same on the bundled model with its MTP head
+#   bash bench/gpu_check.sh trees   # draft trees against the chain at B = 1 (bench/tree_speed.py): the bundled
+#                                   # model with its MTP head and with its draft LM, tokens per verify, step ms,
+#                                   # tok/s, and each verify's and level's forward time (not run on a GPU yet)
 #   bash bench/gpu_check.sh --quick # a smoke run: without CUDA it says so and exits 0; with CUDA, fdecode
 #                                   # bench --quick on it (tests/test_bench_scripts.py runs it)
 #
@@ -23,10 +26,10 @@
 # took 198 s and a batch-1 `bench` ~120 s, each with a cold Inductor cache; the Triton interpreter test
 # failed there (triton 3.6 with numpy 2.5). Logs and JSON go to $OUT if set, else /tmp/fdecode-gpu.
 set -uo pipefail
-usage="usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|host-time|--quick]"
+usage="usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|trees|host-time|--quick]"
 stage="${1:-tests}"
 case "$stage" in
-  tests | bench | bench-bundled | host-time | --quick) ;;
+  tests | bench | bench-bundled | trees | host-time | --quick) ;;
   *)
     echo "$usage" >&2
     exit 2
@@ -54,6 +57,12 @@ case "$stage" in
   bench-bundled)  # the bundled model with its MTP head, real acceptance
     "$python3" -m fdecode.bench --device cuda --dtype float32 --batch 1 8 -k 3 --new-tokens 64 --reps 3 \
       --workloads bundled-mtp --json "$out/bench-cuda-bundled.json" 2>&1 | tee "$out/gpu-bench-bundled.log"
+    ;;
+  trees)  # trees against chains on the GPU, where a verify of 8-16 rows should cost about what 4 rows do
+    for model in bundled-mtp bundled-draft; do
+      "$python3" bench/tree_speed.py --model "$model" --device cuda --shapes 3:1:3 6:2:3 8:3:3 4:1:4 8:3:4 12:3:4 \
+        2>&1 | tee "$out/gpu-trees-$model.log"
+    done
     ;;
   host-time)  # the host's share of a step and the device's idle time between steps (docs/host-time.md);
               # written without a GPU: not run on one yet

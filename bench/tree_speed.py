@@ -2,10 +2,12 @@
 time goes: can this machine pay for a tree's extra rows?
 
     flock /tmp/fdecode-realpair.lock python bench/tree_speed.py      # ~10 min on a 2-core CPU (compiles cached)
+    python bench/tree_speed.py --model bundled-mtp --device cuda     # the bundled model and its MTP head on a GPU
     python bench/tree_speed.py --quick                               # a smoke run: tiny random models, eager
 
 Each shape (`--shapes`, N:k:S; the chain is N:1:N) is compiled once with the default backend (Inductor on the
-CPU), then `--rounds` rounds decode the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), greedy, B = 1,
+CPU), then `--rounds` rounds decode the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`; with `--model
+bundled-mtp` / `bundled-draft` the bundled model's first three held-out windows, `fdecode bench`'s), greedy, B = 1,
 `--new-tokens` tokens without an EOS stop, every step at the shape's full depth, the shapes in a new order each
 round. Per shape: the median step time, tokens per verify ((tokens - 1) / steps: the first token comes from the
 prompt's forward), and tokens per second over the steps; every shape must commit the chain's tokens. The
@@ -34,6 +36,11 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return n, k, s
 
 
+def synchronize(device: str) -> None:
+    if torch.device(device).type != "cpu":
+        getattr(torch, torch.device(device).type).synchronize()
+
+
 def decode(step, ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
     """Tokens (the prefill's first included) and each step's seconds, every step at the step's depth K."""
     state = step.prefill([ids], max_new_tokens=new_tokens, ignore_eos=True)
@@ -47,20 +54,21 @@ def decode(step, ids: list[int], new_tokens: int) -> tuple[list[int], list[float
     return tokens, seconds
 
 
-def forward_seconds(model, rows: int, repeats: int) -> float:
+def forward_seconds(model, rows: int, repeats: int, device: str) -> float:
     """The median seconds of one eager forward of `model` over `rows` new rows after a 256-token context."""
-    cfg = fdecode.DecodeConfig(num_draft_tokens=rows, max_batch=1, max_seq_len=512, backend="eager")
+    cfg = fdecode.DecodeConfig(num_draft_tokens=rows, max_batch=1, max_seq_len=512, backend="eager", device=device)
     step = fdecode.compile(model, "ngram", cfg, announce=False)
     state = step.prefill([[1 + i % 50 for i in range(256)]], max_new_tokens=rows + 8)
     bs = cfg.block_size
-    positions = 256 + torch.arange(rows)[None]
+    positions = 256 + torch.arange(rows, device=device)[None]
     slots = torch.zeros_like(positions)  # the scratch slot: timing only
     context = window_columns(state.block_tables, (256 + rows) // bs + 1)
-    tokens = torch.ones(1, rows, dtype=torch.int64)
+    tokens = torch.ones(1, rows, dtype=torch.int64, device=device)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         step.target(tokens, positions, slots, state.target_kv, context, block_size=bs, attention=cfg.attention)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
@@ -71,11 +79,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5, help="timed forwards per row count in the breakdown")
+    parser.add_argument("--model", default="pair", choices=["pair", "bundled-mtp", "bundled-draft"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="auto", help="DecodeConfig.backend (auto: Inductor on the CPU)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    backend = "auto"
-    if args.quick:
+    backend = args.backend
+    if args.model != "pair":
+        from fdecode.bench.workloads import load_workload
+
+        target, draft, windows = load_workload(args.model, 0, (0, 0), (0, 0))
+        prompts = {f"window {i}": ids for i, ids in enumerate(windows[:3])}
+    elif args.quick:
         from fdecode.bench import llama
 
         target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
@@ -98,6 +114,7 @@ def main() -> None:
             max_seq_len=longest + args.new_tokens + 32,
             dtype=torch.float32,
             backend=backend,
+            device=args.device,
             adaptive_depth=False,
         )
         steps[n, k, s] = fdecode.compile(target, draft, cfg, announce=False)
@@ -132,9 +149,11 @@ def main() -> None:
     rows = sorted({n + 1 for n, _, _ in steps} | {k for _, k, _ in steps} | {1, 2})
     print("\n| rows | target forward ms | draft forward ms |\n|---|---|---|")
     for count in rows:
+        draft_ms = (
+            "-" if isinstance(draft, str) else f"{1e3 * forward_seconds(draft, count, args.repeats, args.device):.1f}"
+        )
         print(
-            f"| {count} | {1e3 * forward_seconds(target, count, args.repeats):.1f} | "
-            f"{1e3 * forward_seconds(draft, count, args.repeats):.1f} |",
+            f"| {count} | {1e3 * forward_seconds(target, count, args.repeats, args.device):.1f} | {draft_ms} |",
             flush=True,
         )
 

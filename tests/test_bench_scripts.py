@@ -77,7 +77,7 @@ def test_gpu_check_parses_refuses_an_unknown_stage_and_has_a_quick_mode(tmp_path
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     unknown = subprocess.run(["bash", script, "no-such-stage"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode != 0
-    assert "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|host-time|--quick]" in unknown.stderr
+    assert "usage: bash bench/gpu_check.sh [tests|bench|bench-bundled|trees|host-time|--quick]" in unknown.stderr
     import torch
 
     if torch.cuda.is_available():
