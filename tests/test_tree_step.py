@@ -147,8 +147,8 @@ def test_a_tree_holds_first_the_chain_the_draft_would_draft():
 
 @pytest.mark.parametrize("kind", ["partial", "ngram"])
 def test_tree_steps_at_every_depth_equal_transformers(kind):
-    """A tree step's depths 1 .. S verify the window's first rows (the chain every tree holds first) and draft a
-    chain; K verifies and drafts the tree. Any order of them commits transformers' greedy tokens."""
+    """A tree step's depths 0 .. S verify the window's first rows (the chain every tree holds first) and draft a
+    chain (one draft at 0); K verifies and drafts the tree. Any order of them commits transformers' greedy tokens."""
     if kind == "ngram":
         target = fdecode_target(2)
         cfg = fdecode.DecodeConfig(
@@ -157,18 +157,19 @@ def test_tree_steps_at_every_depth_equal_transformers(kind):
         step = fdecode.compile(target, "ngram", cfg)
     else:
         step = tree_step(kind, 6, 2, 3)
-    assert step.depths == (1, 2, 3, 6)
-    schedule = [6, 1, 6, 3, 2, 6, 6, 2, 1, 3, 3, 6]  # tree -> chain -> tree, chains of each depth after each
+    assert step.depths == (0, 1, 2, 3, 6)
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6]  # tree -> chain -> tree, each depth after each
     state = step.prefill(PROMPTS, max_new_tokens=NEW)
     outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
     for i in range(60):
         if bool(state.step_output.finished[: len(PROMPTS)].all()):
             break
         state, out = step(state, depth=schedule[i % len(schedule)])
+        assert schedule[i % len(schedule)] or int(out.num_tokens.max()) <= 1  # depth 0: the target's one token
         for lane in range(len(PROMPTS)):
             outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
     assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
-    with pytest.raises(ValueError, match="a tree step runs depths 1, 2, 3, 6"):
+    with pytest.raises(ValueError, match="a tree step runs depths 0, 1, 2, 3, 6"):
         step(state, depth=4)
 
 

@@ -38,7 +38,7 @@ class Drafter:
     def depths(self, draft, cfg, *, target) -> tuple[int, ...]:
         """The depths a step of this draft beside `target` runs (`Schedule.depths`): where the target or the draft
         carries linear-attention state (`recurrent`) 0 or K (a tree step: K); else any depth 0 .. K (a tree step:
-        1 .. S, chains, and K, its N nodes: `fdecode.tree.shape.tree_depths`)."""
+        0 .. S, chains, and K, its N nodes: `fdecode.tree.shape.tree_depths`)."""
         k, recurrent = cfg.K, is_hybrid(target) or self.recurrent(draft)
         if cfg.tree:
             return (k,) if recurrent else tree_depths(cfg)

@@ -57,7 +57,7 @@ class Schedule:
     @classmethod
     def for_models(cls, config: DecodeConfig, graph_set: GraphSet, target, draft, drafter) -> Schedule:
         """The schedule of a step of these models: the depths the drafter runs beside `target` (`Drafter.depths`:
-        1 .. S and K in a tree step, 0 or K with a recurrent model, else 0 .. K); a draft LM may sit depth-0 steps out
+        0 .. S and K in a tree step, 0 or K with a recurrent model, else 0 .. K); a draft LM may sit depth-0 steps out
         (`Drafter.idles`), never in a tree step."""
         depths = drafter.depths(draft, config, target=target)
         return cls(config, graph_set, depths=depths, idles_draft=drafter.idles(draft, config) and not config.tree)
@@ -214,7 +214,7 @@ class Schedule:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
             runs = (
-                f"a tree step runs depths {', '.join(map(str, self.depths))} (chains of 1 .. S, the tree at K = {k})"
+                f"a tree step runs depths {', '.join(map(str, self.depths))} (the target alone, chains of 1 .. S, the tree at K = {k})"
                 if self.config.tree and len(self.depths) > 1
                 else f"a step of recurrent (linear-attention) models runs depth {'K' if self.config.tree else '0 or K'}"
                 f" = {k}"

@@ -94,10 +94,11 @@ class DepthController:
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
     depth-0 launches in a row, and the controller counts them as the step does (`Schedule.graph_depth`). A trial due
     waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own.
-    In a tree step (`tree_levels` = S), depths 1 .. S are chains and K is the tree (`fdecode.tree.shape.tree_depths`):
-    a tree verified is worth a lane's tree gain times the chain of depth S it holds, the gain starting at `tree_gain`
-    (1.1: the trees of 8-12 nodes at S = 4 committed 1.14x the chain's tokens per verify on the real pair) and
-    following each verified tree's tokens over that chain's (a tree teaches the gain, not the rate)."""
+    In a tree step (`tree_levels` = S), depth 0 is the target alone, 1 .. S chains and K the tree
+    (`fdecode.tree.shape.tree_depths`): a tree verified is worth a lane's tree gain times the chain of depth S it
+    holds, the gain starting at `tree_gain` (1.1: the trees of 8-12 nodes at S = 4 committed 1.14x the chain's
+    tokens per verify on the real pair) and following each verified tree's tokens over that chain's (a tree
+    teaches the gain, not the rate)."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
 

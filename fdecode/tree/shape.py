@@ -32,17 +32,18 @@ class TreeShape:
     @classmethod
     def at(cls, cfg, depth: int) -> TreeShape:
         """The tree a step of `depth` drafts (`tree_depths`): the config's own at depth K, a chain of `depth`
-        nodes at 1 .. S."""
+        nodes at 1 .. S, one draft at depth 0 (the draft's catch-up forward proposes it anyway)."""
         if depth == cfg.K:
             return cls(cfg.num_draft_tokens, cfg.draft_topk, cfg.levels)
-        return cls(depth, 1, depth)
+        return cls(max(depth, 1), 1, max(depth, 1))
 
 
 def tree_depths(cfg) -> tuple[int, ...]:
-    """The depths a tree step runs: 1 .. S, which verify the window's first depth + 1 rows (the chain of the
-    draft, which every tree holds first) and draft a chain of that depth; and K, which verifies the whole tree
-    and drafts the config's tree. Each commits the target's tokens (a tree's first rows are a tree too)."""
-    return tuple(range(1, cfg.levels + 1)) + (cfg.K,)
+    """The depths a tree step runs: 0 (the target alone: the root's row, one token), 1 .. S, which verify the
+    window's first depth + 1 rows (the chain of the draft, which every tree holds first) and draft a chain of
+    that depth (one draft at 0); and K, which verifies the whole tree and drafts the config's tree. Each
+    commits the target's tokens (a tree's first rows are a tree too)."""
+    return tuple(range(cfg.levels + 1)) + (cfg.K,)
 
 
 def verified_rows(cfg, depth: int) -> int:
