@@ -214,7 +214,8 @@ class Schedule:
             raise ValueError(f"depth must be an int in 0 .. K = {k}, got {depth!r}")
         if depth not in self.depths:
             runs = (
-                f"a tree step runs depths {', '.join(map(str, self.depths))} (the target alone, chains of 1 .. S, the tree at K = {k})"
+                f"a tree step runs depths {', '.join(map(str, self.depths))} "
+                f"(the target alone, chains of 1 .. S, the tree at K = {k})"
                 if self.config.tree and len(self.depths) > 1
                 else f"a step of recurrent (linear-attention) models runs depth {'K' if self.config.tree else '0 or K'}"
                 f" = {k}"
