@@ -34,8 +34,8 @@ from fdecode.tree.shape import TreeShape, verified_rows
 
 def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, depth: int, draft_regions: bool):
     """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place).
-    depth (`tree_depths`): K verifies the whole tree and drafts the config's; 1 .. S verify the window's first
-    depth + 1 rows and draft a chain of depth nodes."""
+    depth (`tree_depths`): K verifies the whole tree and drafts the config's; 0 .. S verify the window's first
+    depth + 1 rows and draft a chain of depth nodes (one at 0)."""
     from fdecode.step import Committed  # the chain's hand-over type (fdecode.step imports this module)
 
     context = window_columns(state.block_tables, context_blocks)
