@@ -3,6 +3,7 @@
     flock /tmp/fdecode-realpair.lock python bench/tree_acceptance.py            # ~15-30 min on a 2-core CPU
     python bench/tree_acceptance.py --quick       # a smoke run: tiny random models, the chain and one tree
     python bench/tree_acceptance.py --smollm2                                   # n-gram drafts, ~5 min
+    python bench/tree_acceptance.py --shapes 4:1:4 8:3:4 12:3:4                 # some shapes (chains first)
 
 For each of the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), the chain at depths 3 and 4 and
 trees of 6, 8 and 12 nodes at k = 2-4 (S = 3 and 4 levels, every shape `DecodeConfig` admits) decode the
@@ -45,6 +46,9 @@ def main() -> None:
         "--quick", action="store_true", help="a smoke run: tiny random models, one prompt, 8 tokens, 2 shapes"
     )
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M with n-gram drafts")
+    parser.add_argument(
+        "--shapes", nargs="+", default=None, help="N:k:S of the runs, chains (N:1:N) first (default: every shape)"
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     if args.quick:  # checks that the script runs: random models accept little
@@ -67,7 +71,8 @@ def main() -> None:
         prompts = {name: chat_ids(tokenizer, text) for name, text in PROMPTS.items()}
     chain_tokens, rates = {}, {}
     print("| N | k | S | " + " | ".join(prompts) + " | mean | vs chain |\n|---|---|---|" + "---|" * (len(prompts) + 2))
-    for n, k, s in shapes(args.quick):
+    runs = shapes(args.quick) if args.shapes is None else [tuple(int(x) for x in t.split(":")) for t in args.shapes]
+    for n, k, s in runs:
         cfg = fdecode.DecodeConfig(
             num_draft_tokens=n,
             draft_topk=k,
