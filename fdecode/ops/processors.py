@@ -131,7 +131,8 @@ def process(
     if penalties:
         counts = lanes.counts[:, None, :].float()  # [B, 1, V]
         if paths is not None:
-            counts = counts + _matches(paths.ids, token)
+            if paths.ids.shape[-1]:  # a root alone (a step of depth 0) has nothing in front
+                counts = counts + _matches(paths.ids, token)
         elif prior is not None and prior.shape[1]:
             upto = before + torch.arange(rows, device=logits.device)  # [R] tokens of prior counted by each row
             counted = torch.arange(prior.shape[1], device=logits.device)[None, :] < upto[:, None]  # [R, A]
