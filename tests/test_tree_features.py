@@ -291,3 +291,28 @@ def test_a_masked_node_of_the_drafts_chain_keeps_the_chains_rows():
     level2 = (torch.tensor([[20, 21, 22, 23]]), torch.tensor([[-inf, -inf, -2.5, -3.0]]), torch.tensor([[0, 0, 1, 1]]))
     tokens, parents = select(TreeShape(nodes=4, topk=2, levels=2), [level1, level2], masked=True)
     assert tokens.tolist() == [[10, -1, 11, 22]] and parents.tolist() == [[0, 1, 0, 3]]
+
+
+BANG, YES = 10, 11
+BANGS_THEN_YES = HandGrammar({0: {BANG: 0, YES: 1}}, final={1}, vocab_size=VOCAB, eos=(EOS,))  # "!"*, "yes", end
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_node_whose_row_allows_no_token_ends_the_lane_with_an_error(step, temperature):
+    """ "!" (pushed by a logit bias) comes first, then the presence penalty makes "yes" win, after which the grammar
+    allows only EOS while min_tokens masks it: the row after the "yes" node allows nothing. The lane keeps what came
+    before it and ends with an error; the other lane goes on unharmed."""
+    stuck = SamplingParams(
+        grammar=BANGS_THEN_YES,
+        min_tokens=8,
+        max_new_tokens=12,
+        eos_token_id=EOS,
+        logit_bias={BANG: 60.0, YES: 45.0},
+        presence_penalty=30.0,
+        temperature=temperature,
+        seed=1,
+    )
+    free = SamplingParams(max_new_tokens=12, eos_token_id=EOS, temperature=temperature, seed=2)
+    got = fdecode.generate(step, [[5, 6, 7], [9, 8]], [stuck, free], details=True)
+    assert (got[0].tokens, got[0].reason) == ([BANG, YES], "error") and "no token was allowed" in got[0].error
+    assert got[1].reason != "error" and (len(got[1].tokens) == 12 or got[1].tokens[-1] == EOS)
