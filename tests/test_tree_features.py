@@ -13,6 +13,8 @@ import dataclasses
 
 import pytest
 import torch
+from support.deepseek_models import VOCAB as MLA_VOCAB
+from support.deepseek_models import compiled, deepseek_target, hf_deepseek
 from support.hand_grammar import HandGrammar, parity
 from support.llama_models import VOCAB, fdecode_target, independent_draft, mtp_head
 from support.processor_oracle import TINY_REQUEST, hf_processed, reference_next
@@ -316,3 +318,22 @@ def test_a_node_whose_row_allows_no_token_ends_the_lane_with_an_error(step, temp
     got = fdecode.generate(step, [[5, 6, 7], [9, 8]], [stuck, free], details=True)
     assert (got[0].tokens, got[0].reason) == ([BANG, YES], "error") and "no token was allowed" in got[0].error
     assert got[1].reason != "error" and (len(got[1].tokens) == 12 or got[1].tokens[-1] == EOS)
+
+
+@pytest.mark.parametrize("draft", ["self", "ngram"])
+def test_greedy_mla_tree_with_processors_equals_transformers(draft):
+    """DeepSeek-V3 over its latent cache (the target as its own draft, or n-gram drafts): the features per node
+    are the model's logits' business only, so its greedy lanes equal transformers' under the same processors."""
+    target = deepseek_target()
+    features = {**FEATURES, "max_logprobs": None, "adaptive_depth": False}
+    step = compiled(target, target if draft == "self" else "ngram", 6, draft_topk=2, draft_depth=3, **features)
+    eos = MLA_VOCAB - 1
+    requests = [
+        REQUESTS["all"].replace(min_tokens=4, eos_token_id=eos),
+        SamplingParams(grammar=parity(MLA_VOCAB, eos), repetition_penalty=1.4, eos_token_id=eos),
+    ]
+    for params in requests:
+        params = params.replace(max_new_tokens=NEW)
+        got = fdecode.generate(step, [list(p) for p in PROMPTS], params)
+        assert got == [hf_processed(p, params, NEW, eos=eos, model=hf_deepseek(0))[0] for p in PROMPTS]
+        assert got != fdecode.generate(step, [list(p) for p in PROMPTS], max_new_tokens=NEW, eos_token_id=eos)

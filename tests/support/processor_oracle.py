@@ -46,16 +46,17 @@ class OpenAIPenalties(transformers.LogitsProcessor):
         return scores - self.frequency * counts - self.presence * (counts > 0).float()
 
 
-def hf_processed(prompt, params: SamplingParams, new: int, eos=None, num_layers: int = 2, **extra):
+def hf_processed(prompt, params: SamplingParams, new: int, eos=None, num_layers: int = 2, model=None, **extra):
     """transformers' greedy continuation of `prompt` under `params`' processors (new tokens only), and
-    generate's whole output (`extra`: e.g. output_logits=True)."""
+    generate's whole output (`extra`: e.g. output_logits=True). model: a transformers model (None: the tiny
+    Llama of `num_layers` layers, `support.llama_models.hf_target`)."""
     ids = torch.tensor([prompt])
     processors = transformers.LogitsProcessorList()
     if params.frequency_penalty or params.presence_penalty:
         processors.append(OpenAIPenalties(len(prompt), params.frequency_penalty, params.presence_penalty))
     if params.grammar is not None:  # a `support.hand_grammar.HandGrammar`
         processors.append(Masked(params.grammar, len(prompt)))
-    out = hf_target(num_layers).generate(
+    out = (hf_target(num_layers) if model is None else model).generate(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=new,
