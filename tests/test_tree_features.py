@@ -337,3 +337,24 @@ def test_greedy_mla_tree_with_processors_equals_transformers(draft):
         got = fdecode.generate(step, [list(p) for p in PROMPTS], params)
         assert got == [hf_processed(p, params, NEW, eos=eos, model=hf_deepseek(0))[0] for p in PROMPTS]
         assert got != fdecode.generate(step, [list(p) for p in PROMPTS], max_new_tokens=NEW, eos_token_id=eos)
+
+
+def test_tree_steps_at_every_depth_with_processors_equal_transformers(step):
+    """Depths 0 .. S (the window's first rows, then a chain) and K (the tree), in any order, each process their
+    rows after their paths: penalties, a bias and min_tokens on one lane, a grammar on another."""
+    assert step.depths == (0, 1, 2, 3, 6)
+    params = [
+        REQUESTS["all"].replace(min_tokens=6, eos_token_id=EOS, max_new_tokens=NEW, logprobs=1),
+        SamplingParams(grammar=PARITY, presence_penalty=0.5, eos_token_id=EOS, max_new_tokens=NEW),
+        SamplingParams(eos_token_id=EOS, max_new_tokens=NEW),
+    ]
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6]  # tree -> chain -> tree, each depth after each
+    state = step.prefill([list(p) for p in PROMPTS], params=params)
+    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
+    for i in range(60):
+        if bool(state.step_output.finished[: len(PROMPTS)].all()):
+            break
+        state, out = step(state, depth=schedule[i % len(schedule)])
+        for lane in range(len(PROMPTS)):
+            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+    assert outs == [hf_processed(p, r, NEW, eos=EOS)[0] for p, r in zip(PROMPTS, params)]
