@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fdecode.config import DecodeConfig
-from fdecode.ops.processors import LaneVectors, Processors, process, tally
+from fdecode.ops.processors import LaneVectors, Paths, Processors, process, tally
 
 
 def features(cfg: DecodeConfig) -> dict[str, bool]:
@@ -29,6 +29,10 @@ def processed(
     prior: torch.Tensor | None = None,
     before: int = 0,
     vectors: LaneVectors | None = None,
+    paths: Paths | None = None,
 ) -> torch.Tensor:
-    """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor)."""
-    return process(logits, lanes, prior, before, vectors=vectors, **features(cfg)) if cfg.processing else logits
+    """`logits` [B, R, V] as the lanes' requests change them (unchanged where the config has no processor); `paths`:
+    what is in front of each row where the rows are a tree's nodes (`fdecode.tree.processing`), else `prior`."""
+    if not cfg.processing:
+        return logits
+    return process(logits, lanes, prior, before, vectors=vectors, paths=paths, **features(cfg))

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 from support.llama_models import fdecode_target, independent_draft, mtp_head
-from support.processor_oracle import hf_processed
-from support.stats import ALPHA, chi2_pvalue, reference_filter
-from support.tiny_vocab import PROMPT, TINY, V, logits_after, tiny_draft, tiny_target
+from support.processor_oracle import TINY_REQUEST, hf_processed, reference_next
+from support.stats import ALPHA, chi2_pvalue
+from support.tiny_vocab import PROMPT, TINY, V, tiny_draft, tiny_target
 
 import fdecode
 from fdecode import SamplingParams
@@ -155,32 +155,6 @@ def test_features_the_step_was_not_compiled_for_are_refused():
 
 
 # --------------------------------------------------------------------------- random lanes: exactness
-
-RANDOM = dict(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0)
-TINY_REQUEST = SamplingParams(
-    **RANDOM,
-    repetition_penalty=1.6,
-    frequency_penalty=0.5,
-    presence_penalty=0.4,
-    logit_bias={4: 0.8},
-    min_tokens=2,
-    eos_token_id=0,
-    max_new_tokens=3,
-)
-
-
-def reference_next(target, generated: list[int], p: SamplingParams) -> torch.Tensor:
-    """The processed, filtered next-token distribution after PROMPT + generated (written for this test)."""
-    logits = logits_after(target, PROMPT + generated).double().clone()
-    for t, b in p.logit_bias or ():
-        logits[t] += b
-    for t in set(PROMPT + generated):
-        logits[t] = logits[t] / p.repetition_penalty if logits[t] > 0 else logits[t] * p.repetition_penalty
-    for t in set(generated):
-        logits[t] -= p.frequency_penalty * generated.count(t) + p.presence_penalty
-    if len(generated) < p.min_tokens:
-        logits[list(p.eos_token_id)] = float("-inf")
-    return reference_filter(logits, p.temperature, p.top_k, p.top_p, p.min_p)
 
 
 @pytest.mark.parametrize("kind", ["random", "self"])

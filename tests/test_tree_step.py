@@ -25,9 +25,10 @@ from support.tiny_vocab import (
 )
 
 import fdecode
+from fdecode.drafts import NgramDraft, drafter_for
 from fdecode.ops import slot_of
 from fdecode.tree.ngram import ngram_tree
-from fdecode.tree.shape import TreeShape
+from fdecode.tree.shape import TreeShape, tree_reason
 
 
 def tree_step(kind: str, n: int, k: int, s: int, backend: str = "eager", **changes):
@@ -73,12 +74,12 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
     with pytest.raises(ValueError, match="recurrent models have no per-node state yet"):
         fdecode.compile(hybrid_target(), "ngram", small)
-    with pytest.raises(ValueError, match="max_logprobs"):
-        fdecode.compile(target, "ngram", fdecode.DecodeConfig(**{**vars_of(small), "max_logprobs": 2}))
-    with pytest.raises(ValueError, match="penalties"):
-        fdecode.compile(
-            target, tiny_draft("random", target), fdecode.DecodeConfig(**{**vars_of(small), "penalties": True})
-        )
+    ngram = NgramDraft().bound(target)  # tensor parallelism is refused before a process group is needed
+    tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})
+    assert (
+        tree_reason(target, ngram, drafter_for(ngram), tp)
+        == "trees do not run with tensor parallelism (tp_size > 1) yet"
+    )
 
 
 @pytest.mark.parametrize(("kind", "n", "k", "s"), [("partial", 6, 2, 3), ("random", 5, 3, 2), ("self", 8, 4, 3)])

@@ -19,7 +19,7 @@ import torch
 
 from fdecode.drafts.base import Drafter
 from fdecode.drafts.tokens import point_masses
-from fdecode.ops.grammar import walk
+from fdecode.ops.grammar import walk, walk_tree
 from fdecode.ops.ngram import lookup, lookup_list, write_history
 from fdecode.tree.ngram import ngram_tree
 
@@ -135,7 +135,16 @@ class NgramDrafter(Drafter):
         """The k most frequent continuations of each node (`fdecode.tree.ngram`), over the history written first."""
         write_history(state.history, state.base_pos, committed.accepted)
         window = state.history[:, : context.shape[1] * cfg.block_size]
-        return ngram_tree(window, pos, shape, draft.max_n, draft.min_n, state.draft_probs.shape[-1])
+        vocab = state.draft_probs.shape[-1]
+        tokens, parents = ngram_tree(window, pos, shape, draft.max_n, draft.min_n, vocab)
+        if cfg.grammars:  # a node that leaves the lane's language is absent, and so is everything under it
+            root = parents.new_full((parents.shape[0], 1), -1)
+            walked = walk_tree(
+                state.grammar_keys, state.grammar_next, committed.grammar_state,
+                torch.cat([root, tokens], 1), torch.cat([root, parents], 1), shape.levels, vocab,
+            )  # fmt: skip
+            tokens = torch.where(walked[:, 1:] == -2, -1, tokens)
+        return tokens, parents
 
     def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:
         """The step's lookup rule on the host (`fdecode.ops.ngram.lookup_list`)."""

@@ -47,3 +47,23 @@ def allowed_tokens(allowed: torch.Tensor, states: torch.Tensor, vocab: int) -> t
     token = torch.arange(vocab, device=words.device)
     bits = (words[..., token // 32] >> (token % 32).to(words.dtype)) & 1  # arithmetic shift: bit 31 reads as 1
     return (bits != 0) | (states < 0)[..., None]
+
+
+def walk_tree(
+    keys: torch.Tensor,
+    nxt: torch.Tensor,
+    state: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    levels: int,
+    vocab: int,
+) -> torch.Tensor:
+    """[B, N]: the state after each tree node's path from `state` [B] (node 0, the root, has `state`): a node's is
+    its parent's advanced by its token. tokens, parents: [B, N] (-1: absent, the root's parent), nodes in
+    topological order, at most `levels` deep; each pass settles one more level (no host loop over nodes)."""
+    root = state[:, None].expand_as(tokens)
+    states = root
+    for _ in range(levels):
+        moved = next_states(keys, nxt, states.gather(1, parents.clamp_min(0)), tokens, vocab)
+        states = torch.where(parents >= 0, moved, root)
+    return states

@@ -7,7 +7,9 @@ then min_tokens' mask, then the grammar's; temperature and the filters come afte
 of rows counts the lane's committed tokens (`counts`, `seen`: updated in place by `tally` as tokens are
 committed) plus the first `before + r` tokens of `prior`: the drafts in front of it in the verified window,
 or the proposals already made by a draft. A rejection at row j discards every row after j, so each row is
-exactly what plain decoding would have seen there, and nothing has to roll back.
+exactly what plain decoding would have seen there, and nothing has to roll back. Rows whose fronts are not
+prefixes of one list (a tree's nodes, each after its own path: `fdecode.tree.processing`) say what is in
+front of each (`Paths`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,15 @@ def _matches(ids: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
     return total
 
 
+class Paths(NamedTuple):
+    """What is in front of each row, past the lane's committed tokens, where the rows are not one list's
+    prefixes (a tree's nodes: each row follows its own path). A field the step does not use may be None."""
+
+    ids: torch.Tensor | None  # [B, R, A] int64: the tokens in front of row r (-1: none), for the penalties
+    index: torch.Tensor | None  # [B, R] int64: how many tokens are in front of row r, for min_tokens
+    grammar: torch.Tensor | None  # [B, R] int64: the automaton state in front of row r (-1: none, -2: left it)
+
+
 class LaneVectors(NamedTuple):
     """What a lane's bias and stop ids are over the vocabulary, built once per phase of a step and shared by
     its rows (None: the feature is off)."""
@@ -100,9 +111,11 @@ def process(
     bias: bool,
     grammars: bool = False,
     vectors: LaneVectors | None = None,
+    paths: Paths | None = None,
 ) -> torch.Tensor:
     """logits [B, R, V] as the lanes' requests change them; row r counts the first `before + r` tokens of
-    `prior` [B, A] (-1: none) as generated after the committed ones. The flags say which features the
+    `prior` [B, A] (-1: none) as generated after the committed ones, or, with `paths`, what `paths` puts in
+    front of it (prior and before unused). The flags say which features the
     step was compiled with (off: nothing is computed for them); `vectors`: `lane_vectors(lanes, ...)`
     where the caller shares them between calls (None: built here). Returns float32 logits.
 
@@ -117,7 +130,10 @@ def process(
         logits = logits + vectors.bias
     if penalties:
         counts = lanes.counts[:, None, :].float()  # [B, 1, V]
-        if prior is not None and prior.shape[1]:
+        if paths is not None:
+            if paths.ids.shape[-1]:  # a root alone (a step of depth 0) has nothing in front
+                counts = counts + _matches(paths.ids, token)
+        elif prior is not None and prior.shape[1]:
             upto = before + torch.arange(rows, device=logits.device)  # [R] tokens of prior counted by each row
             counted = torch.arange(prior.shape[1], device=logits.device)[None, :] < upto[:, None]  # [R, A]
             ids = torch.where(counted[None], prior[:, None, :], -1)  # [B, R, A]: the drafts in front of each row
@@ -127,13 +143,15 @@ def process(
         logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         logits = logits - freq * counts - pres * (counts > 0).float()
     if min_tokens:
-        index = before + torch.arange(rows, device=logits.device)  # [R] the row's token, counted from now
-        masked = index[None, :] < lanes.min_left[:, None]  # [B, R]
+        index = before + torch.arange(rows, device=logits.device) if paths is None else paths.index
+        masked = index < lanes.min_left[:, None]  # [B, R]: the row's token, counted from now, is before min_tokens
         logits = torch.where(masked[:, :, None] & vectors.stops, float("-inf"), logits)
     if grammars:  # the tokens the automaton allows after the committed tokens and the row's prior ones
-        prior = lanes.grammar_state.new_zeros(b, 0) if prior is None else prior
-        states = walk(lanes.grammar_keys, lanes.grammar_next, lanes.grammar_state, prior, vocab)
-        rows_state = states[:, before : before + rows]  # [B, R]
+        rows_state = paths.grammar if paths is not None else None
+        if rows_state is None:
+            prior = lanes.grammar_state.new_zeros(b, 0) if prior is None else prior
+            states = walk(lanes.grammar_keys, lanes.grammar_next, lanes.grammar_state, prior, vocab)
+            rows_state = states[:, before : before + rows]  # [B, R]
         logits = torch.where(allowed_tokens(lanes.grammar_allowed, rows_state, vocab), logits, float("-inf"))
     return logits
 

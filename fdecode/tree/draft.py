@@ -13,6 +13,9 @@
    ordered by depth, then score, so parents come first. A child's score never exceeds its parent's, so
    the chosen set is a tree; a node whose parent a tie left out is marked absent (-1, never accepted).
 
+With request features, every row's logits go through the lane's processors after its own path
+(`fdecode.tree.processing`), as the verify's do; a token they mask (a grammar's, min_tokens') is never a node.
+
 The draft's own chain (the top child of the root, then of that child, S deep: what a chain of depth S
 drafts) ranks first at every choice, in the frontier and in the N best: a tree is then a superset of the
 chain, so greedy commits at least the chain's tokens per verify. By path probability alone the N best can
@@ -27,9 +30,10 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
+from fdecode.ops.processors import lane_vectors, processors
+from fdecode.processing import features, processed
+from fdecode.tree.processing import child_paths, root_paths
 from fdecode.tree.shape import TreeShape
-
-CHAIN_FIRST = 1e4  # added to the chain's node at each level when ranking: above any path log-probability
 
 
 def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
@@ -66,7 +70,14 @@ def draft_tree(
         tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,
         last_logits=True, **run, **drafter.forward_kwargs(draft, 0),
     )  # fmt: skip
-    score, token = logits[:, 0].log_softmax(dim=-1).topk(k, dim=-1)  # [B, k]: depth 1, the root's children
+    # The draft sees the requests' processors too (after this transition's tokens, `tally`), each row after its
+    # own path (`fdecode.tree.processing`), so it drafts what the processed target will choose.
+    lanes = processors(state)._replace(min_left=committed.min_left, grammar_state=committed.grammar_state)
+    vocab = logits.shape[-1]
+    vectors = lane_vectors(lanes, vocab, **features(cfg)) if cfg.processing else None  # for every level
+    logits = processed(cfg, lanes, logits, vectors=vectors)
+    score, token = draft_logprobs(cfg, logits[:, 0]).topk(k, dim=-1)  # [B, k]: depth 1, the root's children
+    paths = child_paths(cfg, lanes, root_paths(cfg, lanes), torch.zeros_like(token), token, vocab)
     pool = [(token, score, torch.full_like(token, -1))]  # (tokens, path log-probs, parent's pool index) per level
     frontier, frontier_id = token, torch.arange(k, device=device).expand(batch, k)
     frontier_hidden = hidden[:, -1:].expand(batch, k, hidden.shape[-1])  # each frontier node's parent's output
@@ -94,7 +105,10 @@ def draft_tree(
             frontier, positions, slots, state.draft_kv, context, hidden_in=frontier_hidden, tree=tree,
             **run, **drafter.forward_kwargs(draft, level - 1),
         )  # fmt: skip
-        child_score, child = logits.log_softmax(dim=-1).topk(k, dim=-1)  # [B, k, k]
+        logits = processed(cfg, lanes, logits, vectors=vectors, paths=paths)
+        if cfg.grammars:  # nothing under a node that ended its lane's language (an EOS) or left it (state -2)
+            logits = torch.where((paths.grammar == -2)[..., None], float("-inf"), logits)
+        child_score, child = draft_logprobs(cfg, logits).topk(k, dim=-1)  # [B, k, k]
         child_score = (score[..., None] + child_score).flatten(1)  # path log-probs [B, k^2]
         child = child.flatten(1)
         pool.append((child, child_score, frontier_id[..., None].expand(batch, k, k).flatten(1)))
@@ -103,14 +117,25 @@ def draft_tree(
             score = child_score.gather(1, best)
             frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
             frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
+            paths = child_paths(cfg, lanes, paths, best // k, frontier, vocab)
         offset += k * k
-    return select(shape, pool)
+    return select(shape, pool, masked=cfg.processing)
 
 
-def select(shape: TreeShape, pool: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_logprobs(cfg, logits: torch.Tensor) -> torch.Tensor:
+    """The draft's log-probabilities over [..., V]; with processors, -inf (never drafted: `select`) where they
+    masked a token, and everywhere in a row they masked whole (whose log_softmax is NaN)."""
+    score = logits.log_softmax(dim=-1)
+    return score.nan_to_num(nan=float("-inf")) if cfg.processing else score
+
+
+def select(
+    shape: TreeShape, pool: list[tuple[torch.Tensor, ...]], *, masked: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The N best candidates by path probability, the chain's S first, as a tree: tokens, parents [B, N]. Rows
     1 .. S are the chain (one node a depth), then the others by depth, then score: parents come first, and the
-    window's first d + 1 rows are the chain of depth d that a shallower step verifies (`tree_depths`)."""
+    window's first d + 1 rows are the chain of depth d that a shallower step verifies (`tree_depths`). masked:
+    a candidate whose path log-probability is -inf (a token the processors masked, or under one) is absent."""
     n, levels = shape.nodes, shape.levels
     tokens = torch.cat([t for t, _, _ in pool], dim=1)  # [B, C]
     parents = torch.cat([p for _, _, p in pool], dim=1)
@@ -125,11 +150,13 @@ def select(shape: TreeShape, pool: list[tuple[torch.Tensor, ...]]) -> tuple[torc
     node_of = node_of.scatter(1, chosen, torch.arange(1, n + 1, device=device).expand(batch, n))
     parent = parents.gather(1, chosen)  # pool index, -1: the root
     parent = torch.where(parent < 0, 0, node_of.gather(1, parent.clamp_min(0)))
-    orphan = parent < 0  # its parent tied below the cut
-    return torch.where(orphan, -1, tokens.gather(1, chosen)), parent.clamp_min(0)
+    absent = parent < 0  # its parent tied below the cut
+    if masked:
+        absent |= torch.cat([s for _, s, _ in pool], dim=1).gather(1, chosen).isneginf()
+    return torch.where(absent, -1, tokens.gather(1, chosen)), parent.clamp_min(0)
 
 
 def chain_first(scores: torch.Tensor) -> torch.Tensor:
     """`scores` [B, C] of one level's candidates with the chain's node (index 0: the top child of the chain's
     node above, itself first in its level) ranked above every other."""
-    return torch.cat([scores[:, :1] + CHAIN_FIRST, scores[:, 1:]], dim=1)
+    return torch.cat([torch.full_like(scores[:, :1], float("inf")), scores[:, 1:]], dim=1)  # even a masked one's -inf

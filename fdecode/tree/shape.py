@@ -90,17 +90,8 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
         attention = isinstance(model, LlamaModel) or (role == "draft" and drafter.shares_target)
         if not attention or drafter.recurrent(model) or drafter.recurrent(target):
             return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
-    features = {
-        "penalties": cfg.penalties,
-        "min_tokens": cfg.min_tokens,
-        "max_logit_bias": cfg.max_logit_bias > 0,
-        "max_logprobs": cfg.max_logprobs is not None,
-        "grammars": cfg.grammars,
-        "tp_size": cfg.tp_size > 1,
-    }
-    on = [name for name, used in features.items() if used]
-    if on:
-        return f"trees do not run with {', '.join(on)} yet"
+    if cfg.tp_size > 1:  # the request features (penalties, min_tokens, logit bias, grammars, logprobs) run per node
+        return "trees do not run with tensor parallelism (tp_size > 1) yet"
     if cfg.attention not in ("auto", "torch"):
         return f"tree attention runs on the reference kernel only, not {cfg.attention!r}"
     return None

@@ -5,8 +5,10 @@
       --validate--> the target once over the N + 1 rows: row i at position base_pos + depth(i), its KV in the
                     slot of the lane's position base_pos + i (its own, never committed KV), seeing the context
                     before t and its ancestors (`TreeRows`)
-      --sample----> greedy: the deepest path the target's argmax agrees with; random lanes: recursive
-                    rejection over siblings (`fdecode.ops.tree`); then stops, budgets, missing KV as a chain
+      --sample----> each row through the lanes' request features after its node's path
+                    (`fdecode.tree.processing`); greedy: the deepest path the target's argmax agrees with; random
+                    lanes: recursive rejection over siblings (`fdecode.ops.tree`); then stops, budgets, missing KV
+                    and rows the features left no token as a chain; logprobs from the accepted path's rows
       --commit----> the accepted path's target KV moved to base_pos + 1 .. (`move_path_kv`)
       --advance---> the draft's next tree from the last committed token (`Drafter.propose_tree`: a draft LM's
                     `fdecode.tree.draft`, n-gram drafts' `fdecode.tree.ngram`)
@@ -25,10 +27,11 @@ from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.processors import processors
 from fdecode.ops.random import uniform
-from fdecode.ops.sampling import apply_stops, cut_at_missing_kv, dense
+from fdecode.ops.sampling import apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense
 from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
-from fdecode.processing import tallied
+from fdecode.processing import processed, tallied
 from fdecode.state.decode_state import with_leaves
+from fdecode.tree.processing import node_paths
 from fdecode.tree.shape import TreeShape, verified_rows
 
 
@@ -36,7 +39,7 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place).
     depth (`tree_depths`): K verifies the whole tree and drafts the config's; 0 .. S verify the window's first
     depth + 1 rows and draft a chain of depth nodes (one at 0)."""
-    from fdecode.step import Committed  # the chain's hand-over type (fdecode.step imports this module)
+    from fdecode.step import Committed, logprob_rows  # the chain's (fdecode.step imports this module)
 
     context = window_columns(state.block_tables, context_blocks)
     batch, window = state.tokens.shape
@@ -57,18 +60,29 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
         attention=cfg.attention,
         tree=TreeRows(slots[:, :rows], seen, state.base_pos),
     )
-    accepted, length, path = verify_tree(cfg, state, tokens, parents, logits, plan)
+    lanes = processors(state)
+    vocab = logits.shape[-1]
+    paths = node_paths(cfg, lanes, tokens, parents, seen, vocab) if cfg.processing else None
+    chosen = processed(cfg, lanes, logits, paths=paths)  # each node's row after its own path
+    accepted, length, path = verify_tree(cfg, state, tokens, parents, chosen, plan)
     move_path_kv(state.target_kv, slots, path)
     pad = window - accepted.shape[1]
     accepted = torch.cat([accepted, accepted.new_full((batch, pad), -1)], dim=1)
-    hidden = hidden.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, hidden.shape[-1]))
-    hidden = torch.cat([hidden, hidden.new_zeros(batch, pad, hidden.shape[-1])], dim=1)
+    hidden = torch.cat([path_rows(hidden, path), hidden.new_zeros(batch, pad, hidden.shape[-1])], dim=1)
     accepted, length, remaining, finished = apply_stops(accepted, length, state.active, state.remaining, state.stop_ids)
     accepted, length, remaining, overflow = cut_at_missing_kv(accepted, length, remaining, slots != 0)
-    min_left, grammar_state = tallied(cfg, processors(state), accepted, length, logits.shape[-1])
+    masked = None
+    if cfg.grammars and cfg.min_tokens:  # a row the two masks leave no token (`cut_at_masked_rows`)
+        accepted, length, remaining, masked = cut_at_masked_rows(accepted, length, remaining, path_rows(chosen, path))
+    min_left, grammar_state = tallied(cfg, lanes, accepted, length, vocab)
     drafts = torch.where(state.active, (tokens[:, 1:] >= 0).sum(dim=1), 0)
+    logprobs = None
+    if cfg.max_logprobs is not None:  # of the committed tokens, from the rows that chose them: the path's nodes
+        raw, used = path_rows(logits, path), path_rows(chosen, path)
+        logprobs = logprob_rows(cfg, plan, state, raw, used, accepted[:, : path.shape[1]])
+    stopped = finished | overflow if masked is None else finished | overflow | masked
     committed = Committed(
-        accepted, length, hidden, remaining, finished | overflow, overflow, drafts, min_left, grammar_state, None
+        accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state, logprobs, masked
     )
     return tree_advance(draft, cfg, state, committed, context, TreeShape.at(cfg, depth), draft_regions=draft_regions)
 
@@ -88,6 +102,11 @@ def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
     return tuple(
         torch.where(random_lane.view(-1, *[1] * (g.dim() - 1)), r, g) for r, g in zip(drawn, (accepted, length, path))
     )
+
+
+def path_rows(rows: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """rows [B, R, X] of the accepted path's nodes `path` [B, S + 1] (the root's row past the path's end)."""
+    return rows.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, rows.shape[-1]))
 
 
 def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> None:
