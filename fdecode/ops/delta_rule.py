@@ -11,7 +11,10 @@ the last k - 1 inputs of each channel (the *conv window*). Rows run in order; a 
 False leaves both states exactly as they were (its output is computed but meaningless). With
 `snapshots=True` the functions return the state after every row ([B, Q, ...]), which
 verify-with-rollback selects from (`fdecode.state.recurrent`); otherwise only the state after
-the last row. This is the reference and, on every backend, the implementation.
+the last row. With `parents` the rows are draft-tree nodes in topological order: row j starts
+from the state after its parent row (the state before row 0 for -1), not after row j - 1, so a
+node's conv window holds its ancestors' inputs and its delta-rule state their updates
+(docs/design.md, "Trees"). This is the reference and, on every backend, the implementation.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ def _keep(valid: torch.Tensor | None, j: int, new: torch.Tensor, old: torch.Tens
     return torch.where(mask, new, old)
 
 
+def _start(parents: torch.Tensor | None, j: int, first: torch.Tensor, after: list[torch.Tensor]) -> torch.Tensor:
+    """The state row j starts from: after row j - 1 (`first` before row 0), or with `parents` [B, Q] after row
+    parents[:, j] of each lane (-1: `first`), gathered from the states of the rows before it."""
+    if parents is None or j == 0:
+        return after[-1] if after else first
+    stacked = torch.stack([first, *after], dim=1)  # [B, j + 1, ...]: before row 0, after rows 0 .. j - 1
+    at = (parents[:, j] + 1).view(-1, 1, *([1] * (first.dim() - 1))).expand(-1, 1, *first.shape[1:])
+    return stacked.gather(1, at).squeeze(1)
+
+
 def causal_conv_rows(
     x: torch.Tensor,  # [B, Q, C] inputs, model dtype
     window: torch.Tensor,  # [B, C, k-1] the last k-1 inputs before row 0
@@ -34,17 +47,18 @@ def causal_conv_rows(
     valid: torch.Tensor | None = None,  # [B, Q] bool, None: every row
     *,
     snapshots: bool = False,
+    parents: torch.Tensor | None = None,  # [B, Q] int64: each row's parent row, -1 for the root (None: a chain)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(causal depthwise conv) of each row [B, Q, C] and the window after each row [B, Q, C, k-1]
     (snapshots) or after the last row [B, C, k-1]."""
     outs, windows = [], []
-    window = window.to(x.dtype)
+    first = window.to(x.dtype)
     for j in range(x.shape[1]):
-        full = torch.cat([window, x[:, j, :, None]], dim=-1)  # [B, C, k]
+        before = _start(parents, j, first, windows)
+        full = torch.cat([before, x[:, j, :, None]], dim=-1)  # [B, C, k]
         outs.append(F.silu((full.to(weight.dtype) * weight).sum(-1)).to(x.dtype))
-        window = _keep(valid, j, full[..., 1:], window)
-        windows.append(window)
-    return torch.stack(outs, dim=1), torch.stack(windows, dim=1) if snapshots else window
+        windows.append(_keep(valid, j, full[..., 1:], before))
+    return torch.stack(outs, dim=1), torch.stack(windows, dim=1) if snapshots else (windows[-1] if windows else first)
 
 
 def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -62,16 +76,17 @@ def gated_delta_rows(
     valid: torch.Tensor | None = None,  # [B, Q] bool, None: every row
     *,
     snapshots: bool = False,
+    parents: torch.Tensor | None = None,  # [B, Q] int64: each row's parent row, -1 for the root (None: a chain)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs o [B, Q, Hv, dv] float32 and the state after each row [B, Q, Hv, dk, dv] (snapshots)
     or after the last row [B, Hv, dk, dv]."""
     outs, states = [], []
     for j in range(q.shape[1]):
-        s = state * g[:, j].exp()[..., None, None]  # [B, Hv, dk, dv]
+        before = _start(parents, j, state, states)
+        s = before * g[:, j].exp()[..., None, None]  # [B, Hv, dk, dv]
         k_j = k[:, j, :, :, None]  # [B, Hv, dk, 1]
         delta = (v[:, j] - (s * k_j).sum(dim=-2)) * beta[:, j, :, None]  # [B, Hv, dv]
         s = s + k_j * delta[:, :, None, :]
         outs.append((s * q[:, j, :, :, None]).sum(dim=-2))  # [B, Hv, dv]
-        state = _keep(valid, j, s, state)
-        states.append(state)
-    return torch.stack(outs, dim=1), torch.stack(states, dim=1) if snapshots else state
+        states.append(_keep(valid, j, s, before))
+    return torch.stack(outs, dim=1), torch.stack(states, dim=1) if snapshots else (states[-1] if states else state)
