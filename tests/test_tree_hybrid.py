@@ -1,14 +1,53 @@
-"""Draft trees on hybrid targets (Qwen3.5: Gated DeltaNet + gated attention) (issue 55).
+"""Draft trees on hybrid targets (Qwen3.5: Gated DeltaNet + gated attention) with their MTP heads (issue 55).
 
-Each tree node's conv window and delta-rule state continue its parent's, not the previous row's. Checked: the
-recurrence over tree rows against chains over each root-to-node path.
+Each tree node's conv window and delta-rule state continue its parent's, not the previous row's; the accepted
+path's last node's state is committed. Checked: the recurrence over tree rows against chains over each
+root-to-node path; greedy lanes commit transformers' tokens (a 5-token vocabulary, where wide trees accept deep
+and sibling paths often, and the real checkpoint layout at K = 3); the committed state and KV equal a from-scratch
+forward; random lanes follow the target (chi-square); one graph without breaks or host syncs.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
+from support.hybrid_models import (
+    PROMPTS,
+    hf_greedy,
+    hybrid_mtp_head,
+    hybrid_target,
+    prompts,
+    run,
+    save_with_mtp,
+    scratch_states,
+)
+from support.llama_models import fresh_forward
+from support.tiny_vocab import check_follows_the_target
 
+import fdecode
+from fdecode.ops import slot_of
 from fdecode.ops.delta_rule import causal_conv_rows, gated_delta_rows
+
+V = 5  # the root's top 3 children hold most of the target's mass: deep and sibling paths are accepted often
+TINY_PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4), seed=2, vocab=V)]
+NEW = 16
+
+
+def tree_step(pattern: str, draft: str, n: int, k: int, s: int, backend: str = "eager", **changes):
+    target = hybrid_target(pattern, vocab_size=V)
+    cfg = fdecode.DecodeConfig(
+        **{
+            "num_draft_tokens": n,
+            "draft_topk": k,
+            "draft_depth": s,
+            "max_batch": 4,
+            "max_seq_len": 64,
+            "block_size": 4,
+            "backend": backend,
+            **changes,
+        }
+    )
+    return fdecode.compile(target, hybrid_mtp_head(target) if draft == "mtp" else draft, cfg), target
 
 
 def test_tree_rows_continue_their_parents_state():
@@ -36,3 +75,68 @@ def test_tree_rows_continue_their_parents_state():
             torch.testing.assert_close(windows[lane, j], chain_window[0], rtol=0, atol=0)
             torch.testing.assert_close(o[lane, j], chain_o[0, -1], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(states[lane, j], chain_state[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "draft", "n", "k", "s"),
+    [
+        ("full-lin-lin-full", "mtp", 6, 3, 2),
+        ("lin-lin-lin-full", "mtp", 9, 3, 3),
+        ("lin-lin-lin-full", "ngram", 6, 2, 3),
+    ],
+)
+def test_greedy_tree_on_a_hybrid_equals_transformers(pattern, draft, n, k, s):
+    step, _ = tree_step(pattern, draft, n, k, s)
+    outs, lengths, _ = run(step, TINY_PROMPTS, new=NEW)
+    assert outs == [hf_greedy(p, pattern, NEW, vocab_size=V) for p in TINY_PROMPTS]
+    assert max(lengths) >= 3, lengths  # paths of depth 2 and more were accepted, so per-node states mattered
+
+
+def test_mtp_head_from_a_checkpoint_folder_drafts_lossless_trees(tmp_path):
+    """The seed configuration's layout: Qwen3.5 with its MTP head from checkpoint keys, K = 3 nodes."""
+    save_with_mtp(tmp_path)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+    )
+    step = fdecode.compile(str(tmp_path), "mtp", cfg)
+    outs, _, _ = run(step, PROMPTS)
+    assert outs == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_committed_state_and_kv_after_trees_equal_a_from_scratch_forward():
+    """After several tree steps the target's conv windows and delta-rule states, and the KV of its attention
+    layers at every position before t, are what a from-scratch forward over the committed tokens gives: the
+    accepted path's last node's state was kept, and the rejected branches left nothing behind."""
+    step, target = tree_step("lin-lin-lin-full", "mtp", 9, 3, 3)
+    state = step.prefill(TINY_PROMPTS, max_new_tokens=40)
+    seqs, lengths = [list(p) for p in TINY_PROMPTS], set()
+    for i in range(6):
+        for lane, seq in enumerate(seqs):
+            n = int(state.step_output.num_tokens[lane])
+            seq += state.step_output.tokens[lane, :n].tolist()
+            lengths.add(n if i else 0)
+            assert int(state.base_pos[lane]) == len(seq) - 1
+            conv, rec = scratch_states(target, seq[:-1])
+            torch.testing.assert_close(state.target_conv[lane, :, 0], conv, rtol=0, atol=1e-5)
+            torch.testing.assert_close(state.target_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
+            slots = slot_of(state.block_tables[lane : lane + 1], torch.arange(len(seq) - 1)[None], 4)[0]
+            want = fresh_forward(target, seq[:-1])[2]
+            torch.testing.assert_close(state.target_kv[:, :, slots], want, rtol=1e-5, atol=1e-5)
+        state, _ = step(state)
+    assert {2, 3} <= lengths, lengths  # paths of several depths were committed
+
+
+@pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step
+def test_random_tree_lanes_on_a_hybrid_follow_the_target():
+    """Three new tokens (125 outcomes at V = 5): the second and third come from verifying the MTP head's trees,
+    their nodes' states from their parents'."""
+    step, target = tree_step("lin-lin-lin-full", "mtp", 4, 2, 2, max_batch=64, max_seq_len=12)
+    check_follows_the_target(step, target, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+
+
+def test_hybrid_tree_step_is_one_graph_without_host_syncs():
+    """The general plan's graph (greedy and random lanes: both verifications), both kinds of layer."""
+    step, _ = tree_step("lin-full", "mtp", 4, 2, 2, backend="aot_eager")
+    state = step.prefill(list(TINY_PROMPTS[:2]), max_new_tokens=8)
+    report = fdecode.inspect(step, state, plan="full+top_k+top_p")
+    assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, []), report.break_reasons
