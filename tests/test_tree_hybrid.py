@@ -20,6 +20,7 @@ from support.hybrid_models import (
     run,
     save_with_mtp,
     scratch_states,
+    staggered,
 )
 from support.llama_models import fresh_forward
 from support.tiny_vocab import check_follows_the_target
@@ -33,8 +34,11 @@ TINY_PROMPTS = [tuple(p.tolist()) for p in prompts((7, 11, 4), seed=2, vocab=V)]
 NEW = 16
 
 
-def tree_step(pattern: str, draft: str, n: int, k: int, s: int, backend: str = "eager", **changes):
-    target = hybrid_target(pattern, vocab_size=V)
+def tree_step(
+    pattern: str, draft: str, n: int, k: int, s: int, backend: str = "eager", family: str = "qwen3_5", **changes
+):
+    """A tree step on the V-token hybrid of `family`; draft "mtp", "mtp2" (a two-layer head) or "ngram"."""
+    target = hybrid_target(pattern, family=family, vocab_size=V)
     cfg = fdecode.DecodeConfig(
         **{
             "num_draft_tokens": n,
@@ -47,7 +51,9 @@ def tree_step(pattern: str, draft: str, n: int, k: int, s: int, backend: str = "
             **changes,
         }
     )
-    return fdecode.compile(target, hybrid_mtp_head(target) if draft == "mtp" else draft, cfg), target
+    if draft.startswith("mtp"):
+        draft = hybrid_mtp_head(target, layers=int(draft[3:] or 1))
+    return fdecode.compile(target, draft, cfg), target
 
 
 def test_tree_rows_continue_their_parents_state():
@@ -78,17 +84,20 @@ def test_tree_rows_continue_their_parents_state():
 
 
 @pytest.mark.parametrize(
-    ("pattern", "draft", "n", "k", "s"),
+    ("pattern", "draft", "n", "k", "s", "family"),
     [
-        ("full-lin-lin-full", "mtp", 6, 3, 2),
-        ("lin-lin-lin-full", "mtp", 9, 3, 3),
-        ("lin-lin-lin-full", "ngram", 6, 2, 3),
+        ("full-lin-lin-full", "mtp", 6, 3, 2, "qwen3_5"),
+        ("lin-lin-lin-full", "mtp", 9, 3, 3, "qwen3_5"),
+        ("lin-lin-lin-full", "ngram", 6, 2, 3, "qwen3_5"),
+        ("lin-lin-lin-full", "mtp2", 6, 3, 2, "qwen3_5"),  # draft level j runs layer j mod 2
+        ("full-lin-lin-full", "mtp", 6, 3, 2, "qwen3_next"),  # fused projections, MoE and dense MLPs
+        ("lin-lin-lin-full", "mtp", 6, 3, 2, "qwen3_5_moe"),
     ],
 )
-def test_greedy_tree_on_a_hybrid_equals_transformers(pattern, draft, n, k, s):
-    step, _ = tree_step(pattern, draft, n, k, s)
+def test_greedy_tree_on_a_hybrid_equals_transformers(pattern, draft, n, k, s, family):
+    step, _ = tree_step(pattern, draft, n, k, s, family=family)
     outs, lengths, _ = run(step, TINY_PROMPTS, new=NEW)
-    assert outs == [hf_greedy(p, pattern, NEW, vocab_size=V) for p in TINY_PROMPTS]
+    assert outs == [hf_greedy(p, pattern, NEW, family, vocab_size=V) for p in TINY_PROMPTS]
     assert max(lengths) >= 3, lengths  # paths of depth 2 and more were accepted, so per-node states mattered
 
 
@@ -124,6 +133,17 @@ def test_committed_state_and_kv_after_trees_equal_a_from_scratch_forward():
             torch.testing.assert_close(state.target_kv[:, :, slots], want, rtol=1e-5, atol=1e-5)
         state, _ = step(state)
     assert {2, 3} <= lengths, lengths  # paths of several depths were committed
+
+
+def test_engine_admits_requests_next_to_live_tree_lanes():
+    """Two lanes, five requests arriving over time: lanes are re-primed (fresh recurrent state and a first tree)
+    next to a lane mid-flight, whose state the admission leaves alone."""
+    step, _ = tree_step("full-lin-lin-full", "mtp", 6, 3, 2, max_batch=2)
+    arrivals = {0: [TINY_PROMPTS[0], TINY_PROMPTS[2]], 1: [TINY_PROMPTS[1]], 3: [TINY_PROMPTS[2]], 4: [(1, 2, 3)]}
+    got, want = staggered(
+        fdecode.Engine(step), arrivals, [5, 9, 6, 12, 7], lambda p: hf_greedy(p, "full-lin-lin-full", NEW, vocab_size=V)
+    )
+    assert got == want
 
 
 @pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step

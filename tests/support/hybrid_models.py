@@ -125,9 +125,9 @@ def hybrid_target(pattern: str = "full-lin-lin-full", **overrides) -> HybridMode
     return from_hf(hf_hybrid(pattern, **overrides))
 
 
-def hybrid_mtp_head(target: HybridModel, seed: int = 3) -> HybridMTPHead:
-    """A random one-layer MTP head bound to `target` (it agrees with the target by chance only)."""
-    return HybridMTPHead.random(target.config, seed=seed, std=0.3).bind(target)
+def hybrid_mtp_head(target: HybridModel, seed: int = 3, layers: int = 1) -> HybridMTPHead:
+    """A random MTP head of `layers` layers bound to `target` (it agrees with the target by chance only)."""
+    return HybridMTPHead.random(target.config.replace(mtp_num_layers=layers), seed=seed, std=0.3).bind(target)
 
 
 def near_copy(model: HybridModel, noise: float = 0.15, seed: int = 5) -> HybridModel:
