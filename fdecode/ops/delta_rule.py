@@ -30,14 +30,40 @@ def _keep(valid: torch.Tensor | None, j: int, new: torch.Tensor, old: torch.Tens
     return torch.where(mask, new, old)
 
 
-def _start(parents: torch.Tensor | None, j: int, first: torch.Tensor, after: list[torch.Tensor]) -> torch.Tensor:
-    """The state row j starts from: after row j - 1 (`first` before row 0), or with `parents` [B, Q] after row
-    parents[:, j] of each lane (-1: `first`), gathered from the states of the rows before it."""
-    if parents is None or j == 0:
-        return after[-1] if after else first
-    stacked = torch.stack([first, *after], dim=1)  # [B, j + 1, ...]: before row 0, after rows 0 .. j - 1
-    at = (parents[:, j] + 1).view(-1, 1, *([1] * (first.dim() - 1))).expand(-1, 1, *first.shape[1:])
-    return stacked.gather(1, at).squeeze(1)
+def _history(first: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor | None:
+    """For tree rows, [B, Q + 1, ...]: entry 0 the state before row 0, entry j + 1 the state after row j, written
+    as the rows run (one state copied per row, where stacking the states so far at each row would copy
+    O(Q^2)); None for a chain."""
+    if parents is None:
+        return None
+    history = first.new_empty(first.shape[0], parents.shape[1] + 1, *first.shape[1:])
+    history[:, 0] = first
+    return history
+
+
+def _start(parents: torch.Tensor | None, j: int, last: torch.Tensor, history: torch.Tensor | None) -> torch.Tensor:
+    """The state row j starts from: `last` (the state after row j - 1) for a chain; for tree rows the state after
+    row parents[:, j] of each lane (-1: before row 0)."""
+    if history is None:
+        return last
+    lanes = torch.arange(history.shape[0], device=history.device)
+    return history[lanes, parents[:, j] + 1]
+
+
+def _after(history: torch.Tensor | None, j: int, state: torch.Tensor, states: list[torch.Tensor]) -> torch.Tensor:
+    """Record `state` as the state after row j (in `history` for tree rows, else in `states`); returns it."""
+    if history is None:
+        states.append(state)
+    else:
+        history[:, j + 1] = state
+    return state
+
+
+def _result(history: torch.Tensor | None, states: list[torch.Tensor], last: torch.Tensor, snapshots: bool):
+    """The states after every row [B, Q, ...] (snapshots) or `last`, the state after the last row."""
+    if not snapshots:
+        return last
+    return torch.stack(states, dim=1) if history is None else history[:, 1:]
 
 
 def causal_conv_rows(
@@ -52,13 +78,14 @@ def causal_conv_rows(
     """SiLU(causal depthwise conv) of each row [B, Q, C] and the window after each row [B, Q, C, k-1]
     (snapshots) or after the last row [B, C, k-1]."""
     outs, windows = [], []
-    first = window.to(x.dtype)
+    window = window.to(x.dtype)
+    history = _history(window, parents)
     for j in range(x.shape[1]):
-        before = _start(parents, j, first, windows)
+        before = _start(parents, j, window, history)
         full = torch.cat([before, x[:, j, :, None]], dim=-1)  # [B, C, k]
         outs.append(F.silu((full.to(weight.dtype) * weight).sum(-1)).to(x.dtype))
-        windows.append(_keep(valid, j, full[..., 1:], before))
-    return torch.stack(outs, dim=1), torch.stack(windows, dim=1) if snapshots else (windows[-1] if windows else first)
+        window = _after(history, j, _keep(valid, j, full[..., 1:], before), windows)
+    return torch.stack(outs, dim=1), _result(history, windows, window, snapshots)
 
 
 def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -81,12 +108,13 @@ def gated_delta_rows(
     """Outputs o [B, Q, Hv, dv] float32 and the state after each row [B, Q, Hv, dk, dv] (snapshots)
     or after the last row [B, Hv, dk, dv]."""
     outs, states = [], []
+    history = _history(state, parents)
     for j in range(q.shape[1]):
-        before = _start(parents, j, state, states)
+        before = _start(parents, j, state, history)
         s = before * g[:, j].exp()[..., None, None]  # [B, Hv, dk, dv]
         k_j = k[:, j, :, :, None]  # [B, Hv, dk, 1]
         delta = (v[:, j] - (s * k_j).sum(dim=-2)) * beta[:, j, :, None]  # [B, Hv, dv]
         s = s + k_j * delta[:, :, None, :]
         outs.append((s * q[:, j, :, :, None]).sum(dim=-2))  # [B, Hv, dv]
-        states.append(_keep(valid, j, s, before))
-    return torch.stack(outs, dim=1), torch.stack(states, dim=1) if snapshots else (states[-1] if states else state)
+        state = _after(history, j, _keep(valid, j, s, before), states)
+    return torch.stack(outs, dim=1), _result(history, states, state, snapshots)
