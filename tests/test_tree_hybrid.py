@@ -160,3 +160,15 @@ def test_hybrid_tree_step_is_one_graph_without_host_syncs():
     state = step.prefill(list(TINY_PROMPTS[:2]), max_new_tokens=8)
     report = fdecode.inspect(step, state, plan="full+top_k+top_p")
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, []), report.break_reasons
+
+
+@pytest.mark.slow
+def test_inductor_hybrid_tree_step_equals_transformers_in_one_graph():
+    """Inductor's code for the per-node recurrence (the rows' states written into one buffer, read back by
+    parent): greedy lanes commit transformers' tokens from one graph that later steps run without recompiling."""
+    step, _ = tree_step("lin-full", "mtp", 4, 2, 2, backend="inductor")
+    assert step.backend == "inductor"
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outs, lengths, _ = run(step, TINY_PROMPTS, new=NEW)
+    assert outs == [hf_greedy(p, "lin-full", NEW, vocab_size=V) for p in TINY_PROMPTS]
+    assert len(step.graphs) == 1 and max(lengths) >= 3, lengths
