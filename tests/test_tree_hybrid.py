@@ -16,6 +16,7 @@ from support.hybrid_models import (
     hf_greedy,
     hybrid_mtp_head,
     hybrid_target,
+    near_copy,
     prompts,
     run,
     save_with_mtp,
@@ -26,6 +27,7 @@ from support.llama_models import fresh_forward
 from support.tiny_vocab import check_follows_the_target
 
 import fdecode
+from fdecode.models.dense import dense_forward
 from fdecode.ops import slot_of
 from fdecode.ops.delta_rule import causal_conv_rows, gated_delta_rows
 
@@ -37,7 +39,8 @@ NEW = 16
 def tree_step(
     pattern: str, draft: str, n: int, k: int, s: int, backend: str = "eager", family: str = "qwen3_5", **changes
 ):
-    """A tree step on the V-token hybrid of `family`; draft "mtp", "mtp2" (a two-layer head) or "ngram"."""
+    """A tree step on the V-token hybrid of `family`; draft "mtp", "mtp2" (a two-layer head), "self" (the target as
+    its own draft LM), "near" (a hybrid draft LM that agrees often, not always) or "ngram"."""
     target = hybrid_target(pattern, family=family, vocab_size=V)
     cfg = fdecode.DecodeConfig(
         **{
@@ -53,6 +56,8 @@ def tree_step(
     )
     if draft.startswith("mtp"):
         draft = hybrid_mtp_head(target, layers=int(draft[3:] or 1))
+    elif draft in ("self", "near"):
+        draft = target if draft == "self" else near_copy(target, noise=0.3)
     return fdecode.compile(target, draft, cfg), target
 
 
@@ -92,6 +97,8 @@ def test_tree_rows_continue_their_parents_state():
         ("lin-lin-lin-full", "mtp2", 6, 3, 2, "qwen3_5"),  # draft level j runs layer j mod 2
         ("full-lin-lin-full", "mtp", 6, 3, 2, "qwen3_next"),  # fused projections, MoE and dense MLPs
         ("lin-lin-lin-full", "mtp", 6, 3, 2, "qwen3_5_moe"),
+        ("full-lin-lin-full", "self", 6, 2, 3, "qwen3_5"),  # hybrid draft LMs: per-node state in the draft too
+        ("lin-lin-lin-full", "near", 9, 3, 3, "qwen3_5"),
     ],
 )
 def test_greedy_tree_on_a_hybrid_equals_transformers(pattern, draft, n, k, s, family):
@@ -112,11 +119,13 @@ def test_mtp_head_from_a_checkpoint_folder_drafts_lossless_trees(tmp_path):
     assert outs == [hf_greedy(p) for p in PROMPTS]
 
 
-def test_committed_state_and_kv_after_trees_equal_a_from_scratch_forward():
+@pytest.mark.parametrize("draft", ["mtp", "near"])
+def test_committed_state_and_kv_after_trees_equal_a_from_scratch_forward(draft):
     """After several tree steps the target's conv windows and delta-rule states, and the KV of its attention
     layers at every position before t, are what a from-scratch forward over the committed tokens gives: the
-    accepted path's last node's state was kept, and the rejected branches left nothing behind."""
-    step, target = tree_step("lin-lin-lin-full", "mtp", 9, 3, 3)
+    accepted path's last node's state was kept, and the rejected branches left nothing behind. A hybrid draft
+    LM's state (copy 0) and KV are its from-scratch forward's through t: it caught up on the accepted branch."""
+    step, target = tree_step("lin-lin-lin-full", draft, 9, 3, 3)
     state = step.prefill(TINY_PROMPTS, max_new_tokens=40)
     seqs, lengths = [list(p) for p in TINY_PROMPTS], set()
     for i in range(6):
@@ -131,8 +140,37 @@ def test_committed_state_and_kv_after_trees_equal_a_from_scratch_forward():
             slots = slot_of(state.block_tables[lane : lane + 1], torch.arange(len(seq) - 1)[None], 4)[0]
             want = fresh_forward(target, seq[:-1])[2]
             torch.testing.assert_close(state.target_kv[:, :, slots], want, rtol=1e-5, atol=1e-5)
+            if draft == "near":
+                conv, rec = scratch_states(step.draft, seq)
+                torch.testing.assert_close(state.draft_conv[lane, :, 0], conv, rtol=0, atol=1e-5)
+                torch.testing.assert_close(state.draft_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
+                slots = slot_of(state.block_tables[lane : lane + 1], torch.arange(len(seq))[None], 4)[0]
+                want = fresh_forward(step.draft, seq)[2]
+                torch.testing.assert_close(state.draft_kv[:, :, slots], want, rtol=1e-5, atol=1e-5)
         state, _ = step(state)
     assert {2, 3} <= lengths, lengths  # paths of several depths were committed
+
+
+def test_a_hybrid_draft_lm_branches_from_each_nodes_own_state():
+    """Every node a hybrid draft LM drafts is among the top k of the draft's from-scratch forward over the
+    committed tokens and the node's path: each frontier node ran from its parent's recurrent state (a node run
+    from another's state at the same level picks other children now and then)."""
+    step, _ = tree_step("lin-lin-lin-full", "near", 8, 2, 4)
+    state = step.prefill(TINY_PROMPTS, max_new_tokens=30)
+    seqs, checked = [list(p) for p in TINY_PROMPTS], 0
+    for _ in range(5):
+        for lane, seq in enumerate(seqs):
+            seq += state.step_output.tokens[lane, : int(state.step_output.num_tokens[lane])].tolist()
+            tokens, parents = state.tokens[lane].tolist(), state.tree_parents[lane].tolist()
+            for node in (j for j in range(1, len(tokens)) if tokens[j] >= 0):
+                path, up = [], parents[node]
+                while up > 0:
+                    path, up = [tokens[up], *path], parents[up]
+                logits = dense_forward(step.draft, torch.tensor([seq + path]))[0][0, -1]
+                assert tokens[node] in logits.topk(2).indices.tolist(), (lane, node)
+                checked += 1
+        state, _ = step(state)
+    assert checked > 100
 
 
 def test_engine_admits_requests_next_to_live_tree_lanes():
@@ -147,16 +185,19 @@ def test_engine_admits_requests_next_to_live_tree_lanes():
 
 
 @pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step
-def test_random_tree_lanes_on_a_hybrid_follow_the_target():
-    """Three new tokens (125 outcomes at V = 5): the second and third come from verifying the MTP head's trees,
-    their nodes' states from their parents'."""
-    step, target = tree_step("lin-lin-lin-full", "mtp", 4, 2, 2, max_batch=64, max_seq_len=12)
+@pytest.mark.parametrize("draft", ["mtp", "near"])
+def test_random_tree_lanes_on_a_hybrid_follow_the_target(draft):
+    """Three new tokens (125 outcomes at V = 5): the second and third come from verifying the MTP head's or a
+    hybrid draft LM's trees, their nodes' states from their parents'."""
+    step, target = tree_step("lin-lin-lin-full", draft, 4, 2, 2, max_batch=64, max_seq_len=12)
     check_follows_the_target(step, target, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
 
 
-def test_hybrid_tree_step_is_one_graph_without_host_syncs():
-    """The general plan's graph (greedy and random lanes: both verifications), both kinds of layer."""
-    step, _ = tree_step("lin-full", "mtp", 4, 2, 2, backend="aot_eager")
+@pytest.mark.parametrize("draft", ["mtp", "self"])
+def test_hybrid_tree_step_is_one_graph_without_host_syncs(draft):
+    """The general plan's graph (greedy and random lanes: both verifications), both kinds of layer; with the MTP
+    head, and with a hybrid draft LM (its frontier nodes as lanes of one row each)."""
+    step, _ = tree_step("lin-full", draft, 4, 2, 2, backend="aot_eager")
     state = step.prefill(list(TINY_PROMPTS[:2]), max_new_tokens=8)
     report = fdecode.inspect(step, state, plan="full+top_k+top_p")
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, []), report.break_reasons

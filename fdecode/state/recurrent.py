@@ -11,7 +11,7 @@ Target (R = 1): the state after every committed position < base_pos; `commit_ver
 verify snapshot L - 1 on the device (L = 0 keeps it bit for bit); after a tree's verify, the snapshot of
 the accepted path's node at depth L - 1. Draft LM (R = K): the states
 after the last advance's rows at P .. P+K-1; the next advance starts from copy min(L, K) - 1, and
-`commit_ring` refills the copies. Priming puts the target's state in copy 0, the draft's in every
+`commit_ring` refills the copies (a tree's draft, R = 1: its state through the root, `draft_copies`). Priming puts the target's state in copy 0, the draft's in every
 copy. Each update of a leaf in the step is one in-place copy, so the leaf is donated like the KV.
 """
 
@@ -91,6 +91,12 @@ def commit_ring(leaves: State, ring: list[State], live: torch.Tensor) -> None:
     """Draft leaves (R = K) <- the states after the advance's rows at P .. P+K-1, for `live` lanes."""
     for i, leaf in enumerate(leaves):
         _write(leaf, torch.stack([state[i] for state in ring], dim=2), ~live)
+
+
+def draft_copies(cfg) -> int:
+    """R of a recurrent draft's leaves: K for a chain (the ring over the advance's rows), 1 for a tree (its state
+    through the root, where the next catch-up starts: `fdecode.tree.draft_state`)."""
+    return 1 if cfg.tree else cfg.K
 
 
 LEAVES = ("target_conv", "target_rec", "draft_conv", "draft_rec")

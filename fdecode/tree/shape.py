@@ -85,16 +85,10 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
         return reason
     # The models whose forwards the tree runs: the target, and the draft where it has one (an MTP head, bound
     # to the target, was checked by its drafter). An MLA latent cache is read as any cache: the mask and key
-    # slots of `TreeRows` are the `PagedContext`'s, and the accepted path moves along the leaf's slot axis. A
-    # hybrid target verifies with per-node recurrent state; a hybrid draft LM would need it at every draft
-    # level too.
+    # slots of `TreeRows` are the `PagedContext`'s, and the accepted path moves along the leaf's slot axis.
+    # Hybrid models carry per-node recurrent state.
     models = (("target", target),) + ((("draft", draft),) if drafter.forwards else ())
     for role, model in models:
-        if role == "draft" and drafter.recurrent(model):
-            return (
-                "the draft is a recurrent (hybrid) LM: its tree levels have no per-node recurrent state yet "
-                "(a hybrid target drafts trees with its MTP head, a Llama-family draft LM or n-gram drafts)"
-            )
         known = isinstance(model, (LlamaModel, HybridModel)) or (role == "draft" and drafter.shares_target)
         if not known:
             return f"the {role} is neither a Llama-family nor a hybrid (Qwen3.5, Qwen3-Next) model"
