@@ -108,6 +108,34 @@ def test_greedy_tree_on_a_hybrid_equals_transformers(pattern, draft, n, k, s, fa
     assert max(lengths) >= 3, lengths  # paths of depth 2 and more were accepted, so per-node states mattered
 
 
+@pytest.mark.parametrize("draft", ["mtp", "near"])
+def test_tree_steps_at_every_depth_on_a_hybrid_equal_transformers(draft):
+    """Depth 0 verifies the root alone, depths 1 .. S the window's first rows (the chain every tree holds first)
+    and draft a chain; K the tree. In any order they commit transformers' greedy tokens, and the target's state
+    is a from-scratch forward's after each (a hybrid draft LM's too, through t): every depth rolls it back."""
+    step, target = tree_step("lin-lin-lin-full", draft, 6, 2, 3)
+    assert step.depths == (0, 1, 2, 3, 6)
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 0, 3, 3, 6]  # tree -> chain -> tree, each depth after each
+    state = step.prefill(TINY_PROMPTS, max_new_tokens=NEW)
+    seqs = [list(p) + state.step_output.tokens[lane, :1].tolist() for lane, p in enumerate(TINY_PROMPTS)]
+    for i in range(40):
+        if bool(state.step_output.finished[: len(TINY_PROMPTS)].all()):
+            break
+        state, out = step(state, depth=schedule[i % len(schedule)])
+        for lane, seq in enumerate(seqs):
+            seq += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+            if not bool(out.finished[lane]):
+                conv, rec = scratch_states(target, seq[:-1])
+                torch.testing.assert_close(state.target_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
+                torch.testing.assert_close(state.target_conv[lane, :, 0], conv, rtol=0, atol=1e-5)
+                if draft == "near":
+                    conv, rec = scratch_states(step.draft, seq)
+                    torch.testing.assert_close(state.draft_rec[lane, :, 0], rec, rtol=0, atol=1e-5)
+    assert [seq[len(p) :] for seq, p in zip(seqs, TINY_PROMPTS)] == [
+        hf_greedy(p, "lin-lin-lin-full", NEW, vocab_size=V) for p in TINY_PROMPTS
+    ]
+
+
 def test_mtp_head_from_a_checkpoint_folder_drafts_lossless_trees(tmp_path):
     """The seed configuration's layout: Qwen3.5 with its MTP head from checkpoint keys, K = 3 nodes."""
     save_with_mtp(tmp_path)
