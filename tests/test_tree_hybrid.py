@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.hand_grammar import parity
 from support.hybrid_models import (
     PROMPTS,
     hf_greedy,
+    hf_hybrid,
     hybrid_mtp_head,
     hybrid_target,
     near_copy,
@@ -24,9 +26,11 @@ from support.hybrid_models import (
     staggered,
 )
 from support.llama_models import fresh_forward
+from support.processor_oracle import hf_processed
 from support.tiny_vocab import check_follows_the_target
 
 import fdecode
+from fdecode import SamplingParams
 from fdecode.models.dense import dense_forward
 from fdecode.ops import slot_of
 from fdecode.ops.delta_rule import causal_conv_rows, gated_delta_rows
@@ -134,6 +138,25 @@ def test_tree_steps_at_every_depth_on_a_hybrid_equal_transformers(draft):
     assert [seq[len(p) :] for seq, p in zip(seqs, TINY_PROMPTS)] == [
         hf_greedy(p, "lin-lin-lin-full", NEW, vocab_size=V) for p in TINY_PROMPTS
     ]
+
+
+@pytest.mark.parametrize("draft", ["mtp", "near"])
+def test_greedy_hybrid_tree_with_processors_equals_transformers(draft):
+    """Penalties, a bias, min_tokens and a grammar apply per node (each row after its own path) on a hybrid tree
+    as on a dense one: its greedy lanes equal transformers' under the same processors."""
+    features = dict(penalties=True, min_tokens=True, max_logit_bias=3, max_grammar_states=8, max_grammar_transitions=64)
+    step, _ = tree_step("lin-lin-lin-full", draft, 6, 2, 3, adaptive_depth=False, **features)
+    eos = V - 1
+    requests = [
+        SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.3, presence_penalty=0.4, logit_bias={2: 1.0}),
+        SamplingParams(grammar=parity(V, eos), repetition_penalty=1.4),
+    ]
+    for params in requests:
+        params = params.replace(min_tokens=4, eos_token_id=eos, max_new_tokens=NEW)
+        got = fdecode.generate(step, [list(p) for p in TINY_PROMPTS], params)
+        model = hf_hybrid("lin-lin-lin-full", vocab_size=V)
+        assert got == [hf_processed(p, params, NEW, eos=eos, model=model)[0] for p in TINY_PROMPTS]
+        assert got != fdecode.generate(step, [list(p) for p in TINY_PROMPTS], max_new_tokens=NEW, eos_token_id=eos)
 
 
 def test_mtp_head_from_a_checkpoint_folder_drafts_lossless_trees(tmp_path):
