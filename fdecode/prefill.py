@@ -33,7 +33,7 @@ from fdecode.staging import Uploads
 from fdecode.state import DecodeState
 from fdecode.state.decode_state import LEAVES
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
-from fdecode.state.recurrent import after_prompts, first_copy, forward_rows, zero_leaves
+from fdecode.state.recurrent import after_prompts, draft_copies, first_copy, forward_rows, zero_leaves
 from fdecode.step import Verified, advance, commit, transition_randoms
 from fdecode.tree.shape import parents_leaf
 
@@ -163,7 +163,7 @@ def empty_state(target, draft, cfg: DecodeConfig, kv: tuple[torch.Tensor, torch.
         block_tables=torch.full((batch, cfg.blocks_per_lane), -1, **zeros),
         target_kv=kv[0],
         draft_kv=kv[1],
-        **zero_leaves(target, draft, batch, copies=cfg.K, dtype=cfg.dtype, device=device),
+        **zero_leaves(target, draft, batch, copies=draft_copies(cfg), dtype=cfg.dtype, device=device),
         **draft_leaves(drafter, draft, cfg, batch, device),
         active=torch.zeros(batch, dtype=torch.bool, device=device),
         remaining=torch.zeros(batch, **zeros),
@@ -314,7 +314,9 @@ def prime(
     real = positions < lengths[:, None]
     slots = torch.where(real, slot_of(table, positions, bs), torch.zeros_like(positions))
 
-    fresh = zero_leaves(target, draft, n, copies=cfg.K, dtype=cfg.dtype, device=device)  # new lanes' recurrent state
+    fresh = zero_leaves(
+        target, draft, n, copies=draft_copies(cfg), dtype=cfg.dtype, device=device
+    )  # new lanes' recurrent state
     with cpu.eager_linears(cfg.device_type):  # large CPU linears by oneDNN, as the step's graphs run them
         logits, hidden, target_states = forward_rows(
             target,

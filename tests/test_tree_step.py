@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.hybrid_models import hybrid_target
 from support.llama_models import fdecode_target, fresh_forward, hf_greedy, independent_draft, mtp_head
 from support.runs import NEW, PROMPTS, run
 from support.tiny_vocab import (
@@ -72,8 +71,6 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
         fdecode.compile(target, tiny_draft("random", target), cfg)
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
-    with pytest.raises(ValueError, match="recurrent models have no per-node state yet"):
-        fdecode.compile(hybrid_target(), "ngram", small)
     ngram = NgramDraft().bound(target)  # tensor parallelism is refused before a process group is needed
     tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})
     assert (

@@ -36,12 +36,13 @@ class Drafter:
         return is_hybrid(draft)
 
     def depths(self, draft, cfg, *, target) -> tuple[int, ...]:
-        """The depths a step of this draft beside `target` runs (`Schedule.depths`): where the target or the draft
-        carries linear-attention state (`recurrent`) 0 or K (a tree step: K); else any depth 0 .. K (a tree step:
-        0 .. S, chains, and K, its N nodes: `fdecode.tree.shape.tree_depths`)."""
+        """The depths a step of this draft beside `target` runs (`Schedule.depths`): a tree step 0 .. S, chains,
+        and K, its N nodes (`fdecode.tree.shape.tree_depths`; a recurrent model's state follows each node's
+        parent, so any of them rolls back); a chain step where the target or the draft carries linear-attention
+        state (`recurrent`) 0 or K, else any depth 0 .. K."""
         k, recurrent = cfg.K, is_hybrid(target) or self.recurrent(draft)
         if cfg.tree:
-            return (k,) if recurrent else tree_depths(cfg)
+            return tree_depths(cfg)
         return (0, k) if recurrent else tuple(range(k + 1))
 
     def idles(self, draft, cfg) -> bool:

@@ -4,7 +4,7 @@
 It proposes as a draft LM does (`fdecode.drafts.lm.forward_proposals`), from the target's hidden states
 of the step: draft forward j runs the head's layer j mod its layers. It never sits a step out, since its
 rows read the hidden states of the step they follow. Every head drafts trees (`fdecode.tree.draft`: level j
-runs layer j - 1 mod its layers over the frontier); a hybrid target's head is refused with its target.
+runs layer j - 1 mod its layers over the frontier), a hybrid target's too.
 """
 
 from __future__ import annotations

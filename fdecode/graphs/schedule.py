@@ -217,8 +217,7 @@ class Schedule:
                 f"a tree step runs depths {', '.join(map(str, self.depths))} "
                 f"(the target alone, chains of 1 .. S, the tree at K = {k})"
                 if self.config.tree and len(self.depths) > 1
-                else f"a step of recurrent (linear-attention) models runs depth {'K' if self.config.tree else '0 or K'}"
-                f" = {k}"
+                else f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}"
             )
             raise ValueError(
                 f"{runs}, got {depth} "

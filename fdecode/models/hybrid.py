@@ -10,7 +10,9 @@ the recurrent state comes in as `recurrent = (conv, rec)`, the state of every li
 the first row (`[B, L_lin, conv_dim, k-1]`, `[B, L_lin, Hv, dk, dv]` float32, lane first), and the
 states after the rows go out (`[B, L_lin, Q, ...]` with `snapshots`, else `[B, L_lin, ...]`), so the caller (`fdecode.state.recurrent`) decides which one is committed. Without
 `recurrent` the forward starts from zeros and returns (logits, hidden) like every fdecode model
-(a whole sequence from scratch: `fdecode.models.dense`). Names mirror transformers' `model.*`.
+(a whole sequence from scratch: `fdecode.models.dense`). With `tree` and `parents` the rows are draft-tree
+nodes: attention sees each node's ancestors, and each node's recurrent state continues its parent's
+(`fdecode.ops.delta_rule`). Names mirror transformers' `model.*`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fdecode.models.layers.moe import moe_block
 from fdecode.models.layers.norms import OffsetRMSNorm
 from fdecode.models.layers.partial_rope import PartialRotaryEmbedding
 from fdecode.models.regions import call_layer, layer_indices
-from fdecode.ops.attention import PagedContext, paged_context
+from fdecode.ops.attention import PagedContext, TreeRows, paged_context
 
 
 class _Block(nn.Module):
@@ -83,9 +85,18 @@ class DeltaNetBlock(_Block):
         self.linear_attn = (FusedGatedDeltaNet if cfg.fused_qkvz else GatedDeltaNet)(cfg)
 
     def forward(
-        self, x: torch.Tensor, conv: torch.Tensor, rec: torch.Tensor, valid: torch.Tensor | None, *, snapshots: bool
+        self,
+        x: torch.Tensor,
+        conv: torch.Tensor,
+        rec: torch.Tensor,
+        valid: torch.Tensor | None,
+        *,
+        snapshots: bool,
+        parents: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mixed, conv, rec = self.linear_attn(self.input_layernorm(x), conv, rec, valid, snapshots=snapshots)
+        mixed, conv, rec = self.linear_attn(
+            self.input_layernorm(x), conv, rec, valid, snapshots=snapshots, parents=parents
+        )
         return self._finish(x, mixed), conv, rec
 
 
@@ -151,6 +162,8 @@ class HybridModel(DecoderLM):
         snapshots: bool = False,  # return the states after every row ([B, L_lin, Q, ...]) instead of the last
         regions: bool = False,  # compile each layer kind once (`fdecode.models.regions`)
         last_logits: bool = False,  # the LM head over the last row only: logits [B, 1, V]
+        tree: TreeRows | None = None,  # the rows are draft-tree nodes (`fdecode.ops.attention.TreeRows`)
+        parents: torch.Tensor | None = None,  # [B, Q] int64 with `tree`: each node's parent row (-1: the root)
     ):
         """(logits [B, Q, V] float32 ([B, 1, V] with `last_logits`), final-norm hidden [B, Q, H]), plus, when
         `recurrent` is given, the (conv, rec) states after the rows."""
@@ -159,7 +172,7 @@ class HybridModel(DecoderLM):
         if not given:
             conv, rec = self.new_recurrent(batch, 1, dtype=self.embed_tokens.weight.dtype, device=tokens.device)
             recurrent = (conv[:, :, 0], rec[:, :, 0])  # [B, L_lin, ...]
-        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions)
+        ctx = paged_context(block_tables, positions, block_size, kernel=attention, regions=regions, tree=tree)
         x = self.embed_tokens(tokens)  # [B, Q, H]
         convs, recs = [], []
         kv_indices = layer_indices(
@@ -170,7 +183,14 @@ class HybridModel(DecoderLM):
                 x = call_layer(layer, ctx.regions, x, positions, slots, kv, kv_indices[index], ctx, self.rotary)
             else:
                 x, conv, rec = call_layer(
-                    layer, ctx.regions, x, recurrent[0][:, index], recurrent[1][:, index], valid, snapshots=snapshots
+                    layer,
+                    ctx.regions,
+                    x,
+                    recurrent[0][:, index],
+                    recurrent[1][:, index],
+                    valid,
+                    snapshots=snapshots,
+                    parents=parents,
                 )
                 convs.append(conv)
                 recs.append(rec)

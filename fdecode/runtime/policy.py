@@ -72,7 +72,7 @@ def depth_policy(step) -> DepthPolicy:
         return DraftGate(cfg.K)
     if not drafter.adapts(cfg):
         return FixedDepth(cfg.K)
-    allowed = step.depths if 1 in step.depths else (cfg.K,)  # recurrent models run 0 or K: K alone
+    allowed = step.depths if 1 in step.depths else (cfg.K,)  # a recurrent chain runs 0 or K: K alone
     catch_up = cfg.draft_catch_up if step.idles_draft else 0  # `fdecode.ops.catch_up`
     tree = dict(tree_levels=cfg.levels) if cfg.tree and len(allowed) > 1 else {}  # 0, chains 1 .. S, the tree
     if getattr(step.target, "tp", None) is None:

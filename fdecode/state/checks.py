@@ -7,7 +7,7 @@ import torch
 
 from fdecode.config import DecodeConfig
 from fdecode.state.decode_state import DecodeState
-from fdecode.state.recurrent import check_leaves
+from fdecode.state.recurrent import check_leaves, draft_copies
 
 
 def check_layout(state: DecodeState, config: DecodeConfig, target, draft, drafter) -> None:
@@ -27,7 +27,7 @@ def check_layout(state: DecodeState, config: DecodeConfig, target, draft, drafte
         raise ValueError(f"state is on {state.tokens.device}, the step runs on {cfg.device}")
     if state.target_kv.dtype != cfg.dtype:
         raise ValueError(f"state KV dtype {state.target_kv.dtype} differs from DecodeConfig.dtype {cfg.dtype}")
-    check_leaves(state, target, draft, batch=cfg.max_batch, k=cfg.K)  # the recurrent-state layout
+    check_leaves(state, target, draft, batch=cfg.max_batch, k=draft_copies(cfg))  # the recurrent-state layout
     present = {  # the optional leaves this step's state holds (`fdecode.state.parts`)
         "penalties": cfg.penalties,
         "bias_ids": cfg.max_logit_bias > 0,

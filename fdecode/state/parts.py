@@ -57,8 +57,8 @@ class KV(Part):
     # The recurrent state of linear-attention layers, `fdecode.state.recurrent` (None: the model has none):
     target_conv: Leaf = None  # [B, Lr_t, 1, conv_dim, k-1] conv windows after the positions < base_pos
     target_rec: Leaf = None  # [B, Lr_t, 1, Hv, dk, dv] float32 delta-rule states after the positions < base_pos
-    draft_conv: Leaf = None  # [B, Lr_d, K, conv_dim, k-1] draft conv windows after the last advance's K rows
-    draft_rec: Leaf = None  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows
+    draft_conv: Leaf = None  # [B, Lr_d, K, conv_dim, k-1] draft conv windows after the last advance's K rows (tree: 1)
+    draft_rec: Leaf = None  # [B, Lr_d, K, Hv, dk, dv] float32 draft delta-rule states after those rows (tree: 1)
 
 
 @dataclass(frozen=True, eq=False, repr=False)

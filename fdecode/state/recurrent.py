@@ -8,9 +8,10 @@ Leaves, lane first, per model (`target_*`, `draft_*`; L = its linear-attention l
 
 A model without linear-attention layers (Llama, an MTP head) has none: its leaves are None (absent).
 Target (R = 1): the state after every committed position < base_pos; `commit_verify` makes it
-verify snapshot L - 1 on the device (L = 0 keeps it bit for bit). Draft LM (R = K): the states
+verify snapshot L - 1 on the device (L = 0 keeps it bit for bit); after a tree's verify, the snapshot of
+the accepted path's node at depth L - 1. Draft LM (R = K): the states
 after the last advance's rows at P .. P+K-1; the next advance starts from copy min(L, K) - 1, and
-`commit_ring` refills the copies. Priming puts the target's state in copy 0, the draft's in every
+`commit_ring` refills the copies (a tree's draft, R = 1: its state through the root, `draft_copies`). Priming puts the target's state in copy 0, the draft's in every
 copy. Each update of a leaf in the step is one in-place copy, so the leaf is donated like the KV.
 """
 
@@ -41,14 +42,17 @@ def forward_rows(
     recurrent: State | None = None,
     valid: torch.Tensor | None = None,
     snapshots: bool = False,
+    parents: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor, State | None]:
     """`model(*args, **kwargs)` as (logits, hidden, states after the rows); states are None (and
-    `recurrent` unused) for a model without a recurrent state, whose call is left exactly as it was."""
+    `recurrent`, `parents` unused) for a model without a recurrent state, whose call is left exactly as it was.
+    parents: [B, Q] the rows are tree nodes, each continuing its parent row's state (-1: `recurrent`)."""
     if not is_hybrid(model):
         logits, hidden = model(*args, **kwargs)
         return logits, hidden, None
-    return model(*args, recurrent=recurrent, valid=valid, snapshots=snapshots, **kwargs)
+    tree = {} if parents is None else {"parents": parents}
+    return model(*args, recurrent=recurrent, valid=valid, snapshots=snapshots, **tree, **kwargs)
 
 
 def pick(states: State, index: torch.Tensor) -> State:
@@ -66,9 +70,14 @@ def _write(leaf: torch.Tensor, new: torch.Tensor, keep: torch.Tensor) -> None:
     leaf.copy_(torch.where(mask, leaf, new.to(leaf.dtype)))
 
 
-def commit_verify(leaves: State, snapshots: State, length: torch.Tensor) -> None:
-    """Target leaves (R = 1) <- the snapshot after each lane's accepted prefix (`length` [B], 0 keeps)."""
-    chosen = pick(snapshots, (length - 1).clamp_min(0))
+def commit_verify(leaves: State, snapshots: State, length: torch.Tensor, path: torch.Tensor | None = None) -> None:
+    """Target leaves (R = 1) <- the snapshot after each lane's accepted prefix (`length` [B], 0 keeps): row
+    L - 1 of a chain's window; of a tree's, the row of the accepted path's node at depth L - 1 (`path` [B, S + 1],
+    the path's rows by depth, `fdecode.ops.tree.greedy_tree_accept`)."""
+    row = (length - 1).clamp_min(0)
+    if path is not None:
+        row = path.gather(1, row[:, None])[:, 0].clamp_min(0)
+    chosen = pick(snapshots, row)
     for leaf, new in zip(leaves, chosen):
         _write(leaf, new[:, :, None], length == 0)
 
@@ -82,6 +91,12 @@ def commit_ring(leaves: State, ring: list[State], live: torch.Tensor) -> None:
     """Draft leaves (R = K) <- the states after the advance's rows at P .. P+K-1, for `live` lanes."""
     for i, leaf in enumerate(leaves):
         _write(leaf, torch.stack([state[i] for state in ring], dim=2), ~live)
+
+
+def draft_copies(cfg) -> int:
+    """R of a recurrent draft's leaves: K for a chain (the ring over the advance's rows), 1 for a tree (its state
+    through the root, where the next catch-up starts: `fdecode.tree.draft_state`)."""
+    return 1 if cfg.tree else cfg.K
 
 
 LEAVES = ("target_conv", "target_rec", "draft_conv", "draft_rec")

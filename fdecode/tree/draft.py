@@ -21,6 +21,9 @@ drafts) ranks first at every choice, in the frontier and in the N best: a tree i
 chain, so greedy commits at least the chain's tokens per verify. By path probability alone the N best can
 drop the chain's deepest nodes for shallow siblings, and on the real Qwen2.5-Coder pair's code prompt the
 trees then committed fewer tokens than the chain (4.50 against 4.85 per verify at S = 4).
+
+A recurrent (hybrid) draft LM's state follows each branch: the catch-up's state through the root is
+committed, and each frontier node runs from its parent's (`fdecode.tree.draft_state`).
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
 from fdecode.ops.processors import lane_vectors, processors
 from fdecode.processing import features, processed
+from fdecode.state.recurrent import forward_rows
+from fdecode.tree.draft_state import branch_rows, commit_root, draft_start, parent_states
 from fdecode.tree.processing import child_paths, root_paths
 from fdecode.tree.shape import TreeShape
 
 
 def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
     """tokens, positions, slots [B, S + 1] of the committed run (accepted[:L] at base_pos + 1 ..), right-aligned,
-    and each row's hidden_in [B, S + 1, H]: the target's hidden at the row before (an MTP head pairs the token
-    at p with it; `committed.hidden` row j is the accepted path's node at depth j, which chose accepted[j])."""
+    each row's hidden_in [B, S + 1, H] and which rows are real [B, S + 1] (the rest pad). hidden_in is the
+    target's hidden at the row before (an MTP head pairs the token at p with it; `committed.hidden` row j is
+    the accepted path's node at depth j, which chose accepted[j])."""
     rows = cfg.levels + 1
     accepted, length, hidden = committed.accepted, committed.length, committed.hidden
     index = torch.arange(rows, device=length.device)[None, :] - rows + length[:, None]  # into accepted
@@ -49,7 +55,7 @@ def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
     positions = (state.base_pos[:, None] + 1 + index).clamp_min(0)
     slots = torch.where(real, slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions))
     hidden_in = torch.where(real[..., None], hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1])), 0)
-    return tokens, positions, slots, hidden_in
+    return tokens, positions, slots, hidden_in, real
 
 
 def draft_tree(
@@ -65,11 +71,16 @@ def draft_tree(
     drafter = drafter_for(draft)
     live = (committed.length > 0)[:, None]
     run = dict(block_size=bs, attention=cfg.attention)
-    tokens, positions, slots, hidden_in = catch_up_rows(cfg, state, committed)
-    logits, hidden = draft(
-        tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,
-        last_logits=True, **run, **drafter.forward_kwargs(draft, 0),
+    tokens, positions, slots, hidden_in, real = catch_up_rows(cfg, state, committed)
+    recurrent = drafter.recurrent(draft)  # a hybrid draft LM: its state continues along each branch
+    logits, hidden, after = forward_rows(
+        draft, tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,
+        last_logits=True, recurrent=draft_start(state) if recurrent else None, valid=real, **run,
+        **drafter.forward_kwargs(draft, 0),
     )  # fmt: skip
+    if after is not None:
+        commit_root(state, after, live[:, 0])
+        states = tuple(s[:, None].expand(batch, k, *s.shape[1:]) for s in after)  # the frontier's parents' states
     # The draft sees the requests' processors too (after this transition's tokens, `tally`), each row after its
     # own path (`fdecode.tree.processing`), so it drafts what the processed target will choose.
     lanes = processors(state)._replace(min_left=committed.min_left, grammar_state=committed.grammar_state)
@@ -101,10 +112,14 @@ def draft_tree(
         run_slots.append(slots)
         tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1)  # context: every key up to the root at P
         positions = (pos + level - 1)[:, None].expand(batch, k)
-        logits, hidden = draft(
-            frontier, positions, slots, state.draft_kv, context, hidden_in=frontier_hidden, tree=tree,
-            **run, **drafter.forward_kwargs(draft, level - 1),
-        )  # fmt: skip
+        if recurrent:
+            logits, hidden, states = branch_rows(draft, frontier, positions, slots, state.draft_kv, context, tree,
+                                                 states, **run)  # fmt: skip
+        else:
+            logits, hidden = draft(
+                frontier, positions, slots, state.draft_kv, context, hidden_in=frontier_hidden, tree=tree,
+                **run, **drafter.forward_kwargs(draft, level - 1),
+            )  # fmt: skip
         logits = processed(cfg, lanes, logits, vectors=vectors, paths=paths)
         if cfg.grammars:  # nothing under a node that ended its lane's language (an EOS) or left it (state -2)
             logits = torch.where((paths.grammar == -2)[..., None], float("-inf"), logits)
@@ -118,6 +133,8 @@ def draft_tree(
             frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
             frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
             paths = child_paths(cfg, lanes, paths, best // k, frontier, vocab)
+            if recurrent:  # each new frontier node continues the state of its parent, node best // k of this level
+                states = parent_states(states, best // k)
         offset += k * k
     return select(shape, pool, masked=cfg.processing)
 

@@ -77,6 +77,7 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     vocab = target.config.vocab_size
     if cfg.draft_topk > vocab:
         return f"draft_topk={cfg.draft_topk} exceeds the vocabulary ({vocab} tokens)"
+    from fdecode.models.hybrid import HybridModel
     from fdecode.models.llama import LlamaModel
 
     reason = drafter.tree_reason(draft)
@@ -85,11 +86,12 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     # The models whose forwards the tree runs: the target, and the draft where it has one (an MTP head, bound
     # to the target, was checked by its drafter). An MLA latent cache is read as any cache: the mask and key
     # slots of `TreeRows` are the `PagedContext`'s, and the accepted path moves along the leaf's slot axis.
+    # Hybrid models carry per-node recurrent state.
     models = (("target", target),) + ((("draft", draft),) if drafter.forwards else ())
     for role, model in models:
-        attention = isinstance(model, LlamaModel) or (role == "draft" and drafter.shares_target)
-        if not attention or drafter.recurrent(model) or drafter.recurrent(target):
-            return f"the {role} is not a Llama-family attention model (recurrent models have no per-node state yet)"
+        known = isinstance(model, (LlamaModel, HybridModel)) or (role == "draft" and drafter.shares_target)
+        if not known:
+            return f"the {role} is neither a Llama-family nor a hybrid (Qwen3.5, Qwen3-Next) model"
     if cfg.tp_size > 1:  # the request features (penalties, min_tokens, logit bias, grammars, logprobs) run per node
         return "trees do not run with tensor parallelism (tp_size > 1) yet"
     if cfg.attention not in ("auto", "torch"):

@@ -9,7 +9,9 @@
                     (`fdecode.tree.processing`); greedy: the deepest path the target's argmax agrees with; random
                     lanes: recursive rejection over siblings (`fdecode.ops.tree`); then stops, budgets, missing KV
                     and rows the features left no token as a chain; logprobs from the accepted path's rows
-      --commit----> the accepted path's target KV moved to base_pos + 1 .. (`move_path_kv`)
+      --commit----> the accepted path's target KV moved to base_pos + 1 .. (`move_path_kv`); a hybrid target's
+                    recurrent state is the one after the path's last committed node (each node's state
+                    continues its parent's in the verify: `fdecode.ops.delta_rule`), so branches leave none
       --advance---> the draft's next tree from the last committed token (`Drafter.propose_tree`: a draft LM's
                     `fdecode.tree.draft`, n-gram drafts' `fdecode.tree.ngram`)
 
@@ -31,6 +33,7 @@ from fdecode.ops.sampling import apply_stops, cut_at_masked_rows, cut_at_missing
 from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
 from fdecode.processing import processed, tallied
 from fdecode.state.decode_state import with_leaves
+from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
 from fdecode.tree.processing import node_paths
 from fdecode.tree.shape import TreeShape, verified_rows
 
@@ -50,7 +53,8 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     parents = state.tree_parents[:, :rows]
     seen = ancestors(parents, levels)  # [B, rows, rows]
     positions = state.base_pos[:, None] + seen.sum(dim=-1) - 1  # base_pos + depth
-    logits, hidden = target(
+    logits, hidden, snapshots = forward_rows(  # a hybrid's nodes each continue their parent's recurrent state
+        target,
         tokens.clamp_min(0),
         positions,
         slots[:, :rows],
@@ -59,6 +63,9 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
         block_size=bs,
         attention=cfg.attention,
         tree=TreeRows(slots[:, :rows], seen, state.base_pos),
+        recurrent=(state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None,
+        snapshots=True,
+        parents=parents,
     )
     lanes = processors(state)
     vocab = logits.shape[-1]
@@ -74,6 +81,8 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     masked = None
     if cfg.grammars and cfg.min_tokens:  # a row the two masks leave no token (`cut_at_masked_rows`)
         accepted, length, remaining, masked = cut_at_masked_rows(accepted, length, remaining, path_rows(chosen, path))
+    if snapshots is not None:  # the state after the accepted path's last committed node; branches leave none
+        commit_verify((state.target_conv, state.target_rec), snapshots, length, path)
     min_left, grammar_state = tallied(cfg, lanes, accepted, length, vocab)
     drafts = torch.where(state.active, (tokens[:, 1:] >= 0).sum(dim=1), 0)
     logprobs = None

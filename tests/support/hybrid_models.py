@@ -92,9 +92,9 @@ def hf_hybrid(pattern: str = "lin-lin-lin-full", seed: int = 0, family: str = "q
     return model
 
 
-def prompts(lengths=(7, 11, 4), seed=1) -> list[torch.Tensor]:
+def prompts(lengths=(7, 11, 4), seed=1, vocab=VOCAB) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=gen) for n in lengths]
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
 
 
 def paged(model: HybridModel, length: int):
@@ -108,16 +108,26 @@ NEW = 12
 
 @functools.cache
 def hf_greedy(
-    prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW, family: str = "qwen3_5"
+    prompt: tuple[int, ...], pattern: str = "full-lin-lin-full", new: int = NEW, family: str = "qwen3_5", **overrides
 ) -> list[int]:
-    out = hf_hybrid(pattern, family=family).generate(
-        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+    out = hf_hybrid(pattern, family=family, **overrides).generate(  # the mask: a token 0 is not padding
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
     )
     return out[0, len(prompt) :].tolist()
 
 
-def hybrid_target(pattern: str = "full-lin-lin-full") -> HybridModel:
-    return from_hf(hf_hybrid(pattern))
+def hybrid_target(pattern: str = "full-lin-lin-full", **overrides) -> HybridModel:
+    return from_hf(hf_hybrid(pattern, **overrides))
+
+
+def hybrid_mtp_head(target: HybridModel, seed: int = 3, layers: int = 1) -> HybridMTPHead:
+    """A random MTP head of `layers` layers bound to `target` (it agrees with the target by chance only)."""
+    return HybridMTPHead.random(target.config.replace(mtp_num_layers=layers), seed=seed, std=0.3).bind(target)
 
 
 def near_copy(model: HybridModel, noise: float = 0.15, seed: int = 5) -> HybridModel:

@@ -60,12 +60,13 @@ class GatedDeltaNet(nn.Module):
         valid: torch.Tensor | None = None,  # [B, Q] bool: rows that advance the state, None: all
         *,
         snapshots: bool = False,
+        parents: torch.Tensor | None = None,  # [B, Q] int64: tree nodes, each from its parent row's state
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Output [B, Q, H] and the (conv, rec) states after each row ([B, Q, ...], snapshots) or the last."""
         b, q_len, _ = x.shape
         qkv, z, beta_in, a = self.project(x)
         mixed, conv_out = causal_conv_rows(
-            qkv, conv, self.conv1d.weight[:, 0], valid, snapshots=snapshots
+            qkv, conv, self.conv1d.weight[:, 0], valid, snapshots=snapshots, parents=parents
         )  # [B, Q, conv_dim]
         q, k, v = mixed.split(self.split, dim=-1)
         repeat = self.hv // self.hk
@@ -74,7 +75,9 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(b, q_len, self.hv, self.dv).float()
         beta = beta_in.sigmoid().float()  # [B, Q, Hv]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [B, Q, Hv]
-        o, rec_out = gated_delta_rows(q * self.dk**-0.5, k, v, g, beta, rec, valid, snapshots=snapshots)
+        o, rec_out = gated_delta_rows(
+            q * self.dk**-0.5, k, v, g, beta, rec, valid, snapshots=snapshots, parents=parents
+        )
         z = z.reshape(b, q_len, self.hv, self.dv)
         o = self.norm(o.to(x.dtype), z)  # [B, Q, Hv, dv]
         return self.out_proj(o.reshape(b, q_len, self.hv * self.dv)), conv_out, rec_out
