@@ -23,7 +23,7 @@ import torch
 
 import fdecode
 from fdecode.bench.loops import fixed_depth
-from fdecode.bench.pair import PROMPTS, chat_ids, load_pair
+from fdecode.bench.pair import pair_with_prompts
 from fdecode.tree.shape import candidates
 
 
@@ -64,11 +64,10 @@ def main() -> None:
         target, draft = from_hf(model), "ngram"
         prompts = {f"prompt {i}": ids for i, ids in enumerate(smollm2.chat_ids(tokenizer))}
     else:
-        loaded = load_pair(hf=False)
+        loaded = pair_with_prompts()
         if loaded is None:
             sys.exit(1)
-        target, draft, tokenizer, _, _ = loaded
-        prompts = {name: chat_ids(tokenizer, text) for name, text in PROMPTS.items()}
+        target, draft, prompts = loaded
     chain_tokens, rates = {}, {}
     print("| N | k | S | " + " | ".join(prompts) + " | mean | vs chain |\n|---|---|---|" + "---|" * (len(prompts) + 2))
     runs = shapes(args.quick) if args.shapes is None else [tuple(int(x) for x in t.split(":")) for t in args.shapes]

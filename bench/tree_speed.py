@@ -27,7 +27,7 @@ import time
 import torch
 
 import fdecode
-from fdecode.bench.pair import PROMPTS, chat_ids, load_pair
+from fdecode.bench.pair import pair_with_prompts
 from fdecode.ops.paging import window_columns
 
 
@@ -98,11 +98,10 @@ def main() -> None:
         prompts, args.new_tokens, args.rounds, backend = {"prompt 0": list(range(1, 17))}, 8, 1, "eager"
         args.shapes, args.repeats = [(3, 1, 3), (6, 2, 3)], 1
     else:
-        loaded = load_pair(hf=False)
+        loaded = pair_with_prompts()
         if loaded is None:
             sys.exit(1)
-        target, draft, tokenizer, _, _ = loaded
-        prompts = {name: chat_ids(tokenizer, text) for name, text in PROMPTS.items()}
+        target, draft, prompts = loaded
     longest = max(len(ids) for ids in prompts.values())
     steps = {}
     for n, k, s in args.shapes:

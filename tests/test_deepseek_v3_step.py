@@ -14,6 +14,7 @@ import torch
 from support.deepseek_models import (
     NEW,
     PROMPTS,
+    TINY_MLA,
     compiled,
     deepseek_target,
     generate,
@@ -21,13 +22,12 @@ from support.deepseek_models import (
     random_mtp_state,
     save_with_mtp,
 )
+from support.deepseek_models import TINY_MLA_VOCAB as SAMPLING_V
 from support.hybrid_models import run, staggered  # (tokens per prompt, accepted length per live lane-step, last state)
 
 import fdecode
 from fdecode.drafts import LM
-from fdecode.models.deepseek_config import DeepseekV3Config
 from fdecode.models.families.deepseek_v3 import DeepseekV3Model
-from fdecode.models.moe_config import MoEConfig
 from fdecode.models.mtp.nextn import NextNMTPHead
 
 
@@ -103,26 +103,6 @@ def test_context_buckets_and_the_baselines() -> None:
     assert before == want and iterations < NEW
     only, _ = TargetOnly(step, backend="eager").generate([list(p) for p in PROMPTS], max_new_tokens=NEW)
     assert only == want
-
-
-SAMPLING_V = 5
-TINY_MLA = DeepseekV3Config(
-    vocab_size=SAMPLING_V,
-    hidden_size=16,
-    intermediate_size=24,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=2,
-    head_dim=4,
-    model_type="deepseek_v3",
-    q_lora_rank=6,
-    kv_lora_rank=8,
-    qk_nope_head_dim=4,
-    qk_rope_head_dim=4,
-    v_head_dim=4,
-    first_k_dense_replace=1,
-    moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1, routed_scaling_factor=1.5),
-)
 
 
 @pytest.mark.slow

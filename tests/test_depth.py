@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from support.llama_models import fdecode_target, hf_greedy, independent_draft, mtp_head
+from support.llama_models import draft_of, fdecode_target, hf_greedy
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, exact_distribution, tiny_draft, tiny_target
 
@@ -42,11 +42,7 @@ def decode(step, prompts, schedule, max_new_tokens=NEW, **sampling):
 def build(draft_kind: str, kind: str = "partial", k: int = 3, **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
-    draft = {
-        "model": lambda: independent_draft(kind, target),
-        "mtp": lambda: mtp_head(kind, target),
-        "ngram": lambda: "ngram",
-    }[draft_kind]()
+    draft = draft_of(draft_kind, kind, target)
     cfg = fdecode.DecodeConfig(
         **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": "eager", **changes}
     )

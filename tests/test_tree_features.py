@@ -16,7 +16,7 @@ import torch
 from support.deepseek_models import VOCAB as MLA_VOCAB
 from support.deepseek_models import compiled, deepseek_target, hf_deepseek
 from support.hand_grammar import HandGrammar, parity
-from support.llama_models import VOCAB, fdecode_target, independent_draft, mtp_head
+from support.llama_models import VOCAB, draft_of, fdecode_target
 from support.processor_oracle import TINY_REQUEST, hf_processed, reference_next
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, tiny_draft, tiny_target
@@ -56,11 +56,7 @@ ALTERNATE = HandGrammar({0: {5: 1, 7: 1}, 1: {6: 0, 8: 0}}, final={0}, vocab_siz
 
 def build(draft_kind: str, kind: str = "partial", backend: str = "eager", **changes):
     target = fdecode_target(2)
-    draft = {
-        "model": lambda: independent_draft(kind, target),
-        "mtp": lambda: mtp_head(kind, target),
-        "ngram": lambda: "ngram",
-    }[draft_kind]()
+    draft = draft_of(draft_kind, kind, target)
     cfg = fdecode.DecodeConfig(
         max_batch=3,
         max_seq_len=64,

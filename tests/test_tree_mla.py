@@ -16,6 +16,7 @@ from support import glm_models
 from support.deepseek_models import (
     NEW,
     PROMPTS,
+    TINY_MLA,
     agreeing_pair,
     compiled,
     deepseek_target,
@@ -125,28 +126,9 @@ def noisy_copy(model, scale: float = 0.1, seed: int = 5):
 
 def tiny_mla_with_head():
     """A DeepSeek-V3 at the 5-token vocabulary of `support.tiny_vocab`, with a random NextN head as `mtp`."""
-    from fdecode.models.deepseek_config import DeepseekV3Config
     from fdecode.models.families.deepseek_v3 import DeepseekV3Model, mtp_head
-    from fdecode.models.moe_config import MoEConfig
 
-    cfg = DeepseekV3Config(
-        vocab_size=5,
-        hidden_size=16,
-        intermediate_size=24,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=2,
-        head_dim=4,
-        model_type="deepseek_v3",
-        q_lora_rank=6,
-        kv_lora_rank=8,
-        qk_nope_head_dim=4,
-        qk_rope_head_dim=4,
-        v_head_dim=4,
-        first_k_dense_replace=1,
-        mtp_num_layers=1,
-        moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1),
-    )
+    cfg = TINY_MLA.replace(mtp_num_layers=1)
     target = DeepseekV3Model.random(cfg, seed=11, std=0.6)
     head = mtp_head(cfg)
     head.init_random_(seed=12, std=0.6)

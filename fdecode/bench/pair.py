@@ -104,6 +104,16 @@ def load_pair(*, hf: bool = True) -> tuple | None:
     return target, draft, tokenizer, hf_target, hf_draft
 
 
+def pair_with_prompts() -> tuple | None:
+    """(fdecode target, fdecode draft, {name: chat ids} of the bench's three prompts) of the real pair in float32;
+    None, with a message, where the pair is missing."""
+    loaded = load_pair(hf=False)
+    if loaded is None:
+        return None
+    target, draft, tokenizer, _, _ = loaded
+    return target, draft, {name: chat_ids(tokenizer, text) for name, text in PROMPTS.items()}
+
+
 def compiled_pair(k: int) -> tuple | None:
     """(the real pair's step at K = k, B = 1, its tokenizer) for the bench scripts; None, with a message, where
     the pair is missing."""

@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_file
 
 import fdecode
 from fdecode.models import from_hf
+from fdecode.models.deepseek_config import DeepseekV3Config
+from fdecode.models.moe_config import MoEConfig
 
 VOCAB = 97
 YARN = {
@@ -186,6 +188,27 @@ def random_mtp_state(seed: int = 3, std: float = 0.3, layers: int = 1, **overrid
     head = mtp_head(from_hf(hf_deepseek(**overrides)).config.replace(mtp_num_layers=layers))
     head.init_random_(seed=seed, std=std)
     return head.state_dict()
+
+
+# A DeepSeek-V3 at the 5-token vocabulary of `support.tiny_vocab`: its sampling tests' exact distributions.
+TINY_MLA_VOCAB = 5
+TINY_MLA = DeepseekV3Config(
+    vocab_size=TINY_MLA_VOCAB,
+    hidden_size=16,
+    intermediate_size=24,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=4,
+    model_type="deepseek_v3",
+    q_lora_rank=6,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=4,
+    first_k_dense_replace=1,
+    moe=MoEConfig(num_experts=4, top_k=2, moe_intermediate_size=8, n_group=2, topk_group=1, routed_scaling_factor=1.5),
+)
 
 
 def deepseek_target(seed: int = 0, **overrides):

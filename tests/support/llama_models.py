@@ -107,6 +107,14 @@ def mtp_head(kind: str, target: LlamaModel) -> MTPHead:
     return head
 
 
+def draft_of(draft_kind: str, kind: str, target: LlamaModel):
+    """The draft of `draft_kind` ("model": a draft LM, "mtp": an MTP head, "ngram") that agrees with `target`
+    as `kind` says ("self", "partial", "random")."""
+    if draft_kind == "mtp":
+        return mtp_head(kind, target)
+    return "ngram" if draft_kind == "ngram" else independent_draft(kind, target)
+
+
 def fdecode_target(num_layers: int = 2) -> LlamaModel:
     return from_hf(hf_target(num_layers))
 

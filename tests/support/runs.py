@@ -9,7 +9,7 @@ are the random-lane runs of the seed tests (run in a subprocess too).
 from __future__ import annotations
 
 import fdecode
-from support.llama_models import fdecode_target, independent_draft, mtp_head
+from support.llama_models import draft_of, fdecode_target, independent_draft
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
 NEW = 20
@@ -37,12 +37,7 @@ def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None, **sampling):
 def build(kind: str, draft_kind: str, k: int, backend: str = "eager", **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
-    if draft_kind == "mtp":
-        draft = mtp_head(kind, target)
-    elif draft_kind == "ngram":
-        draft = "ngram"
-    else:
-        draft = independent_draft(kind, target)
+    draft = draft_of(draft_kind, kind, target)
     cfg = fdecode.DecodeConfig(
         **{"num_draft_tokens": k, "max_batch": 4, "max_seq_len": 64, "block_size": 4, "backend": backend, **changes}
     )
