@@ -3,6 +3,7 @@ time goes: can this machine pay for a tree's extra rows?
 
     flock /tmp/fdecode-realpair.lock python bench/tree_speed.py      # ~10 min on a 2-core CPU (compiles cached)
     python bench/tree_speed.py --model bundled-mtp --device cuda     # the bundled model and its MTP head on a GPU
+    python bench/tree_speed.py --engine    # also through an adaptive Engine, which chooses among the shape's depths
     python bench/tree_speed.py --quick                               # a smoke run: tiny random models, eager
 
 Each shape (`--shapes`, N:k:S; the chain is N:1:N) is compiled once with the default backend (Inductor on the
@@ -73,6 +74,35 @@ def forward_seconds(model, rows: int, repeats: int, device: str) -> float:
     return statistics.median(times[1:])
 
 
+def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
+    """Each shape through an adaptive `Engine` (the default config's choice of depth per launch; every depth's
+    graph made first by `warmup`), `--rounds` rounds in alternating order: tok/s over each request (its prefill
+    included) and the depths it launched."""
+    from fdecode.bench.loops import engine_run
+
+    for step in steps.values():
+        step.warmup(depths=step.depths)
+    seconds = {shape: 0.0 for shape in steps}
+    tokens = {shape: 0 for shape in steps}
+    launched: dict = {shape: {} for shape in steps}
+    for r in range(args.rounds):
+        for shape in list(steps) if r % 2 == 0 else list(reversed(steps)):
+            for ids in prompts.values():
+                start = time.perf_counter()
+                (out,), _, info = engine_run(steps[shape], [ids], args.new_tokens, adaptive=True)
+                seconds[shape] += time.perf_counter() - start
+                tokens[shape] += len(out)
+                for depth, count in info["depths_launched"].items():
+                    launched[shape][depth] = launched[shape].get(depth, 0) + count
+    first = None
+    print("\n| N | k | S | Engine tok/s | vs the first shape | launches by depth |\n|---|---|---|---|---|---|")
+    for (n, k, s), spent in seconds.items():
+        rate = tokens[n, k, s] / spent
+        first = first or rate
+        depths = ", ".join(f"{d}: {c}" for d, c in sorted(launched[n, k, s].items()))
+        print(f"| {n} | {k} | {s} | {rate:.2f} | {rate / first:.2f}x | {depths} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(4, 1, 4), (8, 3, 4), (12, 3, 4)])
@@ -82,6 +112,7 @@ def main() -> None:
     parser.add_argument("--model", default="pair", choices=["pair", "bundled-mtp", "bundled-draft"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", help="DecodeConfig.backend (auto: Inductor on the CPU)")
+    parser.add_argument("--engine", action="store_true", help="also each shape through an adaptive Engine")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -96,7 +127,7 @@ def main() -> None:
 
         target, draft = llama(64, 32, 1, seed=1), llama(64, 32, 1, seed=2)
         prompts, args.new_tokens, args.rounds, backend = {"prompt 0": list(range(1, 17))}, 8, 1, "eager"
-        args.shapes, args.repeats = [(3, 1, 3), (6, 2, 3)], 1
+        args.shapes, args.repeats, args.engine = [(3, 1, 3), (6, 2, 3)], 1, True
     else:
         loaded = pair_with_prompts()
         if loaded is None:
@@ -114,7 +145,6 @@ def main() -> None:
             dtype=torch.float32,
             backend=backend,
             device=args.device,
-            adaptive_depth=False,
         )
         steps[n, k, s] = fdecode.compile(target, draft, cfg, announce=False)
         for ids in prompts.values():  # compiles (or loads) the shape's graphs: not timed
@@ -145,6 +175,8 @@ def main() -> None:
             f"{rate / chain_rate:.2f}x |",
             flush=True,
         )
+    if args.engine:
+        engine_rounds(steps, prompts, args)
     rows = sorted({n + 1 for n, _, _ in steps} | {k for _, k, _ in steps} | {1, 2})
     print("\n| rows | target forward ms | draft forward ms |\n|---|---|---|")
     for count in rows:
