@@ -26,6 +26,11 @@ import torch
 from fdecode.ops.sampling import first_true, sample
 
 
+def rows_at(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows [B, R, X] at `index` [B, M] (each in 0 .. R - 1): [B, M, X], row index[b, m] of lane b."""
+    return rows.gather(1, index[..., None].expand(-1, -1, rows.shape[-1]))
+
+
 def ancestors(parents: torch.Tensor, levels: int) -> torch.Tensor:
     """[B, N, N] bool: entry (b, i, j) is True where node j is node i or one of its ancestors.
 

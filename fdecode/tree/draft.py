@@ -34,6 +34,7 @@ from fdecode.drafts import drafter_for
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
 from fdecode.ops.processors import lane_vectors, processors
+from fdecode.ops.tree import rows_at
 from fdecode.processing import features, processed
 from fdecode.state.recurrent import forward_rows
 from fdecode.tree.draft_state import branch_rows, commit_root, draft_start, parent_states
@@ -54,7 +55,7 @@ def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
     tokens = torch.where(real, accepted.gather(1, at).clamp_min(0), 0)
     positions = (state.base_pos[:, None] + 1 + index).clamp_min(0)
     slots = torch.where(real, slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions))
-    hidden_in = torch.where(real[..., None], hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1])), 0)
+    hidden_in = torch.where(real[..., None], rows_at(hidden, at), 0)
     return tokens, positions, slots, hidden_in, real
 
 
@@ -131,7 +132,7 @@ def draft_tree(
             _, best = chain_first(child_score).topk(k, dim=-1)
             score = child_score.gather(1, best)
             frontier, frontier_id, parent_run = child.gather(1, best), offset + best, m0 + best // k
-            frontier_hidden = hidden.gather(1, (best // k)[..., None].expand(-1, -1, hidden.shape[-1]))
+            frontier_hidden = rows_at(hidden, best // k)
             paths = child_paths(cfg, lanes, paths, best // k, frontier, vocab)
             if recurrent:  # each new frontier node continues the state of its parent, node best // k of this level
                 states = parent_states(states, best // k)

@@ -11,6 +11,7 @@ import torch
 
 from fdecode.ops.grammar import next_states, walk_tree
 from fdecode.ops.processors import Paths, Processors
+from fdecode.ops.tree import rows_at
 
 
 def node_paths(
@@ -38,9 +39,7 @@ def child_paths(cfg, lanes: Processors, paths: Paths, parent: torch.Tensor, chil
     """The `Paths` of rows after the tokens `child` [B, k], each a child of row `parent` [B, k] of `paths`."""
     ids = index = grammar = None
     if cfg.penalties:
-        ids = torch.cat(
-            [paths.ids.gather(1, parent[..., None].expand(-1, -1, paths.ids.shape[-1])), child[..., None]], -1
-        )
+        ids = torch.cat([rows_at(paths.ids, parent), child[..., None]], -1)
     if cfg.min_tokens:
         index = paths.index.gather(1, parent) + 1
     if cfg.grammars:

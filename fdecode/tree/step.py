@@ -30,7 +30,7 @@ from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.processors import processors
 from fdecode.ops.random import uniform
 from fdecode.ops.sampling import apply_stops, cut_at_masked_rows, cut_at_missing_kv, dense
-from fdecode.ops.tree import ancestors, greedy_tree_accept, tree_accept
+from fdecode.ops.tree import ancestors, greedy_tree_accept, rows_at, tree_accept
 from fdecode.processing import processed, tallied
 from fdecode.state.decode_state import with_leaves
 from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
@@ -115,7 +115,7 @@ def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
 
 def path_rows(rows: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
     """rows [B, R, X] of the accepted path's nodes `path` [B, S + 1] (the root's row past the path's end)."""
-    return rows.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, rows.shape[-1]))
+    return rows_at(rows, path.clamp_min(0))
 
 
 def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> None:
