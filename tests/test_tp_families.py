@@ -7,6 +7,8 @@ transformers' greedy `generate` of the same models (`support.tp_families_worker`
   rank, greedy tokens == transformers';
 - random lanes: both ranks commit the same tokens;
 - each rank's KV and recurrent leaves hold its share of the heads, and its weights about half;
+- draft trees (k = 2, S = 3): a hybrid MTP head, DeepSeek-V3's NextN head, a hybrid draft LM and
+  `broadcast_accepted` equal transformers on both ranks; random tree lanes agree; one graph per rank;
 - one case at 4 ranks; Qwen3.5 + MTP through Inductor: one graph per rank, the collectives inside;
 - a split that does not divide is refused, naming the dimension, before any weight is read.
 """
@@ -90,6 +92,35 @@ def test_each_rank_holds_its_share_of_the_heads_and_about_half_the_weights(ranks
             assert leaves["target_kv"][3:] == (1, full.kv_lora_rank + full.qk_rope_head_dim)
         share = ranks[0][case]["bytes"] / ranks[0][case]["full_bytes"]
         assert share < 0.6, (case, share)  # norms, routers and MTP eh_proj / fc are replicated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["qwen3_5", "deepseek_v3", "qwen3_5_draft", "qwen3_5_broadcast"])
+def test_draft_trees_at_tp2_commit_transformers_greedy_tokens_on_every_rank(ranks, case):
+    """A tree of 6 nodes (k = 2, S = 3) per step: hybrid MTP head, DeepSeek-V3's NextN head, a hybrid draft LM,
+    and rank 0's tree and path broadcast (`broadcast_accepted`)."""
+    for rank in ranks:
+        assert rank["trees"][case]["greedy"] == want(case.removesuffix("_broadcast"))
+    proposed, accepted = ranks[0]["trees"][case]["proposed"], ranks[0]["trees"][case]["accepted"]
+    assert proposed > 0  # the trees were verified, not skipped
+    if case == "qwen3_5_draft":
+        assert accepted > 0  # a near copy's nodes accepted: paths past the root committed on every rank
+
+
+@pytest.mark.slow
+def test_random_tree_lanes_agree_across_ranks(ranks):
+    assert ranks[0]["trees"]["qwen3_5"]["random"] == ranks[1]["trees"]["qwen3_5"]["random"]
+    assert ranks[0]["trees"]["qwen3_5"]["random"] != ranks[0]["trees"]["qwen3_5"]["greedy"]
+
+
+@pytest.mark.slow
+def test_a_tree_step_at_tp2_is_one_graph_with_its_collectives_inside(ranks):
+    for rank in ranks:
+        tree = rank["trees"]["qwen3_5"]
+        assert tree["graph"] == (1, 0, [])
+        # The verify over the 7 rows and each of the 3 levels' MTP forwards gather their LM head's logits.
+        assert tree["collectives"]["_c10d_functional::all_gather_into_tensor"] == 1 + 3
+        assert tree["collectives"]["_c10d_functional::all_reduce"] > 0
 
 
 @pytest.mark.slow

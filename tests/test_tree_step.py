@@ -71,12 +71,13 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
         fdecode.compile(target, tiny_draft("random", target), cfg)
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
-    ngram = NgramDraft().bound(target)  # tensor parallelism is refused before a process group is needed
-    tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})
-    assert (
-        tree_reason(target, ngram, drafter_for(ngram), tp)
-        == "trees do not run with tensor parallelism (tp_size > 1) yet"
+    ngram = NgramDraft().bound(target)  # a device kernel without a tree mask, refused before any device is needed
+    kernel = fdecode.DecodeConfig(**{**vars_of(small), "attention": "flash_attn"})
+    assert tree_reason(target, ngram, drafter_for(ngram), kernel) == (
+        "tree attention runs on the reference kernel only, not 'flash_attn'"
     )
+    tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})  # TP runs trees (tests/test_tp_families.py)
+    assert tree_reason(target, ngram, drafter_for(ngram), tp) is None
 
 
 @pytest.mark.parametrize(("kind", "n", "k", "s"), [("partial", 6, 2, 3), ("random", 5, 3, 2), ("self", 8, 4, 3)])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from fdecode.drafts import drafter_for
+from fdecode.drafts.tokens import agreed
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.paging import slot_of
 from fdecode.ops.processors import lane_vectors, processors
@@ -137,7 +138,9 @@ def draft_tree(
             if recurrent:  # each new frontier node continues the state of its parent, node best // k of this level
                 states = parent_states(states, best // k)
         offset += k * k
-    return select(shape, pool, masked=cfg.processing)
+    nodes, parents = select(shape, pool, masked=cfg.processing)
+    # A frontier's ties may fall apart across tensor-parallel ranks: every rank drafts rank 0's tree.
+    return agreed(cfg, draft, torch.cat([nodes, parents], dim=1)).chunk(2, dim=1)
 
 
 def draft_logprobs(cfg, logits: torch.Tensor) -> torch.Tensor:

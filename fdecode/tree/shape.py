@@ -92,8 +92,6 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
         known = isinstance(model, (LlamaModel, HybridModel)) or (role == "draft" and drafter.shares_target)
         if not known:
             return f"the {role} is neither a Llama-family nor a hybrid (Qwen3.5, Qwen3-Next) model"
-    if cfg.tp_size > 1:  # the request features (penalties, min_tokens, logit bias, grammars, logprobs) run per node
-        return "trees do not run with tensor parallelism (tp_size > 1) yet"
     if cfg.attention not in ("auto", "torch"):
         return f"tree attention runs on the reference kernel only, not {cfg.attention!r}"
     return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from fdecode.drafts import drafter_for
+from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of, window_columns
@@ -72,6 +73,9 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     paths = node_paths(cfg, lanes, tokens, parents, seen, vocab) if cfg.processing else None
     chosen = processed(cfg, lanes, logits, paths=paths)  # each node's row after its own path
     accepted, length, path = verify_tree(cfg, state, tokens, parents, chosen, plan)
+    if cfg.broadcast_accepted:  # rank 0's path, before the KV moves and the stops, budgets or next tree read it
+        accepted, path = rank0_tokens(torch.cat([accepted, path], dim=1), target.tp).chunk(2, dim=1)
+        length = (accepted >= 0).sum(dim=1)
     move_path_kv(state.target_kv, slots, path)
     pad = window - accepted.shape[1]
     accepted = torch.cat([accepted, accepted.new_full((batch, pad), -1)], dim=1)

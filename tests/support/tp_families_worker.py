@@ -133,8 +133,38 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
     if size == 2:
         result["errors"] = split_errors(group, os.path.join(out, f"configs{rank}"))
         result["agreement"] = agreement(group)
+        result["trees"] = trees(group)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     group_exit.destroy_process_group()
+
+
+TREE = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3)  # 6 of the 10 nodes 3 levels of 2 children make
+TREE_CASES = ("qwen3_5", "deepseek_v3", "qwen3_5_draft")  # hybrid MTP head, MLA + NextN, hybrid draft LM
+
+
+def trees(group) -> dict[str, dict[str, object]]:
+    """Draft trees at TP = 2: greedy tokens of a hybrid MTP head, DeepSeek-V3's NextN head over the latent
+    cache and a hybrid draft LM (per-node recurrent state on each rank's heads), random lanes, and the
+    Qwen3.5 head with `broadcast_accepted` (every rank verifies rank 0's tree and commits rank 0's path)."""
+    out: dict[str, dict[str, object]] = {}
+    runs = [(case, {}) for case in TREE_CASES] + [("qwen3_5_broadcast", dict(broadcast_accepted=True))]
+    for name, extra in runs:
+        target, draft = pair(name.removesuffix("_broadcast"))
+        step = fdecode.compile(target, draft, config(2, **TREE, **extra), tp_group=group)
+        details = fdecode.generate(step, PROMPTS, max_new_tokens=NEW, eos_token_id=[], details=True, progress=False)
+        out[name] = {
+            "greedy": [d.tokens for d in details],
+            "accepted": sum(d.metrics.drafts_accepted for d in details),
+            "proposed": sum(d.metrics.drafts_proposed for d in details),
+        }
+        if name == "qwen3_5":
+            out[name]["random"] = fdecode.generate(
+                step, PROMPTS, max_new_tokens=NEW, eos_token_id=[], temperature=1.0, seed=[1, 2, 3], progress=False
+            )
+            report = fdecode.inspect(step, step.prefill(PROMPTS, max_new_tokens=NEW, eos_token_id=[]))
+            out[name]["graph"] = (report.graph_count, report.graph_break_count, report.host_syncs)
+            out[name]["collectives"] = {op: n for op, n in report.op_counts.items() if op.startswith("_c10d")}
+    return out
 
 
 LONG = list(range(1, 53))  # 52 tokens: with its budget it runs into max_seq_len 64
