@@ -50,6 +50,18 @@ def test_flash_attn_eligibility_on_cuda(flash_attn_installed) -> None:
     assert kernel == "torch" and "multiples of 8" in reason
 
 
+def test_a_draft_tree_takes_the_reference_kernel_where_auto_would_take_the_device_one(flash_attn_installed) -> None:
+    good = dict(device="cuda", dtype=torch.bfloat16, block_size=256)
+    tree = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3)
+    kernel, reason = choose_attention(cfg(**good, **tree), SHAPES)
+    assert (
+        kernel == "torch"
+        and reason == "flash_attn: it takes no tree mask (draft_topk > 1: the reference kernel runs draft trees)"
+    )
+    with pytest.raises(ValueError, match="no tree mask"):
+        choose_attention(cfg(**good, **tree, attention="flash_attn"), SHAPES)
+
+
 def test_flash_attn_missing_is_stated_on_cuda() -> None:
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed here")
