@@ -441,7 +441,26 @@ def test_a_tree_step_chooses_the_tree_or_a_chain_by_cost_and_what_trees_commit()
     assert learns.launch()[0] == 1
     for _ in range(40):
         learns.observe_output(packed([5]), {0: (n, learns.admissions[0])})  # a verified tree: 4 levels + 1
-    assert learns.gains[0] > 2 and learns.rate(0) == 0.5  # a tree teaches the gain, not the chain's rate
+    assert learns.gains[0][n] > 2 and learns.rate(0) == 0.5  # a tree teaches the gain, not the chain's rate
     assert learns.launch()[0] == n
     with pytest.raises(ValueError, match="tree_levels must be in 1 .. K - 1"):
         DepthController(n, chain_costs + [1.0], tree_levels=n)
+
+
+def test_a_tree_step_chooses_the_smaller_tree_where_the_large_one_costs_too_much():
+    """Depths 1 .. 4 chains, 6 and 8 trees (`tree_sizes`): the 6-node tree's prior gain is half the 8-node one's
+    margin (1.05); at the chain's cost it wins where the 8-node tree costs 1.5x; trees of 6 that commit no more
+    than the chain (gain learned down to 1) give the chain back, and the 8-node tree's gain stays its prior."""
+    n, levels = 8, 4
+    chain = [1.0 + 0.3 * max(d, 1) for d in range(levels + 1)]
+    costs = chain + [99.0, chain[levels], 99.0, 1.5 * chain[levels]]  # depths 5 and 7 run no graph
+    made = DepthController(
+        n, costs, depths=(1, 2, 3, 4, 6, n), tree_levels=levels, learn_costs=False, prior=0.9, hysteresis=0.0
+    )
+    made.admit(0)
+    assert made.gain(0, 6) == pytest.approx(1.05) and made.gain(0, n) == pytest.approx(1.1)
+    assert made.launch()[0] == 6
+    for _ in range(80):  # trees of 6 that commit 4 tokens, less than the chain of depth 4 is expected to (4.1)
+        made.observe_output(packed([4]), {0: (6, made.admissions[0])})
+    assert made.gain(0, 6) < 1.0 and made.gain(0, n) == pytest.approx(1.1)
+    assert made.launch()[0] == levels

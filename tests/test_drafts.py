@@ -50,13 +50,13 @@ def test_what_each_kind_answers() -> None:
     assert LM.missed_width(lm, cfg) == 2 and MTP.missed_width(None, cfg) == 0
     assert LM.idles(lm, cfg) and not MTP.idles(None, cfg) and not NGRAM.idles(None, cfg)
     # Which depths a step runs: any 0 .. K; 0 or K beside a recurrent model (target or draft); in a tree 0, chains
-    # of 1 .. S and the tree at K, beside a recurrent model too (its state follows each node's parent).
+    # of 1 .. S and trees past S (`tree_sizes`), beside a recurrent model too (its state follows each node's parent).
     hybrid = hybrid_target()
     assert LM.depths(lm, cfg, target=lm) == NGRAM.depths(None, cfg, target=lm) == (0, 1, 2, 3)
     assert LM.depths(hybrid, cfg, target=lm) == NGRAM.depths(None, cfg, target=hybrid) == (0, 3)
     tree = dataclasses.replace(CFG, num_draft_tokens=4, draft_topk=2, draft_depth=2)
-    assert LM.depths(lm, tree, target=lm) == NGRAM.depths(None, tree, target=lm) == (0, 1, 2, 4)
-    assert LM.depths(lm, tree, target=hybrid) == LM.depths(hybrid, tree, target=hybrid) == (0, 1, 2, 4)
+    assert LM.depths(lm, tree, target=lm) == NGRAM.depths(None, tree, target=lm) == (0, 1, 2, 3, 4)
+    assert LM.depths(lm, tree, target=hybrid) == LM.depths(hybrid, tree, target=hybrid) == (0, 1, 2, 3, 4)
     # The depth policy's kind, priming, weights and backends.
     assert NGRAM.gated(cfg) and not NGRAM.adapts(cfg) and LM.adapts(cfg) and not LM.gated(cfg)
     assert not NGRAM.forwards and LM.forwards and MTP.shares_target and not LM.shares_target

@@ -338,13 +338,14 @@ def test_greedy_mla_tree_with_processors_equals_transformers(draft):
 def test_tree_steps_at_every_depth_with_processors_equal_transformers(step):
     """Depths 0 .. S (the window's first rows, then a chain) and K (the tree), in any order, each process their
     rows after their paths: penalties, a bias and min_tokens on one lane, a grammar on another."""
-    assert step.depths == (0, 1, 2, 3, 6)
+    assert step.depths == (0, 1, 2, 3, 4, 6)
     params = [
         REQUESTS["all"].replace(min_tokens=6, eos_token_id=EOS, max_new_tokens=NEW, logprobs=1),
         SamplingParams(grammar=PARITY, presence_penalty=0.5, eos_token_id=EOS, max_new_tokens=NEW),
         SamplingParams(eos_token_id=EOS, max_new_tokens=NEW),
     ]
-    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6]  # tree -> chain -> tree, each depth after each
+    # tree -> chain -> tree, the 4-node tree between, each depth after each
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6, 4, 6, 4, 4, 0, 4, 2, 4, 1, 4, 3]
     state = step.prefill([list(p) for p in PROMPTS], params=params)
     outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
     for i in range(60):

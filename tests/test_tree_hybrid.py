@@ -118,8 +118,9 @@ def test_tree_steps_at_every_depth_on_a_hybrid_equal_transformers(draft):
     and draft a chain; K the tree. In any order they commit transformers' greedy tokens, and the target's state
     is a from-scratch forward's after each (a hybrid draft LM's too, through t): every depth rolls it back."""
     step, target = tree_step("lin-lin-lin-full", draft, 6, 2, 3)
-    assert step.depths == (0, 1, 2, 3, 6)
-    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 0, 3, 3, 6]  # tree -> chain -> tree, each depth after each
+    assert step.depths == (0, 1, 2, 3, 4, 6)
+    # tree -> chain -> tree, the 4-node tree between, each depth after each
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 0, 3, 3, 6, 4, 6, 4, 4, 0, 4, 2, 4, 1, 4, 3]
     state = step.prefill(TINY_PROMPTS, max_new_tokens=NEW)
     seqs = [list(p) + state.step_output.tokens[lane, :1].tolist() for lane, p in enumerate(TINY_PROMPTS)]
     for i in range(40):

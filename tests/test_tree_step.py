@@ -147,7 +147,8 @@ def test_a_tree_holds_first_the_chain_the_draft_would_draft():
 @pytest.mark.parametrize("kind", ["partial", "ngram"])
 def test_tree_steps_at_every_depth_equal_transformers(kind):
     """A tree step's depths 0 .. S verify the window's first rows (the chain every tree holds first) and draft a
-    chain (one draft at 0); K verifies and drafts the tree. Any order of them commits transformers' greedy tokens."""
+    chain (one draft at 0); 4 verifies the first 4 nodes and drafts a tree of 4, K the whole tree and a tree of
+    K. Any order of them commits transformers' greedy tokens."""
     if kind == "ngram":
         target = fdecode_target(2)
         cfg = fdecode.DecodeConfig(
@@ -156,8 +157,9 @@ def test_tree_steps_at_every_depth_equal_transformers(kind):
         step = fdecode.compile(target, "ngram", cfg)
     else:
         step = tree_step(kind, 6, 2, 3)
-    assert step.depths == (0, 1, 2, 3, 6)
-    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6]  # tree -> chain -> tree, each depth after each
+    assert step.depths == (0, 1, 2, 3, 4, 6)
+    # tree -> chain -> tree, the 4-node tree between, each depth after each
+    schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6, 4, 6, 4, 4, 0, 4, 2, 4, 1, 4, 3]
     state = step.prefill(PROMPTS, max_new_tokens=NEW)
     outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
     for i in range(60):
@@ -168,8 +170,8 @@ def test_tree_steps_at_every_depth_equal_transformers(kind):
         for lane in range(len(PROMPTS)):
             outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
     assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
-    with pytest.raises(ValueError, match="a tree step runs depths 0, 1, 2, 3, 6"):
-        step(state, depth=4)
+    with pytest.raises(ValueError, match="a tree step runs depths 0, 1, 2, 3, 4, 6"):
+        step(state, depth=5)
 
 
 @pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step

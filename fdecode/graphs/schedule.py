@@ -215,7 +215,7 @@ class Schedule:
         if depth not in self.depths:
             runs = (
                 f"a tree step runs depths {', '.join(map(str, self.depths))} "
-                f"(the target alone, chains of 1 .. S, the tree at K = {k})"
+                f"(the target alone, chains of 1 .. S, trees of the nodes past S, the config's at K = {k})"
                 if self.config.tree and len(self.depths) > 1
                 else f"a step of recurrent (linear-attention) models runs depth 0 or K = {k}"
             )

@@ -33,14 +33,14 @@ def expected_tokens(rate: float, drafts: int) -> float:
 def depth_costs(target, draft, cfg, drafter) -> list[float]:
     """costs[d] for d in 0 .. K: the weights a step of depth d reads (`forward_bytes`: the target once, the
     draft once per proposal, as `drafter` (`fdecode.drafts.Drafter`) counts both; an n-gram draft reads none;
-    a tree step's tree once per level), in GB. Bytes do not see rows: a tree costs what the chain of depth S
+    a tree step's trees (depths past S) once per level), in GB. Bytes do not see rows: a tree costs what the chain of depth S
     does until its steps are timed (an accelerator at small batch; a CPU charges for rows, which the
     Engine's measured costs then show)."""
     target_gb = forward_bytes(target) / 1e9
     draft_gb = drafter.forward_bytes(draft) / 1e9
     forwards = [drafter.proposals(draft, cfg, d) for d in range(cfg.K + 1)]
-    if cfg.tree:  # a tree step of depth K runs the draft once a level: S forwards of k rows, read as one row's
-        forwards[cfg.K] = cfg.levels
+    if cfg.tree:  # a tree step's trees run the draft once a level: S forwards of k rows, read as one row's
+        forwards[cfg.levels + 1 :] = [cfg.levels] * (cfg.K - cfg.levels)
     return [target_gb + n * draft_gb for n in forwards]
 
 
@@ -60,12 +60,12 @@ def smoothed(timed: dict[int, float]) -> dict[int, float]:
 def step_costs(step, depths: Sequence[int]) -> list[float]:
     """costs[d] for d in 0 .. K: seconds of a step of depth d where `step.warmup` timed it (`Step.depth_seconds`,
     `smoothed`), else the weights it reads (`depth_costs`) times the median seconds per GB of the depths timed
-    (only the weights where none of `depths` was timed). A tree step's tree (depth K) is off the chains' line:
-    as timed."""
+    (only the weights where none of `depths` was timed). A tree step's trees (depths past S) are off the
+    chains' line: as timed."""
     cfg = step.config
     model = depth_costs(step.target, step.draft, cfg, step.drafter)
     timed = {d: seconds for d, seconds in step.depth_seconds.items() if d in depths}
-    tree = {cfg.K: timed.pop(cfg.K)} if cfg.tree and cfg.K in timed else {}
+    tree = {d: timed.pop(d) for d in list(timed) if d > cfg.levels} if cfg.tree else {}
     timed = {**smoothed(timed), **tree}
     if not timed:
         return model
@@ -94,11 +94,12 @@ class DepthController:
     proposes one draft), so a trial's next launch verifies that draft; the step also catches up after `catch_up`
     depth-0 launches in a row, and the controller counts them as the step does (`Schedule.graph_depth`). A trial due
     waits for such a catch-up (at most `catch_up` launches), so that trials add no catch-up of their own.
-    In a tree step (`tree_levels` = S), depth 0 is the target alone, 1 .. S chains and K the tree
-    (`fdecode.tree.shape.tree_depths`): a tree verified is worth a lane's tree gain times the chain of depth S it
-    holds, the gain starting at `tree_gain` (1.1: the trees of 8-12 nodes at S = 4 committed 1.14x the chain's
-    tokens per verify on the real pair) and following each verified tree's tokens over that chain's (a tree
-    teaches the gain, not the rate)."""
+    In a tree step (`tree_levels` = S), depth 0 is the target alone, 1 .. S chains and the depths past S trees of
+    that many nodes (`fdecode.tree.shape.tree_depths`): a tree verified is worth the lane's gain for its size times
+    the chain of depth S it holds, the gain of the K-node tree starting at `tree_gain` (1.1: the trees of 8-12
+    nodes at S = 4 committed 1.14x the chain's tokens per verify on the real pair), a smaller tree's in
+    proportion to its nodes past S, and each following its verified trees' tokens over that chain's (a tree
+    teaches its gain, not the rate)."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
 
@@ -162,7 +163,7 @@ class DepthController:
         self.admissions: dict[int, int] = {}  # lane -> admissions so far (tells its requests apart)
         self.launches = {d: 0 for d in range(k + 1)}  # how many steps launched at each depth
         self.tree_levels, self.tree_gain = tree_levels, tree_gain  # a tree step's S (depth K is its tree)
-        self.gains: dict[int, float] = {}  # lane -> its trees' tokens per verify over the chain of depth S
+        self.gains: dict[int, dict[int, float]] = {}  # lane -> tree size -> its tokens per verify over chain S
 
     @property
     def costs(self) -> list[float]:
@@ -196,18 +197,28 @@ class DepthController:
         self.lanes[lane] = [self.strength * self.prior, self.strength * (1 - self.prior)]
         self.probe_every = self.probe  # a new prompt may be worth drafting from
         self.carried[lane] = self.num_draft_tokens
-        self.gains[lane] = self.tree_gain
+        self.gains[lane] = {}
         self.admissions[lane] = self.admissions.get(lane, 0) + 1
 
     def rate(self, lane: int) -> float:
         accepted, rejected = self.lanes[lane]
         return accepted / (accepted + rejected) if accepted + rejected > 0 else self.prior
 
+    def is_tree(self, drafts: int) -> bool:
+        """Whether verifying `drafts` drafts verifies a tree (a tree step's depths past S)."""
+        return self.tree_levels is not None and drafts > self.tree_levels
+
+    def gain(self, lane: int, size: int) -> float:
+        """The lane's gain for trees of `size` nodes: what it measured, else the prior (`tree_gain` at K, in
+        proportion to the nodes past S below it)."""
+        s, k = self.tree_levels, self.num_draft_tokens
+        return self.gains[lane].get(size, 1 + (self.tree_gain - 1) * (size - s) / (k - s))
+
     def lane_tokens(self, lane: int, rate: float, drafts: int) -> float:
-        """Tokens lane commits verifying `drafts` drafts: a chain's `expected_tokens`; in a tree step K drafts are
-        the tree, worth the lane's tree gain times the chain of depth S (which the tree holds first)."""
-        if self.tree_levels is not None and drafts == self.num_draft_tokens:
-            return self.gains[lane] * expected_tokens(rate, self.tree_levels)
+        """Tokens lane commits verifying `drafts` drafts: a chain's `expected_tokens`; in a tree step more than S
+        drafts are a tree, worth the lane's gain for its size times the chain of depth S (which it holds first)."""
+        if self.is_tree(drafts):
+            return self.gain(lane, drafts) * expected_tokens(rate, self.tree_levels)
         return expected_tokens(rate, drafts)
 
     def choose(self, ready: Collection[int] | None = None) -> int:
@@ -276,9 +287,10 @@ class DepthController:
                 self.gains.pop(lane)
                 continue
             accepted = max(int(packed[lane, -2]) - 1, 0)
-            if self.tree_levels is not None and drafts == self.num_draft_tokens:  # a tree: its gain learns
+            if self.is_tree(drafts):  # a tree: the gain of its size learns
                 chain = expected_tokens(self.rate(lane), self.tree_levels)
-                self.gains[lane] = (1 - self.weight) * self.gains[lane] + self.weight * (accepted + 1) / chain
+                gain = (1 - self.weight) * self.gain(lane, drafts) + self.weight * (accepted + 1) / chain
+                self.gains[lane][drafts] = gain
                 continue
             rejected = 1 if accepted < drafts else 0
             counts = self.lanes[lane]

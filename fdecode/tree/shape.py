@@ -31,24 +31,29 @@ class TreeShape:
 
     @classmethod
     def at(cls, cfg, depth: int) -> TreeShape:
-        """The tree a step of `depth` drafts (`tree_depths`): the config's own at depth K, a chain of `depth`
-        nodes at 1 .. S, one draft at depth 0 (the draft's catch-up forward proposes it anyway)."""
-        if depth == cfg.K:
-            return cls(cfg.num_draft_tokens, cfg.draft_topk, cfg.levels)
+        """The tree a step of `depth` drafts (`tree_depths`): a tree of `depth` nodes (the config's k and S) past
+        S, the config's own at K; a chain of `depth` nodes at 1 .. S, one draft at depth 0 (the draft's catch-up
+        forward proposes it anyway)."""
+        if depth > cfg.levels:
+            return cls(depth, cfg.draft_topk, cfg.levels)
         return cls(max(depth, 1), 1, max(depth, 1))
+
+
+def tree_sizes(cfg) -> tuple[int, ...]:
+    """The trees a tree step drafts, in nodes: the config's N, and one of about half way from S to N (the
+    config's k and S, the best (S + N) // 2 nodes) where that is more than S, a cheaper tree the depth controller
+    may take where the N-node tree's rows cost more than they add (a larger batch's verify)."""
+    half = (cfg.levels + cfg.K) // 2
+    return ((half,) if cfg.levels < half < cfg.K else ()) + (cfg.K,)
 
 
 def tree_depths(cfg) -> tuple[int, ...]:
     """The depths a tree step runs: 0 (the target alone: the root's row, one token), 1 .. S, which verify the
     window's first depth + 1 rows (the chain of the draft, which every tree holds first) and draft a chain of
-    that depth (one draft at 0); and K, which verifies the whole tree and drafts the config's tree. Each
-    commits the target's tokens (a tree's first rows are a tree too)."""
-    return tuple(range(cfg.levels + 1)) + (cfg.K,)
-
-
-def verified_rows(cfg, depth: int) -> int:
-    """The window rows a tree step of `depth` verifies: the root and `depth` nodes, or all N + 1 at K."""
-    return cfg.W if depth == cfg.K else depth + 1
+    that depth (one draft at 0); and the `tree_sizes`, which verify the window's first depth + 1 rows (at K the
+    whole tree) and draft a tree of that many nodes. Each commits the target's tokens (a tree's first rows in
+    topological order are a tree too, whatever drafted them)."""
+    return tuple(range(cfg.levels + 1)) + tree_sizes(cfg)
 
 
 def check_tree_shape(cfg) -> None:

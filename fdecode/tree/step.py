@@ -36,18 +36,18 @@ from fdecode.processing import processed, tallied
 from fdecode.state.decode_state import with_leaves
 from fdecode.state.recurrent import commit_verify, forward_rows, is_hybrid
 from fdecode.tree.processing import node_paths
-from fdecode.tree.shape import TreeShape, verified_rows
+from fdecode.tree.shape import TreeShape
 
 
 def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, depth: int, draft_regions: bool):
     """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place).
-    depth (`tree_depths`): K verifies the whole tree and drafts the config's; 0 .. S verify the window's first
-    depth + 1 rows and draft a chain of depth nodes (one at 0)."""
+    depth (`tree_depths`): the window's first depth + 1 rows are verified (a tree: its nodes come in topological
+    order); past S the step drafts a tree of depth nodes (the config's at K), at 0 .. S a chain (one at 0)."""
     from fdecode.step import Committed, logprob_rows  # the chain's (fdecode.step imports this module)
 
     context = window_columns(state.block_tables, context_blocks)
     batch, window = state.tokens.shape
-    rows, levels, bs = verified_rows(cfg, depth), cfg.levels, cfg.block_size
+    rows, levels, bs = depth + 1, cfg.levels, cfg.block_size  # the root and `depth` nodes (all N + 1 at K)
     own = state.base_pos[:, None] + torch.arange(window, device=state.base_pos.device)  # row i's own position
     slots = torch.where(state.active[:, None], slot_of(state.block_tables, own, bs), torch.zeros_like(own))
     tokens = torch.cat([state.tokens[:, :1], torch.where(slots[:, 1:rows] != 0, state.tokens[:, 1:rows], -1)], 1)
