@@ -4,6 +4,7 @@ time goes: can this machine pay for a tree's extra rows?
     flock /tmp/fdecode-realpair.lock python bench/tree_speed.py      # ~10 min on a 2-core CPU (compiles cached)
     python bench/tree_speed.py --model bundled-mtp --device cuda     # the bundled model and its MTP head on a GPU
     python bench/tree_speed.py --engine    # also through an adaptive Engine, which chooses among the shape's depths
+    python bench/tree_speed.py --engine-only --batch 4 --shapes 4:1:4 8:3:4   # the Engines alone, four prompts at once
     python bench/tree_speed.py --quick                               # a smoke run: tiny random models, eager
 
 Each shape (`--shapes`, N:k:S; the chain is N:1:N) is compiled once with the default backend (Inductor on the
@@ -76,31 +77,42 @@ def forward_seconds(model, rows: int, repeats: int, device: str) -> float:
 
 def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     """Each shape through an adaptive `Engine` (the default config's choice of depth per launch; every depth's
-    graph made first by `warmup`), `--rounds` rounds in alternating order: tok/s over each request (its prefill
-    included) and the depths it launched."""
+    graph made first by `warmup`), `--rounds` rounds in alternating order: at `--batch` 1 each prompt alone,
+    tok/s over its request (its prefill included) per prompt, with the geometric mean of the per-prompt ratios
+    to the first shape; at a larger batch the prompts (cycled) at once, tok/s over the batch. And the depths each
+    shape launched."""
     from fdecode.bench.loops import engine_run
 
     for step in steps.values():
         step.warmup(depths=step.depths)
-    seconds = {shape: 0.0 for shape in steps}
-    tokens = {shape: 0 for shape in steps}
+    if args.batch == 1:
+        runs = {name: [ids] for name, ids in prompts.items()}
+    else:
+        cycled = [list(prompts.values())[i % len(prompts)] for i in range(args.batch)]
+        runs = {f"B = {args.batch}": cycled}
+    seconds = {shape: dict.fromkeys(runs, 0.0) for shape in steps}
+    tokens = {shape: dict.fromkeys(runs, 0) for shape in steps}
     launched: dict = {shape: {} for shape in steps}
     for r in range(args.rounds):
         for shape in list(steps) if r % 2 == 0 else list(reversed(steps)):
-            for ids in prompts.values():
+            for name, batch in runs.items():
                 start = time.perf_counter()
-                (out,), _, info = engine_run(steps[shape], [ids], args.new_tokens, adaptive=True)
-                seconds[shape] += time.perf_counter() - start
-                tokens[shape] += len(out)
+                outs, _, info = engine_run(steps[shape], batch, args.new_tokens, adaptive=True)
+                seconds[shape][name] += time.perf_counter() - start
+                tokens[shape][name] += sum(len(out) for out in outs)
                 for depth, count in info["depths_launched"].items():
                     launched[shape][depth] = launched[shape].get(depth, 0) + count
-    first = None
-    print("\n| N | k | S | Engine tok/s | vs the first shape | launches by depth |\n|---|---|---|---|---|---|")
-    for (n, k, s), spent in seconds.items():
-        rate = tokens[n, k, s] / spent
-        first = first or rate
+    rates = {shape: {name: tokens[shape][name] / seconds[shape][name] for name in runs} for shape in steps}
+    first = rates[next(iter(steps))]
+    names = " | ".join(f"{name} tok/s" for name in runs)
+    print(f"\n| N | k | S | {names} | vs the first shape (geomean) | launches by depth |")
+    print("|---|---|---|" + "---|" * len(runs) + "---|---|")
+    for (n, k, s), rate in rates.items():
+        ratios = [rate[name] / first[name] for name in runs]
+        geomean = statistics.geometric_mean(ratios)
+        each = " | ".join(f"{rate[name]:.2f} ({rate[name] / first[name]:.2f}x)" for name in runs)
         depths = ", ".join(f"{d}: {c}" for d, c in sorted(launched[n, k, s].items()))
-        print(f"| {n} | {k} | {s} | {rate:.2f} | {rate / first:.2f}x | {depths} |", flush=True)
+        print(f"| {n} | {k} | {s} | {each} | {geomean:.2f}x | {depths} |", flush=True)
 
 
 def main() -> None:
@@ -113,6 +125,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", help="DecodeConfig.backend (auto: Inductor on the CPU)")
     parser.add_argument("--engine", action="store_true", help="also each shape through an adaptive Engine")
+    parser.add_argument("--engine-only", action="store_true", help="the Engine rounds alone (no fixed depth)")
+    parser.add_argument("--batch", type=int, default=1, help="the Engine rounds' batch (max_batch of the steps)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -140,16 +154,20 @@ def main() -> None:
             num_draft_tokens=n,
             draft_topk=k,
             draft_depth=s,
-            max_batch=1,
+            max_batch=args.batch,
             max_seq_len=longest + args.new_tokens + 32,
             dtype=torch.float32,
             backend=backend,
             device=args.device,
         )
         steps[n, k, s] = fdecode.compile(target, draft, cfg, announce=False)
-        for ids in prompts.values():  # compiles (or loads) the shape's graphs: not timed
-            decode(steps[n, k, s], ids, 4)
         print(f"... N={n} k={k} S={s} compiled", file=sys.stderr, flush=True)
+    if args.engine_only:
+        engine_rounds(steps, prompts, args)
+        return
+    for step in steps.values():
+        for ids in prompts.values():  # compiles (or loads) the shape's graphs: not timed
+            decode(step, ids, 4)
     times = {shape: [] for shape in steps}
     verifies = {shape: {} for shape in steps}
     expected: dict[str, list[int]] = {}
