@@ -3,6 +3,7 @@
     flock /tmp/fdecode-realpair.lock python bench/tree_acceptance.py            # ~15-30 min on a 2-core CPU
     python bench/tree_acceptance.py --quick       # a smoke run: tiny random models, the chain and one tree
     python bench/tree_acceptance.py --smollm2                                   # n-gram drafts, ~5 min
+    python bench/tree_acceptance.py --bundled    # the bundled model with its MTP head, its first 3 held-out windows
     python bench/tree_acceptance.py --shapes 4:1:4 8:3:4 12:3:4                 # some shapes (chains first)
 
 For each of the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), the chain at depths 3 and 4 and
@@ -10,7 +11,8 @@ trees of 6, 8 and 12 nodes at k = 2-4 (S = 3 and 4 levels, every shape `DecodeCo
 same `--new-tokens` tokens (no EOS stop; every run must commit the chain's tokens, else it stops): the table
 gives (tokens - 1) / verifies per prompt (the first token comes from the prompt's forward) and the mean over
 prompts against the chain of the same depth. `--smollm2`: SmolLM2-135M-Instruct (`fdecode.assets.smollm2`, no
-lock needed) with n-gram drafts (max_n 3) on its input-grounded prompts instead of the pair. The step runs eagerly: acceptance does not depend on the backend,
+lock needed) with n-gram drafts (max_n 3) on its input-grounded prompts instead of the pair; `--bundled`: the bundled
+model with its MTP head on `fdecode bench`'s first three held-out windows. The step runs eagerly: acceptance does not depend on the backend,
 and no time is measured here.
 """
 
@@ -46,6 +48,7 @@ def main() -> None:
         "--quick", action="store_true", help="a smoke run: tiny random models, one prompt, 8 tokens, 2 shapes"
     )
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M with n-gram drafts")
+    parser.add_argument("--bundled", action="store_true", help="the bundled model with its MTP head")
     parser.add_argument(
         "--shapes", nargs="+", default=None, help="N:k:S of the runs, chains (N:1:N) first (default: every shape)"
     )
@@ -63,6 +66,11 @@ def main() -> None:
         model, tokenizer = smollm2.load()
         target, draft = from_hf(model), "ngram"
         prompts = {f"prompt {i}": ids for i, ids in enumerate(smollm2.chat_ids(tokenizer))}
+    elif args.bundled:
+        from fdecode.bench.workloads import load_workload
+
+        target, draft, windows = load_workload("bundled-mtp", 0, (0, 0), (0, 0))
+        prompts = {f"window {i}": ids for i, ids in enumerate(windows[:3])}
     else:
         loaded = pair_with_prompts()
         if loaded is None:
