@@ -12,7 +12,7 @@ same `--new-tokens` tokens (no EOS stop; every run must commit the chain's token
 gives (tokens - 1) / verifies per prompt (the first token comes from the prompt's forward) and the mean over
 prompts against the chain of the same depth. `--smollm2`: SmolLM2-135M-Instruct (`fdecode.assets.smollm2`, no
 lock needed) with n-gram drafts (max_n 3) on its input-grounded prompts instead of the pair; `--bundled`: the bundled
-model with its MTP head on `fdecode bench`'s first three held-out windows. The step runs eagerly: acceptance does not depend on the backend,
+model with its MTP head on `fdecode bench`'s first `--windows` (3) held-out windows. The step runs eagerly: acceptance does not depend on the backend,
 and no time is measured here.
 """
 
@@ -49,6 +49,7 @@ def main() -> None:
     )
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M with n-gram drafts")
     parser.add_argument("--bundled", action="store_true", help="the bundled model with its MTP head")
+    parser.add_argument("--windows", type=int, default=3, help="--bundled: how many held-out windows")
     parser.add_argument(
         "--shapes", nargs="+", default=None, help="N:k:S of the runs, chains (N:1:N) first (default: every shape)"
     )
@@ -70,7 +71,7 @@ def main() -> None:
         from fdecode.bench.workloads import load_workload
 
         target, draft, windows = load_workload("bundled-mtp", 0, (0, 0), (0, 0))
-        prompts = {f"window {i}": ids for i, ids in enumerate(windows[:3])}
+        prompts = {f"window {i}": ids for i, ids in enumerate(windows[: args.windows])}
     else:
         loaded = pair_with_prompts()
         if loaded is None:
