@@ -200,21 +200,23 @@ def test_random_lanes_of_a_tree_step_at_a_chain_depth_follow_the_target():
     assert chi2_pvalue(counts, expected) > ALPHA and expected[counts > 0].min() > 0
 
 
-def test_committed_kv_is_contiguous_after_trees():
+@pytest.mark.parametrize("schedule", [[6], [6, 1, 4, 2, 6, 3, 0, 4, 1, 6, 2, 3]], ids=["trees", "every depth"])
+def test_committed_kv_is_contiguous_after_trees(schedule):
     """After several tree steps, the target's KV of every position before t and the draft's of every committed
     position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved
-    to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing."""
+    to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing. Over
+    every depth too: a step that verified d drafts catches the draft up on d + 1 rows, all it can commit."""
     step = tree_step("partial", 6, 2, 3)
     prompts = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
     state = step.prefill(prompts, max_new_tokens=40)
     seqs, lengths = [list(p) for p in prompts], set()
-    for i in range(7):
+    for i in range(len(schedule) if len(schedule) > 1 else 7):
         for lane in range(len(prompts)):
             n = int(state.step_output.num_tokens[lane])
             seqs[lane] += state.step_output.tokens[lane, :n].tolist()
             if i:
                 lengths.add(n)
-        state, _ = step(state)
+        state, _ = step(state, depth=schedule[i % len(schedule)])
     for lane in range(len(prompts)):
         seqs[lane] += state.step_output.tokens[lane, : int(state.step_output.num_tokens[lane])].tolist()
     assert {2, 3} <= lengths or {1, 2} <= lengths, lengths  # paths of several depths were accepted

@@ -1,7 +1,8 @@
 """A draft LM drafts a tree inside the step graph, level by level (docs/design.md, "Trees").
 
-1. Catch-up forward: the S + 1 rows of the committed run (the accepted path's drafts and the bonus token,
-   right-aligned, padding rows written to the scratch slot) at their lane positions, so the draft's KV of
+1. Catch-up forward: the rows of the committed run (the accepted path's drafts and the bonus token,
+   right-aligned, padding rows written to the scratch slot; S + 1 rows after a tree, d + 1 after a step that
+   verified d <= S drafts, which commits no more) at their lane positions, so the draft's KV of
    every committed position is what a chain would hold, whichever branch was accepted. Its last row (the
    bonus token `last` at P) gives the root's k children: depth 1, all expanded.
 2. Levels 2 .. S: one forward over the frontier's k nodes per lane (B x k rows, `TreeRows`: each sees the
@@ -43,12 +44,11 @@ from fdecode.tree.processing import child_paths, root_paths
 from fdecode.tree.shape import TreeShape
 
 
-def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
-    """tokens, positions, slots [B, S + 1] of the committed run (accepted[:L] at base_pos + 1 ..), right-aligned,
-    each row's hidden_in [B, S + 1, H] and which rows are real [B, S + 1] (the rest pad). hidden_in is the
-    target's hidden at the row before (an MTP head pairs the token at p with it; `committed.hidden` row j is
-    the accepted path's node at depth j, which chose accepted[j])."""
-    rows = cfg.levels + 1
+def catch_up_rows(cfg, state, committed, rows: int) -> tuple[torch.Tensor, ...]:
+    """tokens, positions, slots [B, rows] of the committed run (accepted[:L] at base_pos + 1 ..; L <= rows),
+    right-aligned, each row's hidden_in [B, rows, H] and which rows are real [B, rows] (the rest pad). hidden_in
+    is the target's hidden at the row before (an MTP head pairs the token at p with it; `committed.hidden` row
+    j is the accepted path's node at depth j, which chose accepted[j])."""
     accepted, length, hidden = committed.accepted, committed.length, committed.hidden
     index = torch.arange(rows, device=length.device)[None, :] - rows + length[:, None]  # into accepted
     real = (index >= 0) & (length > 0)[:, None]
@@ -61,19 +61,28 @@ def catch_up_rows(cfg, state, committed) -> tuple[torch.Tensor, ...]:
 
 
 def draft_tree(
-    draft, cfg, state, committed, pos: torch.Tensor, context: torch.Tensor, shape: TreeShape, *, draft_regions: bool
+    draft,
+    cfg,
+    state,
+    committed,
+    pos: torch.Tensor,
+    context: torch.Tensor,
+    shape: TreeShape,
+    *,
+    draft_regions: bool,
+    run_rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The next tree's `shape.nodes` nodes: tokens [B, n] (-1 absent) and parents [B, n] (0: the root, else a
     node's index 1 .. n), in topological order, the draft's chain first. pos: P [B], the position of the root
-    (the last committed token). The catch-up takes the config's S + 1 rows whatever the shape (a tree of S
-    levels may have committed them). An MTP head's rows take the hidden state of the row before them: the
+    (the last committed token). The catch-up runs `run_rows` rows, the most the committed run holds (S + 1
+    after a tree, whatever the next shape; d + 1 after a step that verified d drafts). An MTP head's rows take the hidden state of the row before them: the
     target's for the committed run, its own output at the parent for a tree node (a draft LM ignores it)."""
     k, levels, bs = shape.topk, shape.levels, cfg.block_size
     batch, device = pos.shape[0], pos.device
     drafter = drafter_for(draft)
     live = (committed.length > 0)[:, None]
     run = dict(block_size=bs, attention=cfg.attention)
-    tokens, positions, slots, hidden_in, real = catch_up_rows(cfg, state, committed)
+    tokens, positions, slots, hidden_in, real = catch_up_rows(cfg, state, committed, run_rows)
     recurrent = drafter.recurrent(draft)  # a hybrid draft LM: its state continues along each branch
     logits, hidden, after = forward_rows(
         draft, tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,

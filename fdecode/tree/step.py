@@ -97,7 +97,10 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     committed = Committed(
         accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state, logprobs, masked
     )
-    return tree_advance(draft, cfg, state, committed, context, TreeShape.at(cfg, depth), draft_regions=draft_regions)
+    # The committed run holds at most depth + 1 tokens (a path is at most S deep), what the draft catches up on.
+    run_rows = min(depth, levels) + 1
+    shape = TreeShape.at(cfg, depth)
+    return tree_advance(draft, cfg, state, committed, context, shape, draft_regions=draft_regions, run_rows=run_rows)
 
 
 def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
@@ -134,10 +137,12 @@ def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> N
     kv.index_copy_(2, target, kv.index_select(2, source))
 
 
-def tree_advance(draft, cfg, state, committed, context, shape: TreeShape, *, draft_regions: bool):
+def tree_advance(
+    draft, cfg, state, committed, context, shape: TreeShape, *, draft_regions: bool, run_rows: int | None = None
+):
     """The state after a transition (or priming): the last committed token at P, the root of the draft's next
     tree, and the tree of `shape` (the window's rows past it absent); the output packed as a chain's
-    (`fdecode.step.next_state`)."""
+    (`fdecode.step.next_state`). run_rows: the most tokens `committed` holds (None: S + 1)."""
     from fdecode.step import next_state
 
     accepted, length = committed.accepted, committed.length
@@ -146,8 +151,9 @@ def tree_advance(draft, cfg, state, committed, context, shape: TreeShape, *, dra
     pos = state.base_pos + length
     drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
     nodes, parents = drafter.propose_tree(
-        draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions
-    )
+        draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions,
+        run_rows=cfg.levels + 1 if run_rows is None else run_rows,
+    )  # fmt: skip
     absent = cfg.K - shape.nodes
     nodes = torch.cat([nodes, nodes.new_full((nodes.shape[0], absent), -1)], dim=1)
     parents = torch.cat([parents, parents.new_zeros(parents.shape[0], absent)], dim=1)
