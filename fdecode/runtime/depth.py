@@ -33,9 +33,9 @@ def expected_tokens(rate: float, drafts: int) -> float:
 def depth_costs(target, draft, cfg, drafter) -> list[float]:
     """costs[d] for d in 0 .. K: the weights a step of depth d reads (`forward_bytes`: the target once, the
     draft once per proposal, as `drafter` (`fdecode.drafts.Drafter`) counts both; an n-gram draft reads none;
-    a tree step's trees (depths past S) once per level), in GB. Bytes do not see rows: a tree costs what the chain of depth S
-    does until its steps are timed (an accelerator at small batch; a CPU charges for rows, which the
-    Engine's measured costs then show)."""
+    a tree step's trees (depths past S) once per level), in GB. Bytes do not see rows: a tree costs what the
+    chain of depth S does until its steps are timed (an accelerator at small batch; a CPU charges for rows,
+    which the Engine's measured costs then show)."""
     target_gb = forward_bytes(target) / 1e9
     draft_gb = drafter.forward_bytes(draft) / 1e9
     forwards = [drafter.proposals(draft, cfg, d) for d in range(cfg.K + 1)]

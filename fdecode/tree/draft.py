@@ -75,8 +75,9 @@ def draft_tree(
     """The next tree's `shape.nodes` nodes: tokens [B, n] (-1 absent) and parents [B, n] (0: the root, else a
     node's index 1 .. n), in topological order, the draft's chain first. pos: P [B], the position of the root
     (the last committed token). The catch-up runs `run_rows` rows, the most the committed run holds (S + 1
-    after a tree, whatever the next shape; d + 1 after a step that verified d drafts). An MTP head's rows take the hidden state of the row before them: the
-    target's for the committed run, its own output at the parent for a tree node (a draft LM ignores it)."""
+    after a tree, whatever the next shape; d + 1 after a step that verified d drafts). An MTP head's rows take
+    the hidden state of the row before them: the target's for the committed run, its own output at the parent
+    for a tree node (a draft LM ignores it)."""
     k, levels, bs = shape.topk, shape.levels, cfg.block_size
     batch, device = pos.shape[0], pos.device
     drafter = drafter_for(draft)
