@@ -157,6 +157,7 @@ def decode_step(
             context_blocks=context_blocks,
             plan=plan,
             depth=depth,
+            catch_up=catch_up,
             draft_regions=draft_regions,
         )
         return new_state, new_state.step_output

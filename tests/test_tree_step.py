@@ -200,13 +200,20 @@ def test_random_lanes_of_a_tree_step_at_a_chain_depth_follow_the_target():
     assert chi2_pvalue(counts, expected) > ALPHA and expected[counts > 0].min() > 0
 
 
-@pytest.mark.parametrize("schedule", [[6], [6, 1, 4, 2, 6, 3, 0, 4, 1, 6, 2, 3]], ids=["trees", "every depth"])
+@pytest.mark.parametrize(
+    "schedule",
+    [[6], [6, 1, 4, 2, 6, 3, 0, 4, 1, 6, 2, 3], [6, 0, 0, 0, 2, 6, 0, 0, 4, 1, 0, 6]],
+    ids=["trees", "every depth", "idle draft"],
+)
 def test_committed_kv_is_contiguous_after_trees(schedule):
     """After several tree steps, the target's KV of every position before t and the draft's of every committed
     position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved
     to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing. Over
-    every depth too: a step that verified d drafts catches the draft up on d + 1 rows, all it can commit."""
+    every depth too: a step that verified d drafts catches the draft up on d + 1 rows, all it can commit. The
+    draft LM sits depth-0 steps out (no node drafted, the tokens wait in `missed`) and the next step that drafts
+    is the catch-up graph, which feeds it what it missed."""
     step = tree_step("partial", 6, 2, 3)
+    assert step.idles_draft
     prompts = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
     state = step.prefill(prompts, max_new_tokens=40)
     seqs, lengths = [list(p) for p in prompts], set()
@@ -216,7 +223,13 @@ def test_committed_kv_is_contiguous_after_trees(schedule):
             seqs[lane] += state.step_output.tokens[lane, :n].tolist()
             if i:
                 lengths.add(n)
-        state, _ = step(state, depth=schedule[i % len(schedule)])
+        before, depth = state, schedule[i % len(schedule)]
+        state, _ = step(state, depth=depth)
+        if depth == 0:  # the draft sat it out: no node, the committed token waits for it
+            assert bool((state.tokens[:, 1:] == -1).all()) and bool((state.missed[: len(prompts), -1] >= 0).all())
+        elif i and schedule[(i - 1) % len(schedule)] == 0:  # the catch-up graph: what the draft missed, one node
+            assert bool((before.missed[: len(prompts)] >= 0).any()) and bool((state.missed == -1).all())
+            assert bool((state.tokens[: len(prompts), 1] >= 0).all()) and bool((state.tokens[:, 2:] == -1).all())
     for lane in range(len(prompts)):
         seqs[lane] += state.step_output.tokens[lane, : int(state.step_output.num_tokens[lane])].tolist()
     assert {2, 3} <= lengths or {1, 2} <= lengths, lengths  # paths of several depths were accepted

@@ -121,12 +121,13 @@ class Drafter:
         `fdecode.ops.catch_up`) and `last` (the last committed token per lane, the next window's first)."""
         raise NotImplementedError
 
-    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows):
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows, catch_up):
         """The next tree's `shape.nodes` nodes (`fdecode.tree.shape.TreeShape`: the config's tree, or a chain at a
         shallower depth): tokens [B, n] (-1 absent) and parents [B, n] (0: the root), in topological order, the
         draft's chain first where it has one, from the last committed token at `pos`
         (`fdecode.tree.step.tree_advance`). run_rows: the most tokens the committed run holds (a draft that
-        catches up on it runs that many rows)."""
+        catches up on it runs that many rows); catch_up: a draft that sat depth-0 steps out (`idles`) first takes
+        the tokens it missed."""
         raise NotImplementedError
 
     def host_proposals(self, draft, tokens: list[int], k: int) -> list[int]:

@@ -69,13 +69,14 @@ class LMDrafter(Drafter):
         missed = torch.full_like(state.missed, -1) if catch_up else state.missed
         return drafts, draft_probs, missed
 
-    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows):
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows, catch_up):
         """The draft's forwards level by level, keeping the N best nodes by path probability."""
         from fdecode.tree.draft import draft_tree  # which asks `drafter_for` (fdecode.drafts imports this module)
 
         return draft_tree(
-            draft, cfg, state, committed, pos, context, shape, draft_regions=draft_regions, run_rows=run_rows
-        )
+            draft, cfg, state, committed, pos, context, shape,
+            draft_regions=draft_regions, run_rows=run_rows, catch_up=catch_up,
+        )  # fmt: skip
 
 
 def forward_proposals(

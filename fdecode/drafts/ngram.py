@@ -131,7 +131,7 @@ class NgramDrafter(Drafter):
         draft_probs = state.draft_probs if draft_u is None else point_masses(found, state.draft_probs.shape[-1])
         return list(found.unbind(1)), draft_probs, state.missed
 
-    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows):
+    def propose_tree(self, draft, cfg, state, committed, pos, context, *, shape, draft_regions, run_rows, catch_up):
         """The k most frequent continuations of each node (`fdecode.tree.ngram`), over the history written first."""
         write_history(state.history, state.base_pos, committed.accepted)
         window = state.history[:, : context.shape[1] * cfg.block_size]

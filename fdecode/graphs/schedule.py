@@ -57,10 +57,10 @@ class Schedule:
     @classmethod
     def for_models(cls, config: DecodeConfig, graph_set: GraphSet, target, draft, drafter) -> Schedule:
         """The schedule of a step of these models: the depths the drafter runs beside `target` (`Drafter.depths`:
-        0 .. S and K in a tree step, 0 or K with a recurrent model, else 0 .. K); a draft LM may sit depth-0 steps out
-        (`Drafter.idles`), never in a tree step."""
+        0 .. S and the trees past S in a tree step, 0 or K with a recurrent model, else 0 .. K); a draft LM may sit
+        depth-0 steps out (`Drafter.idles`), in a chain or a tree step."""
         depths = drafter.depths(draft, config, target=target)
-        return cls(config, graph_set, depths=depths, idles_draft=drafter.idles(draft, config) and not config.tree)
+        return cls(config, graph_set, depths=depths, idles_draft=drafter.idles(draft, config))
 
     def record(self, state: DecodeState) -> HostRecord:
         """What the host knows of `state` (`HostRecords.of`); a fact no record of a state the Step made holds

@@ -34,6 +34,7 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.drafts.tokens import agreed
 from fdecode.ops.attention import TreeRows
+from fdecode.ops.catch_up import missed_rows
 from fdecode.ops.paging import slot_of
 from fdecode.ops.processors import lane_vectors, processors
 from fdecode.ops.tree import rows_at
@@ -71,19 +72,26 @@ def draft_tree(
     *,
     draft_regions: bool,
     run_rows: int,
+    catch_up: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The next tree's `shape.nodes` nodes: tokens [B, n] (-1 absent) and parents [B, n] (0: the root, else a
     node's index 1 .. n), in topological order, the draft's chain first. pos: P [B], the position of the root
     (the last committed token). The catch-up runs `run_rows` rows, the most the committed run holds (S + 1
     after a tree, whatever the next shape; d + 1 after a step that verified d drafts). An MTP head's rows take
     the hidden state of the row before them: the target's for the committed run, its own output at the parent
-    for a tree node (a draft LM ignores it)."""
+    for a tree node (a draft LM ignores it). catch_up: the rows of the tokens the draft sat out
+    (`fdecode.ops.catch_up.missed_rows`) go first (a draft LM's: it reads no hidden state)."""
     k, levels, bs = shape.topk, shape.levels, cfg.block_size
     batch, device = pos.shape[0], pos.device
     drafter = drafter_for(draft)
     live = (committed.length > 0)[:, None]
     run = dict(block_size=bs, attention=cfg.attention)
     tokens, positions, slots, hidden_in, real = catch_up_rows(cfg, state, committed, run_rows)
+    if catch_up:  # the tokens the draft sat out first, at their positions (padding where none)
+        sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live[:, 0], bs)
+        tokens, positions, slots = (torch.cat([m, r], dim=1) for m, r in zip(sat_out, (tokens, positions, slots)))
+        hidden_in = torch.cat([hidden_in.new_zeros(batch, state.missed.shape[1], hidden_in.shape[-1]), hidden_in], 1)
+        real = torch.cat([state.missed >= 0, real], dim=1)
     recurrent = drafter.recurrent(draft)  # a hybrid draft LM: its state continues along each branch
     logits, hidden, after = forward_rows(
         draft, tokens, positions, slots, state.draft_kv, context, hidden_in=hidden_in, regions=draft_regions,

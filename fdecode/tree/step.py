@@ -25,6 +25,7 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.models.parallel import rank0_tokens
 from fdecode.ops.attention import TreeRows
+from fdecode.ops.catch_up import sit_out
 from fdecode.ops.filters import filtered
 from fdecode.ops.paging import slot_of, window_columns
 from fdecode.ops.plan import SamplingPlan
@@ -39,10 +40,14 @@ from fdecode.tree.processing import node_paths
 from fdecode.tree.shape import TreeShape
 
 
-def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, depth: int, draft_regions: bool):
+def tree_step(
+    target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, depth: int, catch_up: bool, draft_regions: bool
+):
     """One tree transition (validate -> sample -> commit -> advance); consumes `state` (KV written in place).
     depth (`tree_depths`): the window's first depth + 1 rows are verified (a tree: its nodes come in topological
-    order); past S the step drafts a tree of depth nodes (the config's at K), at 0 .. S a chain (one at 0)."""
+    order); past S the step drafts a tree of depth nodes (the config's at K), at 0 .. S a chain (one at 0). A
+    draft that idles (`Drafter.idles`) sits depth 0 out (no draft: the tokens it missed wait in
+    `DecodeState.missed`), and catch_up (with depth 0) runs it over them first, then drafts one node."""
     from fdecode.step import Committed, logprob_rows  # the chain's (fdecode.step imports this module)
 
     context = window_columns(state.block_tables, context_blocks)
@@ -100,7 +105,24 @@ def tree_step(target, draft, cfg, state, *, context_blocks, plan: SamplingPlan, 
     # The committed run holds at most depth + 1 tokens (a path is at most S deep), what the draft catches up on.
     run_rows = min(depth, levels) + 1
     shape = TreeShape.at(cfg, depth)
-    return tree_advance(draft, cfg, state, committed, context, shape, draft_regions=draft_regions, run_rows=run_rows)
+    if depth == 0 and not catch_up and drafter_for(draft).proposals(draft, cfg, 0) == 0:
+        return sit_out_tree(cfg, state, committed)
+    return tree_advance(
+        draft, cfg, state, committed, context, shape, draft_regions=draft_regions, run_rows=run_rows, catch_up=catch_up
+    )
+
+
+def sit_out_tree(cfg, state, committed):
+    """The state after a depth-0 step the draft sits out: the committed token is the next root, no node is
+    drafted, and the token joins the ones the draft missed (`fdecode.ops.catch_up.sit_out`)."""
+    from fdecode.step import next_state
+
+    accepted, length = committed.accepted, committed.length
+    last = torch.where(length > 0, accepted[:, 0], state.tokens[:, 0])
+    missed = sit_out(state.missed, last, length)
+    nodes = [state.tokens.new_full((state.tokens.shape[0],), -1) for _ in range(cfg.K)]
+    new = next_state(state, last, nodes, state.draft_probs, state.base_pos + length, committed, missed)
+    return with_leaves(new, tree_parents=torch.full_like(state.tree_parents, -1))
 
 
 def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
@@ -138,11 +160,21 @@ def move_path_kv(kv: torch.Tensor, slots: torch.Tensor, path: torch.Tensor) -> N
 
 
 def tree_advance(
-    draft, cfg, state, committed, context, shape: TreeShape, *, draft_regions: bool, run_rows: int | None = None
+    draft,
+    cfg,
+    state,
+    committed,
+    context,
+    shape: TreeShape,
+    *,
+    draft_regions: bool,
+    run_rows: int | None = None,
+    catch_up: bool = False,
 ):
     """The state after a transition (or priming): the last committed token at P, the root of the draft's next
     tree, and the tree of `shape` (the window's rows past it absent); the output packed as a chain's
-    (`fdecode.step.next_state`). run_rows: the most tokens `committed` holds (None: S + 1)."""
+    (`fdecode.step.next_state`). run_rows: the most tokens `committed` holds (None: S + 1). catch_up: the draft
+    first takes the tokens it sat out (`DecodeState.missed`, then cleared)."""
     from fdecode.step import next_state
 
     accepted, length = committed.accepted, committed.length
@@ -152,10 +184,11 @@ def tree_advance(
     drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
     nodes, parents = drafter.propose_tree(
         draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions,
-        run_rows=cfg.levels + 1 if run_rows is None else run_rows,
+        run_rows=cfg.levels + 1 if run_rows is None else run_rows, catch_up=catch_up,
     )  # fmt: skip
     absent = cfg.K - shape.nodes
     nodes = torch.cat([nodes, nodes.new_full((nodes.shape[0], absent), -1)], dim=1)
     parents = torch.cat([parents, parents.new_zeros(parents.shape[0], absent)], dim=1)
-    new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, state.missed)
+    missed = torch.full_like(state.missed, -1) if catch_up else state.missed
+    new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, missed)
     return with_leaves(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))
