@@ -14,7 +14,7 @@ import torch
 
 from fdecode.drafts.base import Drafter
 from fdecode.drafts.tokens import agreed, propose, unproposed
-from fdecode.ops.catch_up import missed_rows, sit_out
+from fdecode.ops.catch_up import missed_first, sit_out
 from fdecode.ops.paging import slot_of
 from fdecode.ops.plan import SamplingPlan
 from fdecode.ops.processors import lane_vectors, processors
@@ -117,10 +117,10 @@ def forward_proposals(
         rows_slots.view(batch, 2),
         rows_hidden.view(batch, 2, width),
     ]
-    if catch_up:
-        sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live, bs)
-        hidden_pad = rows_hidden.new_zeros(batch, state.missed.shape[1], width)  # a draft LM reads no hidden state
-        rows_in = [torch.cat([before, row[:, 1:]], dim=1) for before, row in zip((*sat_out, hidden_pad), rows_in)]
+    if catch_up:  # the tokens it missed, then the current row
+        rows_in = missed_first(
+            state.missed, state.base_pos, state.block_tables, live, bs, tuple(row[:, 1:] for row in rows_in)
+        )
     logits, draft_hidden, draft_state = forward_rows(
         draft,
         *rows_in[:3],

@@ -39,3 +39,19 @@ def missed_rows(
     real = (missed >= 0) & live[:, None]
     slots = torch.where(real, slot_of(block_tables, positions, block_size), torch.zeros_like(positions))
     return missed.clamp_min(0), torch.where(real, positions, -1), slots
+
+
+def missed_first(
+    missed: torch.Tensor,
+    base_pos: torch.Tensor,
+    block_tables: torch.Tensor,
+    live: torch.Tensor,
+    block_size: int,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, ...]:
+    """A catch-up forward's rows: the tokens the draft missed (`missed_rows`, hidden state zeros: a draft LM reads
+    none) in front of `rows` (tokens, positions, slots [B, R] and hidden_in [B, R, H])."""
+    hidden = rows[3]
+    pad = hidden.new_zeros(hidden.shape[0], missed.shape[1], hidden.shape[-1])
+    sat_out = (*missed_rows(missed, base_pos, block_tables, live, block_size), pad)
+    return tuple(torch.cat([before, row], dim=1) for before, row in zip(sat_out, rows))

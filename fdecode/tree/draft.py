@@ -34,7 +34,7 @@ import torch
 from fdecode.drafts import drafter_for
 from fdecode.drafts.tokens import agreed
 from fdecode.ops.attention import TreeRows
-from fdecode.ops.catch_up import missed_rows
+from fdecode.ops.catch_up import missed_first
 from fdecode.ops.paging import slot_of
 from fdecode.ops.processors import lane_vectors, processors
 from fdecode.ops.tree import rows_at
@@ -88,9 +88,10 @@ def draft_tree(
     run = dict(block_size=bs, attention=cfg.attention)
     tokens, positions, slots, hidden_in, real = catch_up_rows(cfg, state, committed, run_rows)
     if catch_up:  # the tokens the draft sat out first, at their positions (padding where none)
-        sat_out = missed_rows(state.missed, state.base_pos, state.block_tables, live[:, 0], bs)
-        tokens, positions, slots = (torch.cat([m, r], dim=1) for m, r in zip(sat_out, (tokens, positions, slots)))
-        hidden_in = torch.cat([hidden_in.new_zeros(batch, state.missed.shape[1], hidden_in.shape[-1]), hidden_in], 1)
+        rows = (tokens, positions, slots, hidden_in)
+        tokens, positions, slots, hidden_in = missed_first(
+            state.missed, state.base_pos, state.block_tables, live[:, 0], bs, rows
+        )
         real = torch.cat([state.missed >= 0, real], dim=1)
     recurrent = drafter.recurrent(draft)  # a hybrid draft LM: its state continues along each branch
     logits, hidden, after = forward_rows(
