@@ -105,24 +105,11 @@ def tree_step(
     # The committed run holds at most depth + 1 tokens (a path is at most S deep), what the draft catches up on.
     run_rows = min(depth, levels) + 1
     shape = TreeShape.at(cfg, depth)
-    if depth == 0 and not catch_up and drafter_for(draft).proposals(draft, cfg, 0) == 0:
-        return sit_out_tree(cfg, state, committed)
+    idle = depth == 0 and not catch_up and drafter_for(draft).proposals(draft, cfg, 0) == 0
     return tree_advance(
-        draft, cfg, state, committed, context, shape, draft_regions=draft_regions, run_rows=run_rows, catch_up=catch_up
-    )
-
-
-def sit_out_tree(cfg, state, committed):
-    """The state after a depth-0 step the draft sits out: the committed token is the next root, no node is
-    drafted, and the token joins the ones the draft missed (`fdecode.ops.catch_up.sit_out`)."""
-    from fdecode.step import next_state
-
-    accepted, length = committed.accepted, committed.length
-    last = torch.where(length > 0, accepted[:, 0], state.tokens[:, 0])
-    missed = sit_out(state.missed, last, length)
-    nodes = [state.tokens.new_full((state.tokens.shape[0],), -1) for _ in range(cfg.K)]
-    new = next_state(state, last, nodes, state.draft_probs, state.base_pos + length, committed, missed)
-    return with_leaves(new, tree_parents=torch.full_like(state.tree_parents, -1))
+        draft, cfg, state, committed, context, shape,
+        draft_regions=draft_regions, run_rows=run_rows, catch_up=catch_up, idle=idle,
+    )  # fmt: skip
 
 
 def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
@@ -170,25 +157,32 @@ def tree_advance(
     draft_regions: bool,
     run_rows: int | None = None,
     catch_up: bool = False,
+    idle: bool = False,
 ):
     """The state after a transition (or priming): the last committed token at P, the root of the draft's next
     tree, and the tree of `shape` (the window's rows past it absent); the output packed as a chain's
     (`fdecode.step.next_state`). run_rows: the most tokens `committed` holds (None: S + 1). catch_up: the draft
-    first takes the tokens it sat out (`DecodeState.missed`, then cleared)."""
+    first takes the tokens it sat out (`DecodeState.missed`, then cleared). idle: the draft sits the step out
+    (`Drafter.idles`, depth 0): no node, and the committed token joins the ones it missed
+    (`fdecode.ops.catch_up.sit_out`)."""
     from fdecode.step import next_state
 
     accepted, length = committed.accepted, committed.length
     last = accepted.gather(1, (length - 1).clamp_min(0)[:, None])[:, 0]
     last = torch.where(length > 0, last, state.tokens[:, 0])
     pos = state.base_pos + length
-    drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
-    nodes, parents = drafter.propose_tree(
-        draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions,
-        run_rows=cfg.levels + 1 if run_rows is None else run_rows, catch_up=catch_up,
-    )  # fmt: skip
-    absent = cfg.K - shape.nodes
+    if idle:
+        nodes = parents = last.new_zeros(last.shape[0], 0)
+        missed = sit_out(state.missed, last, length)
+    else:
+        drafter = drafter_for(draft)  # a draft LM's forwards level by level, a lookup's most frequent continuations
+        nodes, parents = drafter.propose_tree(
+            draft, cfg, state, committed, pos, context, shape=shape, draft_regions=draft_regions,
+            run_rows=cfg.levels + 1 if run_rows is None else run_rows, catch_up=catch_up,
+        )  # fmt: skip
+        missed = torch.full_like(state.missed, -1) if catch_up else state.missed
+    absent = cfg.K - nodes.shape[1]
     nodes = torch.cat([nodes, nodes.new_full((nodes.shape[0], absent), -1)], dim=1)
     parents = torch.cat([parents, parents.new_zeros(parents.shape[0], absent)], dim=1)
-    missed = torch.full_like(state.missed, -1) if catch_up else state.missed
     new = next_state(state, last, list(nodes.unbind(1)), state.draft_probs, pos, committed, missed)
     return with_leaves(new, tree_parents=torch.cat([parents.new_full((parents.shape[0], 1), -1), parents], 1))
