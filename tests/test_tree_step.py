@@ -71,11 +71,10 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
         fdecode.compile(target, tiny_draft("random", target), cfg)
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
-    ngram = NgramDraft().bound(target)  # a device kernel without a tree mask, refused before any device is needed
+    ngram = NgramDraft().bound(target)  # a device kernel without a tree mask, refused before anything compiles
     kernel = fdecode.DecodeConfig(**{**vars_of(small), "attention": "flash_attn"})
-    assert tree_reason(target, ngram, drafter_for(ngram), kernel) == (
-        "tree attention runs on the reference kernel only, not 'flash_attn'"
-    )
+    with pytest.raises(ValueError, match=r"it takes no tree mask \(draft_topk > 1: the reference kernel runs"):
+        fdecode.compile(target, ngram, kernel)
     tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})  # TP runs trees (tests/test_tp_families.py)
     assert tree_reason(target, ngram, drafter_for(ngram), tp) is None
 

@@ -97,8 +97,8 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
         known = isinstance(model, (LlamaModel, HybridModel)) or (role == "draft" and drafter.shares_target)
         if not known:
             return f"the {role} is neither a Llama-family nor a hybrid (Qwen3.5, Qwen3-Next) model"
-    if cfg.attention not in ("auto", "torch"):
-        return f"tree attention runs on the reference kernel only, not {cfg.attention!r}"
+    # A device attention kernel takes no tree mask: `fdecode.graphs.backends.choose_attention` refuses it (or
+    # takes the reference under "auto") before this runs.
     return None
 
 
