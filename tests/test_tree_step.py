@@ -200,18 +200,25 @@ def test_random_lanes_of_a_tree_step_at_a_chain_depth_follow_the_target():
 
 
 @pytest.mark.parametrize(
-    "schedule",
-    [[6], [6, 1, 4, 2, 6, 3, 0, 4, 1, 6, 2, 3], [6, 0, 0, 0, 2, 6, 0, 0, 4, 1, 0, 6]],
-    ids=["trees", "every depth", "idle draft"],
+    ("kind", "schedule"),
+    [
+        ("partial", [6]),
+        ("partial", [6, 1, 4, 2, 6, 3, 0, 4, 1, 6, 2, 3]),
+        ("partial", [6, 0, 0, 0, 2, 6, 0, 0, 4, 1, 0, 6]),
+        ("self", [6, 3, 6, 3, 4, 3, 6, 2, 6, 3]),
+    ],
+    ids=["trees", "every depth", "idle draft", "whole chains after trees"],
 )
-def test_committed_kv_is_contiguous_after_trees(schedule):
+def test_committed_kv_is_contiguous_after_trees(kind, schedule):
     """After several tree steps, the target's KV of every position before t and the draft's of every committed
     position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved
     to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing. Over
     every depth too: a step that verified d drafts catches the draft up on d + 1 rows, all it can commit. The
     draft LM sits depth-0 steps out (no node drafted, the tokens wait in `missed`) and the next step that drafts
-    is the catch-up graph, which feeds it what it missed."""
-    step = tree_step("partial", 6, 2, 3)
+    is the catch-up graph, which feeds it what it missed. A chain depth commits a prefix of the draft's chain,
+    whose KV the draft wrote at its own positions (a tree's siblings at scratch past them), so it catches up on
+    two rows: the self-draft accepts whole chains of three after trees."""
+    step = tree_step(kind, 6, 2, 3)
     assert step.idles_draft
     prompts = [[5, 17, 33, 2, 9], [7, 3, 4, 4, 1, 1, 2, 60, 61], [11, 12]]
     state = step.prefill(prompts, max_new_tokens=40)
@@ -231,7 +238,8 @@ def test_committed_kv_is_contiguous_after_trees(schedule):
             assert bool((state.tokens[: len(prompts), 1] >= 0).all()) and bool((state.tokens[:, 2:] == -1).all())
     for lane in range(len(prompts)):
         seqs[lane] += state.step_output.tokens[lane, : int(state.step_output.num_tokens[lane])].tolist()
-    assert {2, 3} <= lengths or {1, 2} <= lengths, lengths  # paths of several depths were accepted
+    assert {2, 3} <= lengths or {1, 2} <= lengths or kind == "self", lengths  # paths of several depths accepted
+    assert kind != "self" or 4 in lengths, lengths  # whole chains of three
     bs = step.config.block_size
     for lane, seq in enumerate(seqs):
         n = int(state.base_pos[lane]) + 1

@@ -125,8 +125,8 @@ class Drafter:
         """The next tree's `shape.nodes` nodes (`fdecode.tree.shape.TreeShape`: the config's tree, or a chain at a
         shallower depth): tokens [B, n] (-1 absent) and parents [B, n] (0: the root), in topological order, the
         draft's chain first where it has one, from the last committed token at `pos`
-        (`fdecode.tree.step.tree_advance`). run_rows: the most tokens the committed run holds (a draft that
-        catches up on it runs that many rows); catch_up: a draft that sat depth-0 steps out (`idles`) first takes
+        (`fdecode.tree.step.tree_advance`). run_rows: the committed run's last rows a draft that catches up on
+        it runs (`fdecode.tree.step.catch_up_length`); catch_up: a draft that sat depth-0 steps out (`idles`) first takes
         the tokens it missed."""
         raise NotImplementedError
 

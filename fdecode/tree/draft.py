@@ -1,13 +1,14 @@
 """A draft LM drafts a tree inside the step graph, level by level (docs/design.md, "Trees").
 
-1. Catch-up forward: the rows of the committed run (the accepted path's drafts and the bonus token,
-   right-aligned, padding rows written to the scratch slot; S + 1 rows after a tree, d + 1 after a step that
-   verified d <= S drafts, which commits no more) at their lane positions, so the draft's KV of
-   every committed position is what a chain would hold, whichever branch was accepted. Its last row (the
-   bonus token `last` at P) gives the root's k children: depth 1, all expanded.
+1. Catch-up forward: the last rows of the committed run (the accepted path's drafts and the bonus token,
+   right-aligned, padding rows written to the scratch slot; `fdecode.tree.step.catch_up_length`: S + 1 after
+   a tree, 2 after a chain depth, whose run the draft's chain wrote but for its last draft) at their lane
+   positions, so the draft's KV of every committed position is what a chain would hold, whichever branch was
+   accepted. Its last row (the bonus token `last` at P) gives the root's k children: depth 1, all expanded.
 2. Levels 2 .. S: one forward over the frontier's k nodes per lane (B x k rows, `TreeRows`: each sees the
-   context up to P and its own ancestors), whose KV goes to scratch slots of their own at the lane's future
-   positions P + 1 + i (never committed KV; overwritten later). Each frontier node keeps its top-k
+   context up to P and its own ancestors), whose KV goes to slots of the lane's future positions (never
+   committed KV; overwritten later): the chain's node at its own, the others past the chain's
+   (`frontier_positions`). Each frontier node keeps its top-k
    children, scored by path probability (the sum of the draft's log-probabilities along the path); the k
    best of the k^2 become the next frontier (EAGLE-2's expansion).
 3. The N best of all k + (S - 1) k^2 candidates by path probability are the tree (EAGLE-2's reranking),
@@ -76,8 +77,8 @@ def draft_tree(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The next tree's `shape.nodes` nodes: tokens [B, n] (-1 absent) and parents [B, n] (0: the root, else a
     node's index 1 .. n), in topological order, the draft's chain first. pos: P [B], the position of the root
-    (the last committed token). The catch-up runs `run_rows` rows, the most the committed run holds (S + 1
-    after a tree, whatever the next shape; d + 1 after a step that verified d drafts). An MTP head's rows take
+    (the last committed token). The catch-up runs the committed run's last `run_rows` rows
+    (`fdecode.tree.step.catch_up_length`). An MTP head's rows take
     the hidden state of the row before them: the target's for the committed run, its own output at the parent
     for a tree node (a draft LM ignores it). catch_up: the rows of the tokens the draft sat out
     (`fdecode.ops.catch_up.missed_rows`) go first (a draft LM's: it reads no hidden state)."""
@@ -119,7 +120,7 @@ def draft_tree(
     offset = k
     for level in range(2, levels + 1):  # run the frontier at depth level - 1: its children are at `level`
         m0 = (level - 2) * k
-        ahead = pos[:, None] + 1 + m0 + torch.arange(k, device=device)  # scratch: the lane's future positions
+        ahead = frontier_positions(pos, level, k, levels)
         slots = torch.where(live, slot_of(state.block_tables, ahead, bs), torch.zeros_like(ahead))
         own = torch.arange(m0 + k, device=device)[None, None, :] == (m0 + torch.arange(k, device=device))[None, :, None]
         if parent_run is None:
@@ -160,6 +161,16 @@ def draft_tree(
     nodes, parents = select(shape, pool, masked=cfg.processing)
     # A frontier's ties may fall apart across tensor-parallel ranks: every rank drafts rank 0's tree.
     return agreed(cfg, draft, torch.cat([nodes, parents], dim=1)).chunk(2, dim=1)
+
+
+def frontier_positions(pos: torch.Tensor, level: int, k: int, levels: int) -> torch.Tensor:
+    """The lane positions [B, k] whose draft KV slots the frontier of `level` (its nodes at depth level - 1)
+    writes: the chain's node (index 0) at its own position P + level - 1, as a chain's draft writes it, so a
+    later step that verifies only the chain catches the draft up on two rows (`catch_up_rows`); the other k - 1
+    at scratch past the chain's, P + S + (level - 2)(k - 1) .. (future positions, overwritten before they are
+    committed). Together P + 1 .. P + (S - 1) k, the positions the tree's rows may reach."""
+    i = torch.arange(k, device=pos.device)
+    return pos[:, None] + torch.where(i == 0, level - 1, levels + (level - 2) * (k - 1) + i - 1)
 
 
 def draft_logprobs(cfg, logits: torch.Tensor) -> torch.Tensor:

@@ -102,14 +102,26 @@ def tree_step(
     committed = Committed(
         accepted, length, hidden, remaining, stopped, overflow, drafts, min_left, grammar_state, logprobs, masked
     )
-    # The committed run holds at most depth + 1 tokens (a path is at most S deep), what the draft catches up on.
-    run_rows = min(depth, levels) + 1
+    drafter = drafter_for(draft)
+    run_rows = catch_up_length(drafter.recurrent(draft), depth, levels)
     shape = TreeShape.at(cfg, depth)
-    idle = depth == 0 and not catch_up and drafter_for(draft).proposals(draft, cfg, 0) == 0
+    idle = depth == 0 and not catch_up and drafter.proposals(draft, cfg, 0) == 0
     return tree_advance(
         draft, cfg, state, committed, context, shape,
         draft_regions=draft_regions, run_rows=run_rows, catch_up=catch_up, idle=idle,
     )  # fmt: skip
+
+
+def catch_up_length(recurrent: bool, depth: int, levels: int) -> int:
+    """The rows the draft's catch-up forward runs after a step of `depth`: the committed run it has no KV for.
+    A tree (depth > S) may commit a branch, whose nodes' KV went to scratch: its whole run, S + 1 rows. A chain
+    depth commits a prefix of the draft's chain, whose KV the draft wrote at its own positions
+    (`fdecode.tree.draft.frontier_positions`): the last two rows, as a chain step's (the last draft, never a
+    draft input, and the bonus token); one at depth 0. A recurrent draft restarts from its state through the
+    root, so it runs the whole run: depth + 1 rows."""
+    if depth > levels:
+        return levels + 1
+    return depth + 1 if recurrent else min(depth, 1) + 1
 
 
 def verify_tree(cfg, state, tokens, parents, logits, plan: SamplingPlan):
@@ -161,7 +173,8 @@ def tree_advance(
 ):
     """The state after a transition (or priming): the last committed token at P, the root of the draft's next
     tree, and the tree of `shape` (the window's rows past it absent); the output packed as a chain's
-    (`fdecode.step.next_state`). run_rows: the most tokens `committed` holds (None: S + 1). catch_up: the draft
+    (`fdecode.step.next_state`). run_rows: the committed run's last rows the draft catches up on (None: S + 1, all
+    a tree can commit; `catch_up_length`). catch_up: the draft
     first takes the tokens it sat out (`DecodeState.missed`, then cleared). idle: the draft sits the step out
     (`Drafter.idles`, depth 0): no node, and the committed token joins the ones it missed
     (`fdecode.ops.catch_up.sit_out`)."""
