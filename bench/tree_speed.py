@@ -84,8 +84,11 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     shape launched."""
     from fdecode.bench.loops import engine_run
 
-    for step in steps.values():  # the greedy graphs the greedy requests run (a sampling plan's would go unused)
+    print("\n| N | k | S | warm-up step ms by depth (greedy) |\n|---|---|---|---|")
+    for (n, k, s), step in steps.items():  # the greedy graphs the greedy requests run (a sampling plan's unused)
         step.warmup(plans=(GREEDY,), depths=step.depths)
+        timed = " / ".join(f"{d}: {1e3 * step.depth_seconds[d]:.0f}" for d in sorted(step.depth_seconds))
+        print(f"| {n} | {k} | {s} | {timed} |", flush=True)
     if args.batch == 1:
         runs = {name: [ids] for name, ids in prompts.items()}
     else:
