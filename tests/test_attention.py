@@ -11,7 +11,7 @@ from support import kernel_semantics
 import fdecode
 from fdecode.graphs.backends import choose_attention
 from fdecode.graphs.pure import fresh_code
-from fdecode.ops.attention import paged_attention, paged_context
+from fdecode.ops.attention import TreeRows, paged_attention, paged_context
 
 SHAPES = ((8, 2, 64), (8, 2, 64))  # (num_heads, num_kv_heads, head_dim) of target and draft
 
@@ -50,16 +50,17 @@ def test_flash_attn_eligibility_on_cuda(flash_attn_installed) -> None:
     assert kernel == "torch" and "multiples of 8" in reason
 
 
-def test_a_draft_tree_takes_the_reference_kernel_where_auto_would_take_the_device_one(flash_attn_installed) -> None:
+def test_a_draft_tree_takes_the_device_kernel_and_its_trees_the_reference(flash_attn_installed) -> None:
+    """A tree config's step runs its chains on the device kernel; a forward over tree nodes (a tree mask)
+    reads its keys with the reference, whatever the step's kernel."""
     good = dict(device="cuda", dtype=torch.bfloat16, block_size=256)
     tree = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3)
-    kernel, reason = choose_attention(cfg(**good, **tree), SHAPES)
-    assert (
-        kernel == "torch"
-        and reason == "flash_attn: it takes no tree mask (draft_topk > 1: the reference kernel runs draft trees)"
-    )
-    with pytest.raises(ValueError, match="no tree mask"):
-        choose_attention(cfg(**good, **tree, attention="flash_attn"), SHAPES)
+    assert choose_attention(cfg(**good, **tree), SHAPES) == ("flash_attn", None)
+    assert choose_attention(cfg(**good, **tree, attention="flash_attn"), SHAPES) == ("flash_attn", None)
+    tables, positions = torch.tensor([[1, 2]]), torch.tensor([[5, 6, 6]])
+    nodes = TreeRows(torch.tensor([[5, 6, 7]]), torch.eye(3, dtype=torch.bool)[None], torch.tensor([5]))
+    assert paged_context(tables, positions, 4, kernel="flash_attn").kernel == "flash_attn"
+    assert paged_context(tables, positions, 4, kernel="flash_attn", tree=nodes).kernel == "torch"
 
 
 def test_flash_attn_missing_is_stated_on_cuda() -> None:

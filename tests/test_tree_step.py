@@ -71,12 +71,54 @@ def test_trees_a_step_cannot_run_are_refused_before_compiling():
     with pytest.raises(ValueError, match="draft_topk=6 exceeds the vocabulary"):
         fdecode.compile(target, tiny_draft("random", target), cfg)
     small = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=2, draft_depth=2, max_batch=2, max_seq_len=16)
-    ngram = NgramDraft().bound(target)  # a device kernel without a tree mask, refused before anything compiles
-    kernel = fdecode.DecodeConfig(**{**vars_of(small), "attention": "flash_attn"})
-    with pytest.raises(ValueError, match=r"it takes no tree mask \(draft_topk > 1: the reference kernel runs"):
-        fdecode.compile(target, ngram, kernel)
+    ngram = NgramDraft().bound(target)
     tp = fdecode.DecodeConfig(**{**vars_of(small), "tp_size": 2})  # TP runs trees (tests/test_tp_families.py)
     assert tree_reason(target, ngram, drafter_for(ngram), tp) is None
+
+
+def test_a_tree_steps_chains_run_on_its_kernel_and_its_trees_on_the_reference(monkeypatch):
+    """A device kernel reads keys by position through the block tables, where a tree's nodes write to slots of
+    their own: a tree step's chain depths (the verify, the draft's catch-up and its chain) run on the step's
+    kernel, its trees' forwards on the reference. Here flash_attn is let through on the CPU and stood in for by
+    the reference over the same causal, by-position context it would read; greedy output over a schedule of every
+    depth is still transformers'."""
+    from fdecode.graphs import backends
+    from fdecode.ops import attention
+
+    calls = {"device": 0, "tree": 0}
+    reference = attention.paged_attention_reference
+
+    def stand_in(q, kv, layer, ctx):  # what flash_attn_with_kvcache reads: keys by position, causal
+        calls["device"] += 1
+        return reference(q, kv, layer, ctx)
+
+    def counted(q, kv, layer, ctx):
+        calls["tree"] += 1
+        return reference(q, kv, layer, ctx)
+
+    monkeypatch.setitem(backends.ATTENTION_ELIGIBILITY, "flash_attn", lambda cfg, shapes: None)
+    monkeypatch.setattr(attention, "_flash_attn", stand_in)
+    monkeypatch.setattr(attention, "paged_attention_reference", counted)
+    step = tree_step("partial", 6, 2, 3, attention="flash_attn")
+    assert step.config.attention == "flash_attn"
+    schedule = [6, 1, 6, 3, 0, 2, 6, 4, 2, 1, 3, 0, 3, 6, 4]
+    state = step.prefill(PROMPTS, max_new_tokens=NEW)
+    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
+    seen = {}
+    for i in range(60):
+        if bool(state.step_output.finished[: len(PROMPTS)].all()):
+            break
+        depth = schedule[i % len(schedule)]
+        before = dict(calls)
+        state, out = step(state, depth=depth)
+        seen.setdefault(depth, {key: calls[key] - before[key] for key in calls})
+        for lane in range(len(PROMPTS)):
+            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+    assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
+    t, d = step.target.config.num_layers, step.draft.config.num_layers  # a forward attends once per layer
+    assert seen[1] == {"device": t + d, "tree": 0}  # the verify, the draft's catch-up
+    assert seen[3] == {"device": t + 3 * d, "tree": 0}  # and its chain's two further forwards
+    assert seen[6] == {"device": d, "tree": t + 2 * d}  # the catch-up; the tree's verify and two levels
 
 
 @pytest.mark.parametrize(("kind", "n", "k", "s"), [("partial", 6, 2, 3), ("random", 5, 3, 2), ("self", 8, 4, 3)])

@@ -304,11 +304,11 @@ def choose_attention(
     A reason names every requirement the kernel misses (e.g. on CUDA at DecodeConfig's default
     block_size=16, flash-attn's block_size % 256), so `step.attention_reason` says what to change.
     latent: `latent_reason` of the models; where set, only the reference can read their cache. A draft tree
-    (`DecodeConfig.draft_topk` > 1) needs a tree mask, which only the reference takes (`TreeRows`)."""
-    tree = "it takes no tree mask (draft_topk > 1: the reference kernel runs draft trees)" if cfg.tree else None
+    (`DecodeConfig.draft_topk` > 1) takes the kernel chosen here for the chains of its step and the reference
+    for its trees' forwards, whose tree mask only the reference takes (`fdecode.ops.attention.paged_context`)."""
 
     def why(kernel: str) -> str | None:
-        unmet = [ATTENTION_ELIGIBILITY[kernel](cfg, shapes)] + ([] if kernel == "torch" else [latent, tree])
+        unmet = [ATTENTION_ELIGIBILITY[kernel](cfg, shapes)] + ([] if kernel == "torch" else [latent])
         return "; ".join(r for r in unmet if r) or None
 
     if cfg.attention == "auto":

@@ -61,14 +61,14 @@ def paged_context(
 ) -> PagedContext:
     """block_tables: [B, nb] int64; positions: [B, Q] int64. regions: run layers as compile regions where
     the kernel and KV write can index the leaf with a tensor (the reference kernel, "index_put"). tree: the
-    rows are tree nodes (Q = N): their keys follow the window's, visible along ancestry (the reference
-    kernel only)."""
+    rows are tree nodes (Q = N): their keys follow the window's, visible along ancestry, read by the
+    reference kernel whatever `kernel` the step's other forwards use (a device kernel reads keys by position
+    through the block tables; a tree's nodes write to slots of their own)."""
     offsets = torch.arange(block_size, dtype=block_tables.dtype, device=block_tables.device)  # [bs]
     key_slots = (block_tables.clamp_min(0)[:, :, None] * block_size + offsets).flatten(1)  # [B, S]
     key_pos = torch.arange(key_slots.shape[1], dtype=positions.dtype, device=positions.device)  # [S]
     if tree is not None:  # the context before the root, then the nodes' own keys by ancestry
-        if kernel != "torch":
-            raise ValueError(f"tree attention runs on the reference kernel only, not {kernel!r}")
+        kernel = "torch"
         context = (key_pos < tree.root[:, None, None]) | (key_pos == 0)  # [B, 1, S]
         visible = torch.cat([context.expand(-1, positions.shape[1], -1), tree.ancestors], dim=-1)
         key_slots = torch.cat([key_slots, tree.slots], dim=1)  # [B, S + N]

@@ -132,7 +132,9 @@ def draft_tree(
             [torch.cat([run_ancestors, run_ancestors.new_zeros(batch, m0, k)], dim=-1), rows], dim=1
         )
         run_slots.append(slots)
-        tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1)  # context: every key up to the root at P
+        # Context: every key up to the root at P. A chain (k = 1) writes at its own positions (`frontier_positions`)
+        # and sees them causally: the step's kernel runs it, a device kernel too; a tree's mask, the reference.
+        tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1) if k > 1 else None
         positions = (pos + level - 1)[:, None].expand(batch, k)
         if recurrent:
             logits, hidden, states = branch_rows(draft, frontier, positions, slots, state.draft_kv, context, tree,

@@ -27,16 +27,21 @@ def commit_root(state, after: State, live: torch.Tensor) -> None:
     commit_ring((state.draft_conv, state.draft_rec), [after], live)
 
 
-def branch_rows(draft, tokens, positions, slots, kv, context, tree: TreeRows, states: State, **run):
+def branch_rows(draft, tokens, positions, slots, kv, context, tree: TreeRows | None, states: State, **run):
     """A recurrent draft's forward over the frontier's k nodes per lane (`tokens`, `positions`, `slots` [B, k]),
     node i of lane b from its parent's state (`states`: [B, k, L, ...] each): logits [B, k, V], hidden
-    [B, k, H], and each node's state after it ([B, k, L, ...] each)."""
+    [B, k, H], and each node's state after it ([B, k, L, ...] each). tree None: a chain's node (k = 1) at its
+    own position, attending causally."""
     batch, k = tokens.shape
 
     def lanes(t: torch.Tensor) -> torch.Tensor:  # each lane's rows, once per node
         return t.repeat_interleave(k, dim=0)
 
-    flat = TreeRows(lanes(tree.slots), tree.ancestors.reshape(batch * k, 1, -1), lanes(tree.root))
+    flat = (
+        None
+        if tree is None
+        else TreeRows(lanes(tree.slots), tree.ancestors.reshape(batch * k, 1, -1), lanes(tree.root))
+    )
     logits, hidden, after = draft(
         *(t.reshape(batch * k, 1) for t in (tokens, positions, slots)), kv, lanes(context), tree=flat,
         recurrent=tuple(s.flatten(0, 1) for s in states), **run,

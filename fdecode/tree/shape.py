@@ -97,8 +97,8 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
         known = isinstance(model, (LlamaModel, HybridModel)) or (role == "draft" and drafter.shares_target)
         if not known:
             return f"the {role} is neither a Llama-family nor a hybrid (Qwen3.5, Qwen3-Next) model"
-    # A device attention kernel takes no tree mask: `fdecode.graphs.backends.choose_attention` refuses it (or
-    # takes the reference under "auto") before this runs.
+    # A device attention kernel takes no tree mask: a tree's forwards run the reference kernel, the chains of the
+    # step the config's (`fdecode.ops.attention.paged_context`).
     return None
 
 

@@ -68,10 +68,10 @@ def tree_step(
         context,
         block_size=bs,
         attention=cfg.attention,
-        tree=TreeRows(slots[:, :rows], seen, state.base_pos),
+        tree=TreeRows(slots[:, :rows], seen, state.base_pos) if depth > levels else None,
         recurrent=(state.target_conv[:, :, 0], state.target_rec[:, :, 0]) if is_hybrid(target) else None,
         snapshots=True,
-        parents=parents,
+        parents=parents if depth > levels else None,  # a chain depth's rows: a chain, each after the one before
     )
     lanes = processors(state)
     vocab = logits.shape[-1]
