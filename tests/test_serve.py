@@ -80,6 +80,27 @@ def test_models_and_health(server, client):
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
 
 
+def test_a_tree_config_serves_the_chains_text():
+    """`fdecode serve -k 4 --draft-topk 2 --draft-depth 2`: the bundled model drafts trees with its MTP head
+    (and chains, where its Engine chooses them), and greedy completions equal the chain config's run alone."""
+    tree = load(None, **{**CONFIG, "num_draft_tokens": 4, "draft_topk": 2, "draft_depth": 2})
+    assert tree.step.config.tree and tree.step.depths == (0, 1, 2, 3, 4)
+    with running(Server(tree, drain_timeout=5)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for prompt in PROMPTS:
+            got = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+            assert got.choices[0].text == alone(prompt, 12).text
+
+
+def test_serve_refuses_a_tree_that_cannot_be_before_loading(monkeypatch, capsys):
+    from fdecode.serve import cli
+    from fdecode.serve import model as served
+
+    monkeypatch.setattr(served, "load_pair", lambda *a: pytest.fail("loaded weights for a config it refuses"))
+    assert cli.main(["-k", "4", "--draft-topk", "2", "--draft-depth", "5", "--backend", "eager"]) == 2
+    assert "draft_depth=5 needs at least one node a level" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_equals_generate(client, stream):
     want = alone(PROMPTS[0], 20)

@@ -23,6 +23,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the name /v1/models lists (default: the folder's name)")
     p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per step (default: %(default)s)")
+    p.add_argument(
+        "--draft-topk",
+        type=int,
+        default=1,
+        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
+    )
+    p.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K (default: K, a chain)")
     p.add_argument("--max-batch", type=int, default=8, help="lanes: requests decoded together (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="context per request (default: %(default)s)")
     p.add_argument(
@@ -66,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             args.draft,
             name=args.served_model_name,
             num_draft_tokens=args.num_draft_tokens,
+            draft_topk=args.draft_topk,
+            draft_depth=args.draft_depth,
             max_batch=args.max_batch,
             max_seq_len=args.max_seq_len,
             backend=args.backend,

@@ -81,9 +81,11 @@ def server_config(
 def load(
     folder: str | Path | None = None, draft: str | None = None, *, name: str | None = None, **config
 ) -> ServedModel:
-    """Compile a checkpoint folder (None: the bundled model) with `server_config(**config)`.
+    """Compile a checkpoint folder (None: the bundled model) with `server_config(**config)`, which refuses a
+    config that cannot be (a tree's shape, say) before any weight loads.
     draft: None (its MTP head, else n-gram prompt lookup), "mtp", "ngram" or a draft checkpoint folder."""
+    cfg = server_config(**config)
     target, draft, path = load_pair(folder, draft)
-    step = fdecode.compile(target, draft, server_config(**config))
+    step = fdecode.compile(target, draft, cfg)
     served = name or ("fdecode-tiny" if folder is None else path.name)
     return ServedModel(step, load_tokenizer(path), served, aliases=(str(path),))
