@@ -81,7 +81,7 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     graph made first by `warmup`), `--rounds` rounds in alternating order: at `--batch` 1 each prompt alone,
     tok/s over its request (its prefill included) per prompt, with the geometric mean of the per-prompt ratios
     to the first shape; at a larger batch the prompts (cycled) at once, tok/s over the batch. And the depths each
-    shape launched."""
+    shape launched. Exits where a run's tokens differ from the first run's (greedy: every schedule is lossless)."""
     from fdecode.bench.loops import engine_run
 
     print("\n| N | k | S | warm-up step ms by depth (greedy) |\n|---|---|---|---|")
@@ -97,12 +97,15 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     seconds = {shape: dict.fromkeys(runs, 0.0) for shape in steps}
     tokens = {shape: dict.fromkeys(runs, 0) for shape in steps}
     launched: dict = {shape: {} for shape in steps}
+    expected: dict[str, list] = {}
     for r in range(args.rounds):
         for shape in list(steps) if r % 2 == 0 else list(reversed(steps)):
             for name, batch in runs.items():
                 start = time.perf_counter()
                 outs, _, info = engine_run(steps[shape], batch, args.new_tokens, adaptive=True)
                 seconds[shape][name] += time.perf_counter() - start
+                if outs != expected.setdefault(name, outs):  # greedy: every shape, every schedule, one text
+                    sys.exit(f"{shape} on {name!r}: the tokens differ from the first run's (not lossless)")
                 tokens[shape][name] += sum(len(out) for out in outs)
                 for depth, count in info["depths_launched"].items():
                     launched[shape][depth] = launched[shape].get(depth, 0) + count
