@@ -168,7 +168,7 @@ def draft_tree(
 def frontier_positions(pos: torch.Tensor, level: int, k: int, levels: int) -> torch.Tensor:
     """The lane positions [B, k] whose draft KV slots the frontier of `level` (its nodes at depth level - 1)
     writes: the chain's node (index 0) at its own position P + level - 1, as a chain's draft writes it, so a
-    later step that verifies only the chain catches the draft up on two rows (`catch_up_rows`); the other k - 1
+    later step that verifies only the chain catches the draft up on two rows (`catch_up_length`); the other k - 1
     at scratch past the chain's, P + S + (level - 2)(k - 1) .. (future positions, overwritten before they are
     committed). Together P + 1 .. P + (S - 1) k, the positions the tree's rows may reach."""
     i = torch.arange(k, device=pos.device)
