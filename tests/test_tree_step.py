@@ -255,7 +255,7 @@ def test_committed_kv_is_contiguous_after_trees(kind, schedule):
     """After several tree steps, the target's KV of every position before t and the draft's of every committed
     position (t included) equal a from-scratch forward over the committed tokens: the accepted path's KV was moved
     to the lane's next positions, the draft caught up on the accepted branch, rejected nodes left nothing. Over
-    every depth too: a step that verified d drafts catches the draft up on d + 1 rows, all it can commit. The
+    every depth too: a tree catches the draft up on its S + 1 rows, a chain depth on two (below). The
     draft LM sits depth-0 steps out (no node drafted, the tokens wait in `missed`) and the next step that drafts
     is the catch-up graph, which feeds it what it missed. A chain depth commits a prefix of the draft's chain,
     whose KV the draft wrote at its own positions (a tree's siblings at scratch past them), so it catches up on
