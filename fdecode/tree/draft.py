@@ -122,19 +122,21 @@ def draft_tree(
         m0 = (level - 2) * k
         ahead = frontier_positions(pos, level, k, levels)
         slots = torch.where(live, slot_of(state.block_tables, ahead, bs), torch.zeros_like(ahead))
-        own = torch.arange(m0 + k, device=device)[None, None, :] == (m0 + torch.arange(k, device=device))[None, :, None]
-        if parent_run is None:
-            rows = own.expand(batch, k, m0 + k)
-        else:
-            inherited = run_ancestors.gather(1, parent_run[..., None].expand(batch, k, m0))  # [B, k, m0]
-            rows = torch.cat([inherited, inherited.new_zeros(batch, k, k)], dim=-1) | own
-        run_ancestors = torch.cat(
-            [torch.cat([run_ancestors, run_ancestors.new_zeros(batch, m0, k)], dim=-1), rows], dim=1
-        )
-        run_slots.append(slots)
         # Context: every key up to the root at P. A chain (k = 1) writes at its own positions (`frontier_positions`)
         # and sees them causally: the step's kernel runs it, a device kernel too; a tree's mask, the reference.
-        tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1) if k > 1 else None
+        tree = None
+        if k > 1:  # each frontier node sees the nodes run so far that are its ancestors, and itself
+            own = torch.arange(m0 + k, device=device)[None, None, :] == (m0 + torch.arange(k, device=device))[:, None]
+            if parent_run is None:
+                rows = own.expand(batch, k, m0 + k)
+            else:
+                inherited = run_ancestors.gather(1, parent_run[..., None].expand(batch, k, m0))  # [B, k, m0]
+                rows = torch.cat([inherited, inherited.new_zeros(batch, k, k)], dim=-1) | own
+            run_ancestors = torch.cat(
+                [torch.cat([run_ancestors, run_ancestors.new_zeros(batch, m0, k)], dim=-1), rows], dim=1
+            )
+            run_slots.append(slots)
+            tree = TreeRows(torch.cat(run_slots, dim=1), rows, pos + 1)
         positions = (pos + level - 1)[:, None].expand(batch, k)
         if recurrent:
             logits, hidden, states = branch_rows(draft, frontier, positions, slots, state.draft_kv, context, tree,
