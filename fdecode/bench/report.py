@@ -152,11 +152,7 @@ SECTIONS = (
         'SmolLM2-135M-Instruct with `draft="ngram"` (max_n 3) against transformers\' prompt lookup, batch 1, '
         "48 tokens; *grounded* prompts rewrite their input (lookup pays), *free* ones ask for new text. "
         "*fdecode* runs one-row steps while drafts are not accepted (the draft gate).",
-        partial(
-            t.speeds,
-            "smollm2_prompt_lookup.json",
-            systems=("target-only", "fdecode", "hf-prompt-lookup"),  # (the file has hf-generate too)
-        ),
+        partial(t.versus, "smollm2_prompt_lookup.json", ("target-only", "hf-prompt-lookup", "fdecode")),
     ),
     Section(
         "Where a step of the real pair goes",

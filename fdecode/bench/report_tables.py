@@ -33,13 +33,36 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def speeds(name: str, workloads: tuple[str, ...] = (), systems: tuple[str, ...] = ()) -> list[str]:
-    """`fdecode bench`'s own table of the file's tokens-per-second rows (optionally some workloads / systems)."""
-    rows = [
-        Result(**r)
-        for r in load(name)["results"]
-        if (not workloads or r["workload"].split("[")[0] in workloads) and (not systems or r["system"] in systems)
-    ]
+    """`fdecode bench`'s own table of the file's tokens-per-second rows (optionally some workloads / systems). A row
+    that repeats an earlier one but for its workload (the target alone, run once for the workloads of one model)
+    is shown once."""
+    rows, seen = [], set()
+    for r in load(name)["results"]:
+        if (workloads and r["workload"].split("[")[0] not in workloads) or (systems and r["system"] not in systems):
+            continue
+        figures = repr({key: value for key, value in r.items() if key != "workload"})
+        if figures not in seen:
+            seen.add(figures)
+            rows.append(Result(**r))
     return markdown(rows).splitlines()
+
+
+def versus(name: str, systems: tuple[str, ...]) -> list[str]:
+    """One row per workload of a `fdecode bench` file: tok/s of each of `systems` (the fdecode one's tokens per
+    lane-step beside it), and fdecode's ratio to each other system."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in load(name)["results"]:
+        by.setdefault(r["workload"], {})[r["system"]] = r
+    others = [system for system in systems if system != "fdecode"]
+    rows = []
+    for workload, sys in by.items():
+        ours = sys["fdecode"]
+        cells = [rate(sys[system]["tokens_per_s"]) for system in others]
+        mine = f"{rate(ours['tokens_per_s'])} ({ours['tokens_per_step']:.2f})"
+        ratios = [f"{ours['tokens_per_s'] / sys[system]['tokens_per_s']:.2f}x" for system in others]
+        rows.append([workload, *cells, mine, *ratios])
+    header = [f"{system} tok/s" for system in others] + ["fdecode tok/s (tok/lane-step)"]
+    return table(["workload", *header, *(f"fdecode / {system}" for system in others)], rows)
 
 
 def step_times(name: str, batches: tuple[int, ...] = (), workloads: tuple[str, ...] = ()) -> list[str]:
@@ -192,15 +215,20 @@ def replay(name: str) -> list[str]:
 
 
 def seed_batches(names: tuple[str, ...]) -> list[str]:
-    rows = []
+    """Per configuration, the requests that differ alone and batched, by temperature and dtype (one count per
+    file that ran it)."""
+    cells: dict[str, dict[str, list[str]]] = {}
     for name in names:
         d = load(name)
         a = d["args"]
+        dtype = "bf16" if a["dtype"] == "auto" else a["dtype"]
         for r in d["results"]:
             differ = sum(q.get("diverge") is not None for q in r["requests"])
-            dtype = "bf16" if a["dtype"] == "auto" else a["dtype"]
-            rows.append([r["config"], a["temperature"], dtype, f"{differ}/{len(r['requests'])}", f"`{name}`"])
-    return table(["configuration", "T", "dtype", "requests that differ alone and batched", "file"], rows)
+            column = f"T = {a['temperature']}, {dtype}"
+            cells.setdefault(r["config"], {}).setdefault(column, []).append(f"{differ}/{len(r['requests'])}")
+    columns = list(dict.fromkeys(column for by in cells.values() for column in by))
+    rows = [[config, *(", ".join(by.get(column, ["-"])) for column in columns)] for config, by in cells.items()]
+    return table(["requests that differ alone and batched", *columns], rows)
 
 
 def tp_memory(name: str) -> list[str]:
