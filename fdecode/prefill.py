@@ -35,7 +35,7 @@ from fdecode.state.decode_state import LEAVES
 from fdecode.state.grammar_pool import FREE_KEY, GrammarPool
 from fdecode.state.recurrent import after_prompts, draft_copies, first_copy, forward_rows, zero_leaves
 from fdecode.step import Verified, advance, commit, transition_randoms
-from fdecode.tree.shape import parents_leaf
+from fdecode.tree.shape import parents_leaf, slot_reach
 
 Prompt = Sequence[int] | torch.Tensor  # token ids: a list (of ints, numpy or torch integers), a 1-D tensor or array
 Prompts = Sequence[Prompt] | torch.Tensor  # a list of prompts, or a 2-D tensor or array (one prompt per row)
@@ -129,6 +129,13 @@ def block_table(blocks: list[list[int]], cfg: DecodeConfig) -> torch.Tensor:
     for row, ids in enumerate(blocks):
         table[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
     return table
+
+
+def lane_blocks(cfg: DecodeConfig, tokens: int) -> int:
+    """The KV blocks a lane of `tokens` positions (prompt + budget) owns at most: those, and for a tree step the
+    slots its last steps write past them (`fdecode.tree.shape.slot_reach`), within `blocks_per_lane`."""
+    bs = cfg.block_size
+    return max(-(-tokens // bs), min(-(-(tokens + slot_reach(cfg)) // bs), cfg.blocks_per_lane))
 
 
 def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
@@ -422,7 +429,9 @@ def prefill(
     lengths = [len(p) for p in prompts]
     params = request_params(len(prompts), cfg, vocab, seeds=seeds, **requests)
     budgets = check_budgets(lengths, params, cfg)
-    needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
+    needs = [lane_blocks(cfg, n + b) for n, b in zip(lengths, budgets)]
+    if sum(needs) > cfg.pool_blocks - 1:  # a pool sized for prompt + budget alone: the last trees run short
+        needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(

@@ -348,3 +348,27 @@ def test_inductor_tree_step_equals_transformers_in_one_graph():
         outs, _ = run(step)
     assert len(step.graphs) == made == 1
     assert outs == [hf_greedy(prompt, NEW, None, 2) for prompt in PROMPTS]
+
+
+def test_a_lanes_last_trees_keep_every_node():
+    """A node's KV slot lies past its depth (node i at P + i), so a lane's last steps write nodes past its budget's
+    end that may still be committed: the lane owns those slots too (`slot_reach`: N = 6 here), and every tree it
+    verifies holds its N nodes to the lane's last step, in a prefilled state as in an Engine. A chain's lane owns
+    prompt + budget. Before, a tree's lane owned prompt + budget too, and its last trees lost the nodes past it."""
+    prompt, budget = [1, 2, 3, 4, 5], 7  # 12 positions: 3 blocks of 4; 18 with the reach: 5
+    step = tree_step("partial", 6, 2, 3)
+    state = step.prefill([prompt], max_new_tokens=budget)
+    assert int((state.block_tables[0] >= 0).sum()) == 5
+    verified = []
+    while not bool(state.step_output.finished[0]):
+        state, out = step(state)
+        verified.append(int(out.num_drafts[0]))
+    assert len(verified) > 1 and verified == [6] * len(verified)
+    engine = fdecode.Engine(step)
+    request = engine.add_request(prompt, max_new_tokens=budget)
+    assert engine.requests[request].blocks_needed == 5
+    assert engine.run()[request] == hf_greedy(tuple(prompt), budget)
+    chain = tree_step("partial", 3, 1, 3)
+    assert int((chain.prefill([prompt], max_new_tokens=budget).block_tables[0] >= 0).sum()) == 3
+    engine = fdecode.Engine(chain)
+    assert engine.requests[engine.add_request(prompt, max_new_tokens=budget)].blocks_needed == 3

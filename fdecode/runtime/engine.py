@@ -11,7 +11,8 @@ every running lane may finish in the step in flight (at most W tokens of its bud
 before (1) instead (`Engine._ending`), so no step is launched for lanes that have already finished.
 
 Before each launch every lane owns the blocks of every position the step in flight and the next one
-can reach (capped at prompt + budget). A request is admitted when a lane and its first blocks are free
+can reach (capped at prompt + budget, and for a tree step the slots its last steps' nodes reach past them:
+`fdecode.prefill.lane_blocks`). A request is admitted when a lane and its first blocks are free
 (else it waits); by default it also reserves the blocks it may grow into, so growth never fails. With
 `overcommit=True` only the first blocks must be free; a lane that then runs dry is cut on the device
 and stopped, and its last event carries the error. Other lanes are never touched.
@@ -31,7 +32,7 @@ import torch
 from fdecode.detokenize import Detokenizer
 from fdecode.host_record import HostRecord
 from fdecode.params import SamplingParams, request_params
-from fdecode.prefill import block_table, check_budgets, check_prompt
+from fdecode.prefill import block_table, check_budgets, check_prompt, lane_blocks
 from fdecode.runtime.allocator import BlockAllocator
 from fdecode.runtime.depth_graphs import DepthGraphs
 from fdecode.runtime.logprobs import TokenLogprob, lane_logprobs, token_logprobs
@@ -66,7 +67,7 @@ class Request:
     prompt: list[int]
     budget: int
     params: SamplingParams  # resolved (`request_params`): its seed and stop ids are the lane's
-    blocks_needed: int  # blocks of prompt + budget: the most it can ever own
+    blocks_needed: int  # blocks of prompt + budget (a tree's reach past them too): the most it can ever own
     blocks: list[int] = field(default_factory=list)
     lane: int | None = None
     known: int = 0  # tokens the host has seen committed (prompt included)
@@ -201,7 +202,8 @@ class Engine:
                 f"{label} needs {need} KV blocks ({len(ids)} tokens + max_new_tokens {budget}) but the pool has "
                 f"{self.allocator.capacity}: it could never be admitted"
             )
-        request = Request(self._next_id, ids, budget, params, need, known=len(ids))
+        most = min(lane_blocks(cfg, len(ids) + budget), self.allocator.capacity)  # a tree's reach where the pool has it
+        request = Request(self._next_id, ids, budget, params, most, known=len(ids))
         self._next_id += 1
         self._requests[request.id] = request
         self._waiting.append(request)

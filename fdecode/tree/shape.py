@@ -112,6 +112,15 @@ def check_tree(target, draft, drafter, cfg) -> None:
         )
 
 
+def slot_reach(cfg) -> int:
+    """How far past the root P a tree step writes KV slots (0 for a chain): the verify's node i at P + i, up to N,
+    and the draft's frontier up to P + (S - 1) k (`fdecode.tree.draft.frontier_positions`). A node's slot lies past
+    its depth, so a lane's last steps write past its budget's end nodes that can still be committed: a lane owns
+    these slots too (`fdecode.prefill.lane_blocks`), else its last trees lose the nodes whose slots are past its
+    blocks (absent, or drafted over the scratch slot). A chain's node past the budget is never committed."""
+    return max(cfg.K, (cfg.levels - 1) * cfg.draft_topk) if cfg.tree else 0
+
+
 def parents_leaf(cfg, batch: int, device) -> torch.Tensor | None:
     """`DecodeState.tree_parents` of `batch` fresh lanes: [B, W] of -1 for a tree (a root alone), None for a chain."""
     return torch.full((batch, cfg.W), -1, dtype=torch.int64, device=device) if cfg.tree else None
