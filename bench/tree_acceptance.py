@@ -5,6 +5,7 @@
     python bench/tree_acceptance.py --smollm2                                   # n-gram drafts, ~5 min
     python bench/tree_acceptance.py --bundled    # the bundled model with its MTP head, its first 3 held-out windows
     python bench/tree_acceptance.py --shapes 4:1:4 8:3:4 12:3:4                 # some shapes (chains first)
+    python bench/tree_acceptance.py --json bench/results/tree_acceptance_pair.json     # also write the rows
 
 For each of the bench's three chat prompts (`fdecode.bench.pair.PROMPTS`), the chain at depths 3 and 4 and
 trees of 6, 8 and 12 nodes at k = 2-4 (S = 3 and 4 levels, every shape `DecodeConfig` admits) decode the
@@ -13,13 +14,16 @@ gives (tokens - 1) / verifies per prompt (the first token comes from the prompt'
 prompts against the chain of the same depth. `--smollm2`: SmolLM2-135M-Instruct (`fdecode.assets.smollm2`, no
 lock needed) with n-gram drafts (max_n 3) on its input-grounded prompts instead of the pair; `--bundled`: the bundled
 model with its MTP head on `fdecode bench`'s first `--windows` (3) held-out windows. The step runs eagerly: acceptance does not depend on the backend,
-and no time is measured here.
+and no time is measured here. `--json` writes the settings and every row (per prompt) for BENCHMARKS.md
+(`fdecode.bench.report_tables.tree_acceptance`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument(
         "--shapes", nargs="+", default=None, help="N:k:S of the runs, chains (N:1:N) first (default: every shape)"
     )
+    parser.add_argument("--json", type=Path, default=None, help="also write the settings and the rows here")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     if args.quick:  # checks that the script runs: random models accept little
@@ -77,7 +82,7 @@ def main() -> None:
         if loaded is None:
             sys.exit(1)
         target, draft, prompts = loaded
-    chain_tokens, rates = {}, {}
+    chain_tokens, rates, rows = {}, {}, []
     print("| N | k | S | " + " | ".join(prompts) + " | mean | vs chain |\n|---|---|---|" + "---|" * (len(prompts) + 2))
     runs = shapes(args.quick) if args.shapes is None else [tuple(int(x) for x in t.split(":")) for t in args.shapes]
     for n, k, s in runs:
@@ -100,9 +105,14 @@ def main() -> None:
             per_prompt.append((len(tokens) - 1) / steps)
         mean = sum(per_prompt) / len(per_prompt)
         rates[n, k, s] = mean
+        rows.append({"n": n, "k": k, "s": s, "per_prompt": [round(r, 4) for r in per_prompt]})
         chain = rates.get((s, 1, s))
         cells = " | ".join(f"{r:.2f}" for r in per_prompt)
         print(f"| {n} | {k} | {s} | {cells} | {mean:.2f} | {mean / chain:.2f}x |", flush=True)
+    if args.json is not None:
+        model = "tiny" if args.quick else "smollm2" if args.smollm2 else "bundled-mtp" if args.bundled else "qwen-coder"
+        settings = {"model": model, "new_tokens": args.new_tokens, "prompts": list(prompts), "greedy": True}
+        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,18 @@ SECTIONS = (
         partial(t.replay, "depth_policy_replay.json"),
     ),
     Section(
+        "Draft trees: tokens per verify on the real pair",
+        "python bench/tree_acceptance.py --json bench/results/tree_acceptance_pair.json",
+        "avx2",
+        "2026-12-06",
+        ("tree_acceptance_pair.json",),
+        "The real pair, greedy, 64 tokens, the three chat prompts, every step at the shape's full depth (eager): "
+        "tokens per verify, the mean over the prompts, each tree (N nodes, k children a node, S levels) against the "
+        "chain of its depth; all commit the chain's tokens. On this CPU an Engine keeps the chains (docs/design.md, "
+        '"Trees").',
+        partial(t.tree_acceptance, "tree_acceptance_pair.json"),
+    ),
+    Section(
         "Sampling at a real vocabulary",
         "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 fdecode bench --workloads real-vocab --batch 1 8 -k 3 --reps 3",
         "avx2",
@@ -290,7 +302,7 @@ HONEST = """## How to benchmark honestly here
 
 NOT_YET = """## Not measured yet
 
-- On a GPU: batch 8, the bundled model (`bash bench/gpu_check.sh bench-bundled`), flash-attn.
+- On a GPU: batch 8, the bundled model (`bash bench/gpu_check.sh bench-bundled`), flash-attn, draft trees.
 - Anything on an Ascend NPU; tensor parallelism over NCCL or HCCL.
 - The Qwen3.5-shaped hybrid on a quiet machine."""
 

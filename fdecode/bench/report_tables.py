@@ -6,7 +6,7 @@ Kinds: `fdecode bench --json` files (`results`: tokens per second; `sampling`: s
 system; `acceptance`: drafts accepted under a grammar; `tables`: the rows of the workloads with a table of their
 own, `fdecode.bench.registry`, rendered by `rows`), the real pair's per-prompt summary over several
 `fdecode bench` files, and the JSON of the scripts in bench/ (cold_start, step_phases, depth_policy,
-seed_batch, tp_memory, tp_step).
+seed_batch, tp_memory, tp_step, tree_acceptance).
 """
 
 from __future__ import annotations
@@ -288,3 +288,29 @@ def default_rounds(name: str) -> tuple[list[str], float]:
     geomean = statistics.geometric_mean(s["default"]["vs_hf_assisted"] for s in prompts.values())
     header = ["prompt", "target-only tok/s", "default tok/s (x target-only)", "depth 4 alone", "assisted tok/s"]
     return table([*header, "default / assisted", "default's launches per depth"], rows), geomean
+
+
+def tree_acceptance(name: str) -> list[str]:
+    """Greedy tokens per verify of chains and draft trees (`bench/tree_acceptance.py --json`), the mean over the
+    file's prompts: a row per depth S and node count N, a column per k (the chain: k = 1, N = S), each tree
+    against the chain of its depth (the ratio of the means), and the row's best tree against the chain as the
+    geometric mean of the per-prompt ratios."""
+    rows = load(name)["rows"]
+    chains = {r["s"]: r["per_prompt"] for r in rows if r["k"] == 1}
+    ks = sorted({r["k"] for r in rows})
+    cells: dict[tuple[int, int], dict[int, list[float]]] = {}
+    for r in rows:
+        cells.setdefault((r["s"], r["n"]), {})[r["k"]] = r["per_prompt"]
+    lines = []
+    for (s, n), by_k in sorted(cells.items()):
+        chain = statistics.mean(chains[s])
+        means = {k: statistics.mean(per) for k, per in by_k.items()}
+        shown = [f"{means[k]:.2f}" + (f" ({means[k] / chain:.2f}x)" if k > 1 else "") if k in means else "" for k in ks]
+        trees = [k for k in by_k if k > 1]
+        geomean = ""
+        if trees:
+            best = by_k[max(trees, key=means.__getitem__)]
+            geomean = f"{statistics.geometric_mean([a / b for a, b in zip(best, chains[s], strict=True)]):.2f}x"
+        lines.append([s, n, *shown, geomean])
+    header = ["depth S", "nodes N", *(f"k = {k}" + (" (the chain)" if k == 1 else "") for k in ks)]
+    return table([*header, "best tree / chain, geomean of prompts"], lines)
