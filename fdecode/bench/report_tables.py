@@ -55,11 +55,11 @@ def versus(name: str, systems: tuple[str, ...]) -> list[str]:
         by.setdefault(r["workload"], {})[r["system"]] = r
     others = [system for system in systems if system != "fdecode"]
     rows = []
-    for workload, sys in by.items():
-        ours = sys["fdecode"]
-        cells = [rate(sys[system]["tokens_per_s"]) for system in others]
+    for workload, of in by.items():
+        ours = of["fdecode"]
+        cells = [rate(of[system]["tokens_per_s"]) for system in others]
         mine = f"{rate(ours['tokens_per_s'])} ({ours['tokens_per_step']:.2f})"
-        ratios = [f"{ours['tokens_per_s'] / sys[system]['tokens_per_s']:.2f}x" for system in others]
+        ratios = [f"{ours['tokens_per_s'] / of[system]['tokens_per_s']:.2f}x" for system in others]
         rows.append([workload, *cells, mine, *ratios])
     header = [f"{system} tok/s" for system in others] + ["fdecode tok/s (tok/lane-step)"]
     return table(["workload", *header, *(f"fdecode / {system}" for system in others)], rows)
