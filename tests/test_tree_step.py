@@ -372,3 +372,10 @@ def test_a_lanes_last_trees_keep_every_node():
     assert int((chain.prefill([prompt], max_new_tokens=budget).block_tables[0] >= 0).sum()) == 3
     engine = fdecode.Engine(chain)
     assert engine.requests[engine.add_request(prompt, max_new_tokens=budget)].blocks_needed == 3
+    # A pool with room for prompt + budget alone (3 blocks past scratch) still runs the tree, its last ones short.
+    small = tree_step("partial", 6, 2, 3, num_blocks=4)
+    assert int((small.prefill([prompt], max_new_tokens=budget).block_tables[0] >= 0).sum()) == 3
+    engine = fdecode.Engine(small)
+    request = engine.add_request(prompt, max_new_tokens=budget)
+    assert engine.requests[request].blocks_needed == 3
+    assert engine.run()[request] == hf_greedy(tuple(prompt), budget)
