@@ -131,11 +131,12 @@ def block_table(blocks: list[list[int]], cfg: DecodeConfig) -> torch.Tensor:
     return table
 
 
-def lane_blocks(cfg: DecodeConfig, tokens: int) -> int:
-    """The KV blocks a lane of `tokens` positions (prompt + budget) owns at most: those, and for a tree step the
-    slots its last steps write past them (`fdecode.tree.shape.slot_reach`), within `blocks_per_lane`."""
-    bs = cfg.block_size
-    return max(-(-tokens // bs), min(-(-(tokens + slot_reach(cfg)) // bs), cfg.blocks_per_lane))
+def lane_blocks(cfg: DecodeConfig, tokens: int, reach: int | None = None) -> int:
+    """The KV blocks a lane of `tokens` positions (prompt + budget) owns at most: those, and `reach` positions
+    past them (None: the slots a tree step's last steps write there, `fdecode.tree.shape.slot_reach`; 0 for a
+    chain), within `blocks_per_lane`."""
+    bs, reach = cfg.block_size, slot_reach(cfg) if reach is None else reach
+    return max(-(-tokens // bs), min(-(-(tokens + reach) // bs), cfg.blocks_per_lane))
 
 
 def allocate_blocks(needs: list[int], cfg: DecodeConfig) -> torch.Tensor:
@@ -431,7 +432,7 @@ def prefill(
     budgets = check_budgets(lengths, params, cfg)
     needs = [lane_blocks(cfg, n + b) for n, b in zip(lengths, budgets)]
     if sum(needs) > cfg.pool_blocks - 1:  # a pool sized for prompt + budget alone: the last trees run short
-        needs = [-(-(n + b) // cfg.block_size) for n, b in zip(lengths, budgets)]
+        needs = [lane_blocks(cfg, n + b, reach=0) for n, b in zip(lengths, budgets)]
     table = allocate_blocks(needs, cfg)
     lanes = list(range(len(prompts)))
     return prime(

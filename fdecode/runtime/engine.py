@@ -196,7 +196,7 @@ class Engine:
         Returns its id."""
         cfg = self.config
         (budget,) = check_budgets([len(ids)], [params], cfg, [label])
-        need = -(-(len(ids) + budget) // cfg.block_size)
+        need = lane_blocks(cfg, len(ids) + budget, reach=0)
         if need > self.allocator.capacity:
             raise ValueError(
                 f"{label} needs {need} KV blocks ({len(ids)} tokens + max_new_tokens {budget}) but the pool has "
