@@ -48,9 +48,9 @@ from fdecode.tree.shape import TreeShape
 
 def catch_up_rows(cfg, state, committed, rows: int) -> tuple[torch.Tensor, ...]:
     """tokens, positions, slots [B, rows] of the committed run's last `rows` tokens (of accepted[:L] at
-    base_pos + 1 ..; all of it where L <= rows), right-aligned, each row's hidden_in [B, rows, H] and which rows are real [B, rows] (the rest pad). hidden_in
-    is the target's hidden at the row before (an MTP head pairs the token at p with it; `committed.hidden` row
-    j is the accepted path's node at depth j, which chose accepted[j])."""
+    base_pos + 1 ..; all of it where L <= rows), right-aligned, each row's hidden_in [B, rows, H] and which rows
+    are real [B, rows] (the rest pad). hidden_in is the target's hidden at the row before (an MTP head pairs the
+    token at p with it; `committed.hidden` row j is the accepted path's node at depth j, which chose accepted[j])."""
     accepted, length, hidden = committed.accepted, committed.length, committed.hidden
     index = torch.arange(rows, device=length.device)[None, :] - rows + length[:, None]  # into accepted
     real = (index >= 0) & (length > 0)[:, None]
