@@ -3,6 +3,7 @@
     fdecode generate "def fib(n):"                                    # the bundled model
     fdecode generate --model DIR --draft ngram --chat "Write a haiku about the sea."
     fdecode generate --model DIR --draft DRAFT_DIR --temperature 0.7 --seed 1 "Once upon a time"
+    fdecode generate -k 8 --draft-topk 3 --draft-depth 4 "def fib(n):"   # draft trees (docs/guide.md)
 
 --chat sends the prompt as one user message through the tokenizer's chat template. The text streams as
 the Engine commits it (`Event.text`: never a broken character); a summary line goes to stderr.
@@ -29,6 +30,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="'mtp', 'ngram' or a draft checkpoint folder (default: mtp where the model has it)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
+    p.add_argument(
+        "--draft-topk",
+        type=int,
+        default=1,
+        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
+    )
+    p.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K (default: K, a chain)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
@@ -42,13 +50,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
+    try:  # the config is checked before any weight is read
+        cfg = fdecode.DecodeConfig(
+            num_draft_tokens=args.k,
+            draft_topk=args.draft_topk,
+            draft_depth=args.draft_depth,
+            max_batch=1,
+            max_seq_len=args.max_seq_len,
+            backend=args.backend,
+        )
         target, draft, folder = load_pair(args.model, args.draft)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     tokenizer = load_tokenizer(folder)
-    cfg = fdecode.DecodeConfig(num_draft_tokens=args.k, max_batch=1, max_seq_len=args.max_seq_len, backend=args.backend)
     step = fdecode.compile(target, draft, cfg)
     engine = fdecode.Engine(step, tokenizer=tokenizer)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt

@@ -105,6 +105,22 @@ def test_generate_command_streams_the_text_generate_returns(capsys):
     assert "8 tokens" in out.err and "mtp" in out.err
 
 
+def test_generate_command_drafts_trees_and_refuses_one_that_cannot_be(capsys, monkeypatch):
+    """`fdecode generate -k 4 --draft-topk 2 --draft-depth 2`: the bundled model's MTP head drafts trees, and
+    the greedy text is the chain's; a tree its levels cannot hold is refused before any weight is read."""
+    from fdecode import generate_cli
+
+    args = ["--backend", "eager", "--max-new-tokens", "8", "--max-seq-len", "96", "-k", "4", "import os\n"]
+    assert generate_cli.main(["--draft-topk", "2", "--draft-depth", "2", *args]) == 0
+    out = capsys.readouterr()
+    want = fdecode.generate(tiny_step(), ["import os\n"], max_new_tokens=8)[0]
+    assert out.out == "import os\n" + want + "\n"
+    assert "8 tokens" in out.err
+    monkeypatch.setattr(generate_cli, "load_pair", lambda *a: pytest.fail("loaded weights for a config it refuses"))
+    assert generate_cli.main(["--draft-topk", "2", "--draft-depth", "5", *args]) == 2
+    assert "draft_depth=5 needs at least one node a level" in capsys.readouterr().err
+
+
 def test_import_fdecode_loads_no_server_or_transformers_module():
     """The library keeps its small dependency list: the server's packages load only with `fdecode.serve`."""
     import subprocess
