@@ -89,7 +89,8 @@ class DecodeConfig:
     draft_catch_up: int = 16
     # Draft trees (`fdecode.tree`, docs/design.md "Trees"): k children kept per expanded node, S draft levels
     # (None: num_draft_tokens). k = 1 with S = num_draft_tokens is the chain; k > 1 drafts a tree of
-    # num_draft_tokens nodes, the best of the k + (S - 1) k^2 candidates by path probability (EAGLE-2).
+    # num_draft_tokens nodes over S < num_draft_tokens levels, the best of the k + (S - 1) k^2 candidates by path
+    # probability (EAGLE-2).
     draft_topk: int = 1
     draft_depth: int | None = None
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),

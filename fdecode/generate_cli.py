@@ -36,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
     )
-    p.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K (default: K, a chain)")
+    p.add_argument(
+        "--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1 (default: K)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")

@@ -119,6 +119,8 @@ def test_generate_command_drafts_trees_and_refuses_one_that_cannot_be(capsys, mo
     monkeypatch.setattr(generate_cli, "load_pair", lambda *a: pytest.fail("loaded weights for a config it refuses"))
     assert generate_cli.main(["--draft-topk", "2", "--draft-depth", "5", *args]) == 2
     assert "draft_depth=5 needs at least one node a level" in capsys.readouterr().err
+    assert generate_cli.main(["--draft-topk", "2", *args]) == 2  # 4 levels of 4 nodes: the chain alone
+    assert "needs draft_depth < num_draft_tokens" in capsys.readouterr().err
 
 
 def test_import_fdecode_loads_no_server_or_transformers_module():

@@ -58,6 +58,9 @@ def test_the_chain_spelled_out_is_the_chain():
         (3, 2, 4, "at least one node a level"),
         (3, 0, 2, "draft_topk must be a positive int"),
         (3, 2, 0, "draft_depth must be a positive int"),
+        (4, 2, None, "needs draft_depth < num_draft_tokens"),  # S = N levels hold the chain alone
+        (4, 3, 4, "needs draft_depth < num_draft_tokens"),
+        (1, 2, 1, "needs draft_depth < num_draft_tokens"),
     ],
 )
 def test_impossible_trees_are_refused(n, k, s, match):

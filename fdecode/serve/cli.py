@@ -29,7 +29,9 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
     )
-    p.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K (default: K, a chain)")
+    p.add_argument(
+        "--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1 (default: K)"
+    )
     p.add_argument("--max-batch", type=int, default=8, help="lanes: requests decoded together (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="context per request (default: %(default)s)")
     p.add_argument(

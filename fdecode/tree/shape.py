@@ -3,7 +3,8 @@
 
 `DecodeConfig(num_draft_tokens=N, draft_topk=k, draft_depth=S)`: the draft expands k nodes per level
 (the frontier) and keeps k children of each, so S levels make `candidates(k, S)` = k + (S - 1) k^2 nodes, of
-which the step verifies the N best by path probability. k = 1 with S = N is the chain (no tree code runs).
+which the step verifies the N best by path probability. k = 1 with S = N is the chain (no tree code runs); a
+tree (k > 1) needs S < N, since N levels of N nodes hold only the draft's chain, which every tree keeps first.
 `check_tree_shape` runs in `DecodeConfig.__post_init__` (numbers only); `check_tree` at `fdecode.compile`,
 before anything is captured, with the models in hand (the vocabulary, the model kinds, the features).
 """
@@ -67,6 +68,12 @@ def check_tree_shape(cfg) -> None:
         raise ValueError(f"DecodeConfig.draft_depth must be a positive int or None, got {s!r}")
     if s > n:
         raise ValueError(f"DecodeConfig.draft_depth={s} needs at least one node a level, but num_draft_tokens is {n}")
+    if k > 1 and s == n:  # N levels of N nodes hold the draft's chain alone (a tree keeps it first)
+        raise ValueError(
+            f"DecodeConfig(num_draft_tokens={n}, draft_topk={k}) drafts a tree, which needs draft_depth < "
+            f"num_draft_tokens (draft_depth={s} levels of {n} nodes are the chain alone): set draft_depth, e.g. "
+            f"num_draft_tokens=8, draft_topk=3, draft_depth=4, or draft_topk=1 for the chain"
+        )
     if n > candidates(k, s):
         raise ValueError(
             f"DecodeConfig(num_draft_tokens={n}, draft_topk={k}, draft_depth={s}): {s} levels of {k} children per "
