@@ -84,7 +84,7 @@ class NgramDrafter(Drafter):
         return cfg.K
 
     def gated(self, cfg) -> bool:
-        return cfg.draft_gate and not cfg.tree  # a tree step has no depth 0
+        return cfg.draft_gate and not cfg.tree  # a tree's depth 0 drafts one node: a trial would verify it, not a tree
 
     def adapts(self, cfg) -> bool:
         return False  # a lookup costs nothing: the gate decides between depth K and 0

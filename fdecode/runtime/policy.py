@@ -7,8 +7,8 @@ admission (`admit`). Each also says the depth of its last launch (`depth`) and h
 metrics. The drafter decides which policy its kind uses (`Drafter.gated`, `Drafter.adapts`):
 
 - `DepthController`: by cost and acceptance, among the depths whose graphs are made (draft LMs, MTP heads);
-- `DraftGate`: the on/off case, K or 0 (n-gram drafts, `DecodeConfig.draft_gate`);
-- `FixedDepth`: always K (`adaptive_depth=False`).
+- `DraftGate`: the on/off case, K or 0 (n-gram chains, `DecodeConfig.draft_gate`);
+- `FixedDepth`: always K (`adaptive_depth=False`, n-gram trees).
 """
 
 from __future__ import annotations
