@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import fdecode
+from fdecode.draft_flags import add_draft_flags, draft_settings
 from fdecode.models.loading.pair import load_pair
 from fdecode.tokenizer import load_tokenizer
 
@@ -29,16 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="local Hugging Face checkpoint folder (default: the bundled model)")
     p.add_argument("--draft", help="'mtp', 'ngram' or a draft checkpoint folder (default: mtp where the model has it)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
-    p.add_argument("-k", type=int, default=3, help="draft tokens per step (default: %(default)s)")
-    p.add_argument(
-        "--draft-topk",
-        type=int,
-        default=1,
-        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
-    )
-    p.add_argument(
-        "--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1 (default: K)"
-    )
+    add_draft_flags(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
@@ -54,12 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:  # the config is checked before any weight is read
         cfg = fdecode.DecodeConfig(
-            num_draft_tokens=args.k,
-            draft_topk=args.draft_topk,
-            draft_depth=args.draft_depth,
-            max_batch=1,
-            max_seq_len=args.max_seq_len,
-            backend=args.backend,
+            **draft_settings(args), max_batch=1, max_seq_len=args.max_seq_len, backend=args.backend
         )
         target, draft, folder = load_pair(args.model, args.draft)
     except (ValueError, OSError) as error:

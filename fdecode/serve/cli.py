@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from fdecode.draft_flags import add_draft_flags, draft_settings
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -22,16 +24,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the name /v1/models lists (default: the folder's name)")
-    p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per step (default: %(default)s)")
-    p.add_argument(
-        "--draft-topk",
-        type=int,
-        default=1,
-        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
-    )
-    p.add_argument(
-        "--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1 (default: K)"
-    )
+    add_draft_flags(p)
     p.add_argument("--max-batch", type=int, default=8, help="lanes: requests decoded together (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="context per request (default: %(default)s)")
     p.add_argument(
@@ -74,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model,
             args.draft,
             name=args.served_model_name,
-            num_draft_tokens=args.num_draft_tokens,
-            draft_topk=args.draft_topk,
-            draft_depth=args.draft_depth,
+            **draft_settings(args),
             max_batch=args.max_batch,
             max_seq_len=args.max_seq_len,
             backend=args.backend,

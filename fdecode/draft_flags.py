@@ -1,0 +1,24 @@
+"""The draft's command-line flags, shared by `fdecode generate` and `fdecode serve`: a chain's depth or a tree's
+nodes (-k), and a tree's children per node and levels (docs/design.md, "Trees")."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_draft_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per step (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--draft-topk",
+        type=int,
+        default=1,
+        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
+    )
+    parser.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1")
+
+
+def draft_settings(args: argparse.Namespace) -> dict:
+    """The `DecodeConfig` fields the flags set."""
+    return dict(num_draft_tokens=args.num_draft_tokens, draft_topk=args.draft_topk, draft_depth=args.draft_depth)
