@@ -73,11 +73,16 @@ def test_what_each_kind_answers() -> None:
         LM.host_proposals(lm, [1, 2], 2)
 
 
+TREE = {"num_draft_tokens": 4, "draft_topk": 2, "draft_depth": 2}
+
+
 @pytest.mark.parametrize(
     ("draft", "changes", "policy"),
     [
         ("ngram", {}, DraftGate),
         ("ngram", {"draft_gate": False}, FixedDepth),
+        ("ngram", TREE, DepthController),  # a tree's rows are weighed against its chains
+        ("ngram", {**TREE, "adaptive_depth": False}, FixedDepth),
         ("self", {}, DepthController),
         ("self", {"adaptive_depth": False}, FixedDepth),
     ],

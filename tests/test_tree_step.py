@@ -26,6 +26,7 @@ from support.tiny_vocab import (
 import fdecode
 from fdecode.drafts import NgramDraft, drafter_for
 from fdecode.ops import slot_of
+from fdecode.runtime.depth import DepthController
 from fdecode.tree.ngram import ngram_tree
 from fdecode.tree.shape import TreeShape, tree_reason
 
@@ -167,6 +168,26 @@ def test_greedy_ngram_tree_equals_transformers():
     outs, lengths = run(fdecode.compile(target, "ngram", cfg), prompts=prompts, max_new_tokens=30)
     assert outs == [hf_greedy(prompt, 30, None, 2) for prompt in prompts]
     assert max(lengths) >= 3  # the target repeats itself: some branch is accepted to depth 2 or more
+
+
+def test_an_engine_weighs_an_ngram_trees_rows_against_its_chains():
+    """n-gram trees take the depth controller, as a draft LM's do: where a tree costs more than it commits (its
+    rows timed at 3x a chain's here, a CPU's case) the Engine launches chains and the target alone, and the tokens
+    are transformers' greedy ones."""
+    target = fdecode_target(2)
+    prompts = [(5, 17, 33, 2, 9, 5, 17, 33, 4, 5, 17, 33, 2), (11, 12, 13, 14, 11, 12, 13, 15, 11, 12)]
+    base = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4)
+    step = fdecode.compile(target, "ngram", fdecode.DecodeConfig(**base, backend="eager"))
+    step.warmup(depths=step.depths)  # every depth's graph made (an Engine launches only those)
+    engine = fdecode.Engine(step)
+    assert isinstance(engine.policy, DepthController) and engine.policy.tree_levels == 3
+    engine.policy.costs = [1.0, 1.1, 1.2, 1.3, 3.9, 3.9, 3.9]  # depths 0 .. 3 chains, 4 and 6 trees
+    engine.policy.learn_costs = False
+    ids = [engine.add_request(list(prompt), max_new_tokens=24, eos_token_id=[]) for prompt in prompts]
+    got = engine.run()
+    assert [got[i] for i in ids] == [hf_greedy(prompt, 24, None, 2) for prompt in prompts]
+    launched = {d for d, count in engine.policy.launches.items() if count}
+    assert launched & {1, 2, 3} and engine.policy.launches[6] <= 1, engine.policy  # K at most first (no costs yet)
 
 
 def test_a_tree_holds_first_the_chain_the_draft_would_draft():

@@ -87,7 +87,9 @@ class NgramDrafter(Drafter):
         return cfg.draft_gate and not cfg.tree  # a tree's depth 0 drafts one node: a trial would verify it, not a tree
 
     def adapts(self, cfg) -> bool:
-        return False  # a lookup costs nothing: the gate decides between depth K and 0
+        # A chain's lookup costs nothing: the gate decides between depth K and 0. A tree's rows cost where rows do
+        # (a CPU): the controller weighs them against its chains, as a draft LM's (`tree_levels`).
+        return cfg.tree and cfg.adaptive_depth
 
     def backend_reason(self, backend: str) -> str | None:
         if backend in ("cudagraphs", "torchair"):

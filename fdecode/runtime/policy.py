@@ -6,9 +6,10 @@ step behind (`observe_output(packed, ticket)`), learns what a launch took (`obse
 admission (`admit`). Each also says the depth of its last launch (`depth`) and how many it launched at each (`launches`), for
 metrics. The drafter decides which policy its kind uses (`Drafter.gated`, `Drafter.adapts`):
 
-- `DepthController`: by cost and acceptance, among the depths whose graphs are made (draft LMs, MTP heads);
+- `DepthController`: by cost and acceptance, among the depths whose graphs are made (draft LMs, MTP heads,
+  n-gram trees);
 - `DraftGate`: the on/off case, K or 0 (n-gram chains, `DecodeConfig.draft_gate`);
-- `FixedDepth`: always K (`adaptive_depth=False`, n-gram trees).
+- `FixedDepth`: always K (`adaptive_depth=False`).
 """
 
 from __future__ import annotations
