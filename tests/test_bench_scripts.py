@@ -79,8 +79,8 @@ def test_every_bench_script_runs_its_quick_mode(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(report_tables, "RESULTS", tmp_path)
     # tree_acceptance's smoke run: the chain of depth 3 and one tree (6 nodes, k = 2) on random models.
     header, _, chain, tree = report_tables.tree_acceptance(WRITES["tree_acceptance.py"])
-    assert header.startswith("| depth S | nodes N | k = 1 (the chain) | k = 2 |")
-    assert chain.startswith("| 3 | 3 | 1.00 |  |") and tree.startswith("| 3 | 6 |  | 1.00 (1.00x) |")
+    assert header.startswith("| tokens | depth S | nodes N | k = 1 (the chain) | k = 2 |")
+    assert chain.startswith("| 8 | 3 | 3 | 1.00 |  |") and tree.startswith("| 8 | 3 | 6 |  | 1.00 (1.00x) |")
 
 
 def test_gpu_check_parses_refuses_an_unknown_stage_and_has_a_quick_mode(tmp_path) -> None:

@@ -138,7 +138,7 @@ SECTIONS = (
         "The CUDA tests passed there (cudagraphs equal eager, the Triton kernel of the fused op, no re-recording, "
         "100 steps and Engine admissions without a host sync) but for the Triton interpreter test, which that "
         "image's numpy refuses. The benchmark: random 512x6 target and 256x2 draft (V = 8192), so almost nothing "
-        "is accepted; one run. Not measured yet: batch 8, the bundled model, flash-attn.",
+        "is accepted; one run.",
         partial(t.speeds, "gpu_h200_random_draft_b1.json"),
     ),
     Section(
@@ -173,9 +173,9 @@ SECTIONS = (
         "2026-12-04",
         ("cold_start_pair_and_depth.json", "warmup_qwen_coder.json"),
         "Seconds from `fdecode.compile` to the first step's tokens, each a fresh process: *cold* on an empty "
-        "Inductor cache, *warm* a second process on it (the stored step graph loads without a trace); the real "
-        'pair\'s first token as a user meets it is in "The default path on the real pair". Then '
-        "`step.warmup()` (the greedy and the general sampling plan) on the real pair.",
+        "Inductor cache, *warm* a second process on it (the stored step graph loads without a trace; the first token "
+        'as a user meets it: "The default path on the real pair"). Then `step.warmup()` (the greedy and the general '
+        "sampling plan) on the real pair.",
         lambda: [*t.cold_starts("cold_start_pair_and_depth.json", "B"), "", *t.warmups("warmup_qwen_coder.json")],
     ),
     Section(
@@ -192,15 +192,12 @@ SECTIONS = (
     ),
     Section(
         "Draft trees: tokens per verify on the real pair",
-        "python bench/tree_acceptance.py --json bench/results/tree_acceptance_pair.json",
+        "python bench/tree_acceptance.py --json FILE (256 tokens: --new-tokens 256 --shapes 4:1:4 8:3:4 12:3:4)",
         "avx2",
         "2026-12-06",
-        ("tree_acceptance_pair.json",),
-        "The real pair, greedy, 64 tokens, the three chat prompts, every step at the shape's full depth (eager): "
-        "tokens per verify, the mean over the prompts, each tree (N nodes, k children a node, S levels) against the "
-        "chain of its depth; all commit the chain's tokens. On this CPU an Engine keeps the chains (docs/design.md, "
-        '"Trees").',
-        partial(t.tree_acceptance, "tree_acceptance_pair.json"),
+        ("tree_acceptance_pair.json", "tree_acceptance_pair_256.json"),
+        "Greedy, the chat prompts' mean, each step at its full depth (eager): tokens per verify against the chain.",
+        partial(t.tree_acceptance, "tree_acceptance_pair.json", "tree_acceptance_pair_256.json"),
     ),
     Section(
         "Sampling at a real vocabulary",

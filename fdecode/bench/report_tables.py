@@ -290,27 +290,32 @@ def default_rounds(name: str) -> tuple[list[str], float]:
     return table([*header, "default / assisted", "default's launches per depth"], rows), geomean
 
 
-def tree_acceptance(name: str) -> list[str]:
-    """Greedy tokens per verify of chains and draft trees (`bench/tree_acceptance.py --json`), the mean over the
-    file's prompts: a row per depth S and node count N, a column per k (the chain: k = 1, N = S), each tree
-    against the chain of its depth (the ratio of the means), and the row's best tree against the chain as the
-    geometric mean of the per-prompt ratios."""
-    rows = load(name)["rows"]
-    chains = {r["s"]: r["per_prompt"] for r in rows if r["k"] == 1}
-    ks = sorted({r["k"] for r in rows})
-    cells: dict[tuple[int, int], dict[int, list[float]]] = {}
-    for r in rows:
-        cells.setdefault((r["s"], r["n"]), {})[r["k"]] = r["per_prompt"]
+def tree_acceptance(*names: str) -> list[str]:
+    """Greedy tokens per verify of chains and draft trees (`bench/tree_acceptance.py --json`, one file per run
+    length), the mean over each file's prompts: a row per new tokens, depth S and node count N, a column per k
+    (the chain: k = 1, N = S), each tree against the chain of its depth in its run (the ratio of the means), and
+    the row's best tree against the chain as the geometric mean of the per-prompt ratios."""
+    chains: dict[tuple[int, int], list[float]] = {}
+    cells: dict[tuple[int, int, int], dict[int, list[float]]] = {}
+    for name in names:
+        run = load(name)
+        tokens = run["settings"]["new_tokens"]
+        for r in run["rows"]:
+            if r["k"] == 1:
+                chains[tokens, r["s"]] = r["per_prompt"]
+            cells.setdefault((tokens, r["s"], r["n"]), {})[r["k"]] = r["per_prompt"]
+    ks = sorted({k for by_k in cells.values() for k in by_k})
     lines = []
-    for (s, n), by_k in sorted(cells.items()):
-        chain = statistics.mean(chains[s])
+    for (tokens, s, n), by_k in sorted(cells.items()):
+        chain = statistics.mean(chains[tokens, s])
         means = {k: statistics.mean(per) for k, per in by_k.items()}
         shown = [f"{means[k]:.2f}" + (f" ({means[k] / chain:.2f}x)" if k > 1 else "") if k in means else "" for k in ks]
         trees = [k for k in by_k if k > 1]
         geomean = ""
         if trees:
             best = by_k[max(trees, key=means.__getitem__)]
-            geomean = f"{statistics.geometric_mean([a / b for a, b in zip(best, chains[s], strict=True)]):.2f}x"
-        lines.append([s, n, *shown, geomean])
-    header = ["depth S", "nodes N", *(f"k = {k}" + (" (the chain)" if k == 1 else "") for k in ks)]
+            ratios = [a / b for a, b in zip(best, chains[tokens, s], strict=True)]
+            geomean = f"{statistics.geometric_mean(ratios):.2f}x"
+        lines.append([tokens, s, n, *shown, geomean])
+    header = ["tokens", "depth S", "nodes N", *(f"k = {k}" + (" (the chain)" if k == 1 else "") for k in ks)]
     return table([*header, "best tree / chain, geomean of prompts"], lines)
