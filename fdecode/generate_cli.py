@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             **draft_settings(args), max_batch=1, max_seq_len=args.max_seq_len, backend=args.backend
         )
         target, draft, folder = load_pair(args.model, args.draft)
+        step = fdecode.compile(target, draft, cfg)  # refuses what these models cannot run, before any capture
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     tokenizer = load_tokenizer(folder)
-    step = fdecode.compile(target, draft, cfg)
     engine = fdecode.Engine(step, tokenizer=tokenizer)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
