@@ -447,6 +447,24 @@ def test_a_tree_step_chooses_the_tree_or_a_chain_by_cost_and_what_trees_commit()
         DepthController(n, chain_costs + [1.0], tree_levels=n)
 
 
+def test_a_measured_tree_does_not_price_the_chains():
+    """Without warm-up timings the tree starts at its chain's cost (the weights it reads). Its first steps take
+    1.5x what the chain of depth S takes (a CPU charging for rows): its measured cost is its own, not a unit for
+    the chains, the controller prices that chain once, and keeps it. Before, the tree's first step set the unit,
+    every chain was priced 1.5x too, and the tree won every launch."""
+    n, levels = 8, 4
+    costs = [1.0 + 0.3 * max(d, 1) for d in range(n)] + [2.2]  # the tree at its chain's starting cost
+    made = DepthController(n, costs, depths=(1, 2, 3, 4, n), tree_levels=levels, prior=0.9, hysteresis=0.0)
+    made.admit(0)
+    launched = []
+    for _ in range(6):
+        depth, ticket = made.launch()
+        launched.append(depth)
+        made.observe_cost(depth, 1.5 * 2.2 if depth == n else costs[depth])
+        made.observe_output(packed([levels + 1 if depth == n else depth + 1]), ticket)  # every draft accepted
+    assert launched[:2] == [n, levels] and launched[2:] == [levels] * 4, launched
+
+
 def test_a_tree_step_chooses_the_smaller_tree_where_the_large_one_costs_too_much():
     """Depths 1 .. 4 chains, 6 and 8 trees (`tree_sizes`): the 6-node tree's prior gain is half the 8-node one's
     margin (1.05); at the chain's cost it wins where the 8-node tree costs 1.5x; trees of 6 that commit no more

@@ -81,7 +81,9 @@ class DepthController:
     accepted one, or the rejection that ends a run) weighs 1 and every earlier one decays by 1 - `weight`, so
     a step of depth 4 teaches as much as four of depth 1. The costs start from `costs` (warm-up timings or
     bytes read) and follow the steps: a depth not launched yet costs its starting cost times the ratio measured
-    on the others (the first step measured sets that ratio), and each step launched moves its depth's cost by
+    on the others (the first step measured sets that ratio; in a tree step, the chains' steps: a tree's rows may
+    cost what its weights do not, so a measured tree sets its own cost alone, and the chain of depth S is timed
+    once after it where no chain was), and each step launched moves its depth's cost by
     `cost_weight` towards what it took (a running mean from that estimate). A deeper depth than
     the drafts a lane carries verifies only those at its first step: its score amortises that step over
     `horizon` steps. A depth must score `hysteresis` better than the last one to replace it. Depth 0 (the
@@ -182,13 +184,19 @@ class DepthController:
         if not self.learn_costs or not seconds > 0 or self.caught_up:  # a catch-up costs what no depth does
             return
         w, ratio = self.cost_weight, seconds / self.start_costs[depth]
-        if not self.measured:  # the first step measured sets the unit: warm-up seconds, or the bytes model's GB
-            self.scale = ratio
+        tree = self.is_tree(depth)  # a tree's cost is its own: its rows may cost what its chain's weights do not
+        if not self.measured or not tree and not self.chain_measured():
+            self.scale = ratio  # the first step sets the unit (warm-up seconds, or the bytes model's GB); a chain's
         # A depth's first step moves its estimate (starting cost x scale) as any later one does: one slow step
         # (+50 % on the real pair, once in a run) set a depth's cost alone, and the controller never went back.
         known = self.measured.get(depth, self.start_costs[depth] * self.scale)
         self.measured[depth] = (1 - w) * known + w * seconds
-        self.scale = (1 - w) * self.scale + w * ratio  # the first step's ratio blended with itself: unchanged
+        if not tree:
+            self.scale = (1 - w) * self.scale + w * ratio  # the first step's ratio blended with itself: unchanged
+
+    def chain_measured(self) -> bool:
+        """Whether a step of a chain depth (not a tree) has been measured: the unit of the chains' costs."""
+        return any(not self.is_tree(d) for d in self.measured)
 
     def admit(self, lane: int) -> None:
         """A request was primed into `lane`: its window carries K drafts, its rate starts at `prior`."""
@@ -227,6 +235,10 @@ class DepthController:
         depths = [d for d in self.depths if ready is None or d in ready]
         if not depths or not self.lanes:
             return max(depths or self.depths)
+        s = self.tree_levels
+        if self.learn_costs and s in depths and not self.chain_measured() and any(map(self.is_tree, self.measured)):
+            self.trying = False
+            return s  # a tree's measured cost prices no chain: time the chain it holds once
         costs, rates = self.costs, {b: self.rate(b) for b in self.lanes}
 
         def score(depth: int) -> float:  # over `horizon` steps of that depth, the first verifying what is carried
