@@ -69,15 +69,15 @@ class DecodeConfig:
     # One graph per sampling plan for every window of 2 blocks or more (the window's width a symbolic size),
     # where the backend can (`fdecode.graphs.backends.DYNAMIC_WINDOW`); False: a graph per window everywhere.
     dynamic_window: bool = True
-    # n-gram drafts: an `Engine` on the step stops verifying drafts while they are not being accepted, running
+    # n-gram chains: an `Engine` on the step stops verifying drafts while they are not being accepted, running
     # steps that verify one row instead of K + 1, and tries them again after a pause that doubles while they
     # keep failing (`fdecode.runtime.gate`). Lossless either way; False: every step verifies K + 1 rows.
     draft_gate: bool = True
     # An `Engine` chooses each launch's depth (how many of the K drafts the step verifies and proposes) from
     # the acceptance it reads one step behind and each depth's step time (`fdecode.runtime.depth`), among the
     # depths whose graphs are made: `step.warmup(depths=range(K + 1))` makes them all; with depth K alone (the
-    # default warmup, or none) it runs K. False: every step verifies K. For draft LMs and MTP heads (n-gram
-    # drafts have `draft_gate`); recurrent models keep K.
+    # default warmup, or none) it runs K. False: every step verifies K. For draft LMs, MTP heads and n-gram
+    # trees (n-gram chains have `draft_gate`); recurrent models keep K.
     adaptive_depth: bool = True
     # A draft LM sits out depth-0 steps (the target alone, as target-only decoding costs): up to this many in
     # a row, whose tokens the next step that drafts feeds it (a catch-up step: it verifies the first row, runs

@@ -1,5 +1,5 @@
-"""The draft's command-line flags, shared by `fdecode generate` and `fdecode serve`: a chain's depth or a tree's
-nodes (-k), and a tree's children per node and levels (docs/design.md, "Trees")."""
+"""The draft's command-line flags, shared by `fdecode generate` and `fdecode serve` so both spell them alike
+(docs/serving.md, "Flags"): a chain's depth or a tree's nodes (-k), and a tree's children per node and levels."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import argparse
 
 
 def add_draft_flags(parser: argparse.ArgumentParser) -> None:
+    """-k / --num-draft-tokens, --draft-topk and --draft-depth, with `DecodeConfig`'s defaults (a chain of 3)."""
     parser.add_argument(
-        "-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per step (default: %(default)s)"
+        "-k",
+        "--num-draft-tokens",
+        type=int,
+        default=3,
+        help="K: drafts verified per step, a chain's depth or a tree's nodes (default: %(default)s)",
     )
     parser.add_argument(
         "--draft-topk",
@@ -19,6 +24,7 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1")
 
 
-def draft_settings(args: argparse.Namespace) -> dict:
-    """The `DecodeConfig` fields the flags set."""
+def draft_settings(args: argparse.Namespace) -> dict[str, int | None]:
+    """The `DecodeConfig` fields the flags set, as keywords (for `DecodeConfig` and `fdecode.serve.load`), so a
+    flag added here reaches both commands."""
     return dict(num_draft_tokens=args.num_draft_tokens, draft_topk=args.draft_topk, draft_depth=args.draft_depth)

@@ -151,7 +151,7 @@ SECTIONS = (
         ("smollm2_prompt_lookup.json",),
         'SmolLM2-135M-Instruct with `draft="ngram"` (max_n 3) against transformers\' prompt lookup, batch 1, '
         "48 tokens; *grounded* prompts rewrite their input (lookup pays), *free* ones ask for new text. "
-        "*fdecode* runs one-row steps while drafts are not accepted (the draft gate).",
+        "*fdecode*: one-row steps while drafts fail.",
         partial(t.versus, "smollm2_prompt_lookup.json", ("target-only", "hf-prompt-lookup", "fdecode")),
     ),
     Section(
@@ -192,7 +192,9 @@ SECTIONS = (
     ),
     Section(
         "Draft trees: tokens per verify on the real pair",
-        "python bench/tree_acceptance.py --json FILE (256 tokens: --new-tokens 256 --shapes 4:1:4 8:3:4 12:3:4)",
+        "python bench/tree_acceptance.py --json bench/results/tree_acceptance_pair.json; python "
+        "bench/tree_acceptance.py --new-tokens 256 --shapes 4:1:4 8:3:4 12:3:4 --json "
+        "bench/results/tree_acceptance_pair_256.json",
         "avx2",
         "2026-12-06",
         ("tree_acceptance_pair.json", "tree_acceptance_pair_256.json"),

@@ -69,10 +69,13 @@ def check_tree_shape(cfg) -> None:
     if s > n:
         raise ValueError(f"DecodeConfig.draft_depth={s} needs at least one node a level, but num_draft_tokens is {n}")
     if k > 1 and s == n:  # N levels of N nodes hold the draft's chain alone (a tree keeps it first)
+        given = f"draft_depth={s}" if cfg.draft_depth is not None else f"draft_depth unset (= num_draft_tokens = {n})"
+        levels_of = "1 level of 1 node" if n == 1 else f"{n} levels of {n} nodes"
+        fix = "num_draft_tokens >= 2 and draft_depth < it" if n == 1 else "draft_depth (--draft-depth) below it"
         raise ValueError(
             f"DecodeConfig(num_draft_tokens={n}, draft_topk={k}) drafts a tree, which needs draft_depth < "
-            f"num_draft_tokens (draft_depth={s} levels of {n} nodes are the chain alone): set draft_depth, e.g. "
-            f"num_draft_tokens=8, draft_topk=3, draft_depth=4, or draft_topk=1 for the chain"
+            f"num_draft_tokens, but {given}: {levels_of} are the draft's chain alone. Set {fix}, "
+            f"e.g. num_draft_tokens=8, draft_topk=3, draft_depth=4; or draft_topk=1 for the chain"
         )
     if n > candidates(k, s):
         raise ValueError(
