@@ -1,5 +1,6 @@
 """The draft's command-line flags, shared by `fdecode generate` and `fdecode serve` so both spell them alike
-(docs/serving.md, "Flags"): a chain's depth or a tree's nodes (-k), and a tree's children per node and levels."""
+(docs/serving.md, "Flags"): a chain's depth or a tree's nodes (-k), a tree's children per node and levels, and
+whether an Engine chooses each step's depth."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import argparse
 
 
 def add_draft_flags(parser: argparse.ArgumentParser) -> None:
-    """-k / --num-draft-tokens, --draft-topk and --draft-depth, with `DecodeConfig`'s defaults (a chain of 3)."""
+    """-k / --num-draft-tokens, --draft-topk, --draft-depth and --[no-]adaptive-depth, with `DecodeConfig`'s
+    defaults (a chain of 3, adaptive)."""
     parser.add_argument(
         "-k",
         "--num-draft-tokens",
@@ -22,9 +24,21 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
         help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
     )
     parser.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1")
+    parser.add_argument(
+        "--adaptive-depth",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="choose each step's depth (chains of 1 .. S and trees) by measured cost and acceptance; "
+        "--no-adaptive-depth verifies all K drafts (the whole tree) at every step (default: adaptive)",
+    )
 
 
 def draft_settings(args: argparse.Namespace) -> dict[str, int | None]:
     """The `DecodeConfig` fields the flags set, as keywords (for `DecodeConfig` and `fdecode.serve.load`), so a
     flag added here reaches both commands."""
-    return dict(num_draft_tokens=args.num_draft_tokens, draft_topk=args.draft_topk, draft_depth=args.draft_depth)
+    return dict(
+        num_draft_tokens=args.num_draft_tokens,
+        draft_topk=args.draft_topk,
+        draft_depth=args.draft_depth,
+        adaptive_depth=args.adaptive_depth,
+    )

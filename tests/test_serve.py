@@ -81,9 +81,10 @@ def test_models_and_health(server, client):
 
 
 def test_a_tree_config_serves_the_chains_text():
-    """`fdecode serve -k 4 --draft-topk 2 --draft-depth 2`: the bundled model drafts trees with its MTP head
-    (and chains, where its Engine chooses them), and greedy completions equal the chain config's run alone."""
-    tree = load(None, **{**CONFIG, "num_draft_tokens": 4, "draft_topk": 2, "draft_depth": 2})
+    """`fdecode serve -k 4 --draft-topk 2 --draft-depth 2 --no-adaptive-depth`: the bundled model drafts a tree
+    with its MTP head at every step (adaptive, a CPU's Engine starts at the chain: `Step.first_depth`), and greedy
+    completions equal the chain config's run alone."""
+    tree = load(None, **{**CONFIG, "num_draft_tokens": 4, "draft_topk": 2, "draft_depth": 2, "adaptive_depth": False})
     assert tree.step.config.tree and tree.step.depths == (0, 1, 2, 3, 4)
     with running(Server(tree, drain_timeout=5)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

@@ -106,17 +106,19 @@ def test_generate_command_streams_the_text_generate_returns(capsys):
 
 
 def test_generate_command_drafts_trees_and_refuses_one_that_cannot_be(capsys, monkeypatch):
-    """`fdecode generate -k 4 --draft-topk 2 --draft-depth 2`: the bundled model's MTP head drafts trees of 4 nodes
-    over 2 levels, and the greedy text is the chain's; a tree its levels cannot hold is refused before any weight
-    is read, one the model cannot run (more children than its vocabulary) before anything compiles."""
+    """`fdecode generate -k 4 --draft-topk 2 --draft-depth 2 --no-adaptive-depth`: the bundled model's MTP head
+    drafts a tree of 4 nodes over 2 levels at every step, and the greedy text is the chain's; a tree its levels
+    cannot hold is refused before any weight is read, one the model cannot run (more children than its
+    vocabulary) before anything compiles."""
     from fdecode import generate_cli
 
     made, compile_step = [], fdecode.compile
     monkeypatch.setattr(fdecode, "compile", lambda *a, **kw: made.append(compile_step(*a, **kw)) or made[-1])
     args = ["--backend", "eager", "--max-new-tokens", "8", "--max-seq-len", "96", "-k", "4", "import os\n"]
-    assert generate_cli.main(["--draft-topk", "2", "--draft-depth", "2", *args]) == 0
+    assert generate_cli.main(["--draft-topk", "2", "--draft-depth", "2", "--no-adaptive-depth", *args]) == 0
     out = capsys.readouterr()
     assert made[0].config.tree and (made[0].config.K, made[0].config.levels) == (4, 2)
+    assert not made[0].config.adaptive_depth
     want = fdecode.generate(tiny_step(), ["import os\n"], max_new_tokens=8)[0]
     assert out.out == "import os\n" + want + "\n"
     assert "8 tokens" in out.err
