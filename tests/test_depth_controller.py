@@ -235,6 +235,10 @@ def test_only_depths_whose_graphs_are_made_are_launched():
     assert controller.choose() == 1 and controller.choose(ready={K}) == K and controller.choose(ready={2, K}) == 2
     assert controller.choose(ready=()) == K  # none made yet: the depth `warmup` compiles by default
     assert controller.launch(ready={3})[0] == 3
+    # a tree step on a CPU starts at its chain (`Step.first_depth`); the first depth must be one it launches
+    assert DepthController(K, COSTS, first=2).choose(ready=()) == 2
+    with pytest.raises(ValueError, match="first must be one of its depths"):
+        DepthController(K, COSTS, depths=(1, K), first=2)
 
 
 def test_an_engine_waits_for_no_compile_and_runs_the_depths_warmup_made():

@@ -24,10 +24,10 @@ PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 8
 
 
 def test_depth_zero_first_then_the_middle_depths_from_half_k_outwards():
-    assert depth_order(range(5), 4) == [0, 2, 3, 1]
-    assert depth_order(range(4), 3) == [0, 2, 1]
-    assert depth_order((0, 4), 4) == [0]  # a recurrent model's: 0 or K
-    assert depth_order((4,), 4) == []
+    assert depth_order(range(5), 4) == [0, 2, 3, 1, 4]  # K last (made by the first launch but in a CPU's tree step)
+    assert depth_order(range(4), 3) == [0, 2, 1, 3]
+    assert depth_order((0, 4), 4) == [0, 4]  # a recurrent model's: 0 or K
+    assert depth_order((0, 1, 2, 3, 4, 6), 6) == [0, 3, 4, 2, 1, 6]  # a tree step's
 
 
 def launched(engine) -> set[int]:

@@ -213,6 +213,7 @@ def test_random_tree_lanes_with_processors_follow_the_processed_target(kind):
         penalties=True,
         min_tokens=True,
         max_logit_bias=2,
+        adaptive_depth=False,  # a tree every step (a CPU's Engine would keep the chain)
         max_grammar_states=4,
         max_grammar_transitions=16,
     )

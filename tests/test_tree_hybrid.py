@@ -228,7 +228,7 @@ def test_a_hybrid_draft_lm_branches_from_each_nodes_own_state():
 def test_engine_admits_requests_next_to_live_tree_lanes():
     """Two lanes, five requests arriving over time: lanes are re-primed (fresh recurrent state and a first tree)
     next to a lane mid-flight, whose state the admission leaves alone."""
-    step, _ = tree_step("full-lin-lin-full", "mtp", 6, 3, 2, max_batch=2)
+    step, _ = tree_step("full-lin-lin-full", "mtp", 6, 3, 2, max_batch=2, adaptive_depth=False)  # trees each step
     arrivals = {0: [TINY_PROMPTS[0], TINY_PROMPTS[2]], 1: [TINY_PROMPTS[1]], 3: [TINY_PROMPTS[2]], 4: [(1, 2, 3)]}
     got, want = staggered(
         fdecode.Engine(step), arrivals, [5, 9, 6, 12, 7], lambda p: hf_greedy(p, "full-lin-lin-full", NEW, vocab_size=V)
@@ -241,7 +241,7 @@ def test_engine_admits_requests_next_to_live_tree_lanes():
 def test_random_tree_lanes_on_a_hybrid_follow_the_target(draft):
     """Three new tokens (125 outcomes at V = 5): the second and third come from verifying the MTP head's or a
     hybrid draft LM's trees, their nodes' states from their parents'."""
-    step, target = tree_step("lin-lin-lin-full", draft, 4, 2, 2, max_batch=64, max_seq_len=12)
+    step, target = tree_step("lin-lin-lin-full", draft, 4, 2, 2, max_batch=64, max_seq_len=12, adaptive_depth=False)
     check_follows_the_target(step, target, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
 
 

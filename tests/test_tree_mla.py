@@ -142,7 +142,7 @@ def tiny_mla_with_head():
 )
 def test_random_nextn_tree_lanes_follow_the_target(params: dict) -> None:
     target = tiny_mla_with_head()
-    step = compiled(target, "mtp", 4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12)
+    step = compiled(target, "mtp", 4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, adaptive_depth=False)
     check_follows_the_target(step, target, params)
 
 

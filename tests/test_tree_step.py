@@ -28,7 +28,7 @@ from fdecode.drafts import NgramDraft, drafter_for
 from fdecode.ops import slot_of
 from fdecode.runtime.depth import DepthController
 from fdecode.tree.ngram import ngram_tree
-from fdecode.tree.shape import TreeShape, tree_reason
+from fdecode.tree.shape import TreeShape, first_depth, tree_reason
 
 
 def tree_step(kind: str, n: int, k: int, s: int, backend: str = "eager", **changes):
@@ -168,6 +168,35 @@ def test_greedy_ngram_tree_equals_transformers():
     outs, lengths = run(fdecode.compile(target, "ngram", cfg), prompts=prompts, max_new_tokens=30)
     assert outs == [hf_greedy(prompt, 30, None, 2) for prompt in prompts]
     assert max(lengths) >= 3  # the target repeats itself: some branch is accepted to depth 2 or more
+
+
+def test_on_a_cpu_a_tree_step_starts_at_its_chain_and_makes_the_tree_in_the_background(monkeypatch):
+    """A CPU charges for a tree's rows, so a tree step there starts where no depth's graph is made at the chain of
+    depth S (`Step.first_depth`): `warmup()` makes it, an Engine without a warmup call launches it, and the tree's
+    graph is asked for in the background (last), to be chosen once its measured cost pays. Tokens: transformers'
+    greedy ones. An accelerator starts at K, the tree, whose rows it reads with the same weights."""
+    step = tree_step("partial", 6, 2, 3)
+    assert step.first_depth == 3 and step.depths == (0, 1, 2, 3, 4, 6)
+    accelerator = fdecode.DecodeConfig(**{**vars_of(step.config), "device": "cuda"})
+    assert (
+        first_depth(accelerator) == 6
+        and first_depth(fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=32)) == 4
+    )
+    engine = fdecode.Engine(step)  # background graphs off (the suite's default): the first depth alone
+    ids = [engine.add_request(list(prompt), max_new_tokens=NEW) for prompt in PROMPTS]
+    got = engine.run()
+    assert [got[i] for i in ids] == [hf_greedy(prompt, NEW) for prompt in PROMPTS]
+    assert {d for d, count in engine.policy.launches.items() if count} == {3}, engine.policy
+    assert {key.depth for key in step.graphs} == {3}
+    step.warmup()
+    assert {key.depth for key in step.graphs} == {3}  # warmup()'s default is the first depth too
+    monkeypatch.setenv("FDECODE_BACKGROUND_GRAPHS", "1")
+    engine = fdecode.Engine(step)
+    engine.add_request(list(PROMPTS[0]), max_new_tokens=4)
+    engine.run()
+    assert step.graph_set.background.wait(timeout=120)
+    asked = [key.depth for key in engine.depth_graphs.asked if not key.catch_up]
+    assert asked == [0, 4, 2, 1, 6], engine.depth_graphs  # the tree (K) last
 
 
 def test_an_engine_weighs_an_ngram_trees_rows_against_its_chains():
@@ -318,7 +347,7 @@ def test_committed_kv_is_contiguous_after_trees(kind, schedule):
 
 
 def test_greedy_tree_stops_at_eos_and_at_the_lane_end():
-    step = tree_step("partial", 6, 2, 3)
+    step = tree_step("partial", 6, 2, 3, adaptive_depth=False)  # a tree every step (a CPU's Engine keeps the chain)
     reference = hf_greedy(PROMPTS[0], NEW, None, 2)
     eos = reference[5]
     got = fdecode.generate(step, PROMPTS, max_new_tokens=NEW, eos_token_id=eos)
@@ -352,8 +381,9 @@ def test_tree_step_is_one_graph_without_host_syncs(plan):
 def test_random_tree_lanes_follow_the_target(kind, params):
     target = tiny_target()
     cfg = fdecode.DecodeConfig(
-        num_draft_tokens=4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, block_size=4, backend="eager"
-    )
+        num_draft_tokens=4, draft_topk=2, draft_depth=2, max_batch=64, max_seq_len=12, block_size=4, backend="eager",
+        adaptive_depth=False,
+    )  # fmt: skip
     check_follows_the_target(fdecode.compile(target, tiny_draft(kind, target), cfg), target, params)
 
 
@@ -380,7 +410,7 @@ def test_a_lanes_last_trees_keep_every_node():
     verifies holds its N nodes to the lane's last step, in a prefilled state as in an Engine. A chain's lane owns
     prompt + budget. Before, a tree's lane owned prompt + budget too, and its last trees lost the nodes past it."""
     prompt, budget = [1, 2, 3, 4, 5], 7  # 12 positions: 3 blocks of 4; 18 with the reach: 5
-    step = tree_step("partial", 6, 2, 3)
+    step = tree_step("partial", 6, 2, 3, adaptive_depth=False)  # a tree every step, in the Engine too
     state = step.prefill([prompt], max_new_tokens=budget)
     assert int((state.block_tables[0] >= 0).sum()) == 5
     verified = []
@@ -397,7 +427,7 @@ def test_a_lanes_last_trees_keep_every_node():
     engine = fdecode.Engine(chain)
     assert engine.requests[engine.add_request(prompt, max_new_tokens=budget)].blocks_needed == 3
     # A pool with room for prompt + budget alone (3 blocks past scratch) still runs the tree, its last ones short.
-    small = tree_step("partial", 6, 2, 3, num_blocks=4)
+    small = tree_step("partial", 6, 2, 3, num_blocks=4, adaptive_depth=False)
     assert int((small.prefill([prompt], max_new_tokens=budget).block_tables[0] >= 0).sum()) == 3
     engine = fdecode.Engine(small)
     request = engine.add_request(prompt, max_new_tokens=budget)

@@ -2,10 +2,10 @@
 draft").
 
 An adaptive `Engine` launches only depths whose graphs are made (`Schedule.ready_depths`), so a stream never
-waits for a compile once it has begun. Without a `Step.warmup(depths=...)` call only depth K's graph exists, so
-the Engine asks for the others here (`fdecode.runtime.depth_graphs`): `BackgroundGraphs.request` queues graph
-runs on an all-inactive state, and one daemon thread makes them in order (compiled, or loaded from the disk
-store: `GraphSet.run`'s first call), each joining the step's graphs once its first call is done. The steps go
+waits for a compile once it has begun. Without a `Step.warmup(depths=...)` call only one depth's graph exists
+(`Step.first_depth`'s), so the Engine asks for the others here (`fdecode.runtime.depth_graphs`):
+`BackgroundGraphs.request` queues graph runs on an all-inactive state, and one daemon thread makes them in
+order (compiled, or loaded from the disk store: `GraphSet.run`'s first call), each joining the step's graphs once its first call is done. The steps go
 on meanwhile at the depths already made and use each new depth from the launch after it joins. All are made on
 one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool where an
 Engine holds one: the KV cache's memory once more, for that long).

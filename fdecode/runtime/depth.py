@@ -101,7 +101,8 @@ class DepthController:
     the chain of depth S it holds, the gain of the K-node tree starting at `tree_gain` (1.1: the trees of 8-12
     nodes at S = 4 committed 1.14x the chain's tokens per verify on the real pair), a smaller tree's in
     proportion to its nodes past S, and each following its verified trees' tokens over that chain's (a tree
-    teaches its gain, not the rate)."""
+    teaches its gain, not the rate). A launch where no depth's graph is made (a window and plan's first, whose
+    graph it makes) takes `first`: K by default, a tree step's chain of depth S on a CPU (`Step.first_depth`)."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
 
@@ -123,6 +124,7 @@ class DepthController:
         catch_up: int = 0,
         tree_levels: int | None = None,
         tree_gain: float = 1.1,
+        first: int | None = None,
     ):
         k = num_draft_tokens
         if len(costs) != k + 1 or min(costs) <= 0:
@@ -138,6 +140,10 @@ class DepthController:
             raise ValueError(f"DepthController hysteresis must be >= 0, got {hysteresis!r}")
         if tree_levels is not None and not 1 <= tree_levels < k:
             raise ValueError(f"DepthController tree_levels must be in 1 .. K - 1 = {k - 1}, got {tree_levels!r}")
+        depths = tuple(range(1, k + 1)) if depths is None else tuple(depths)
+        first = k if first is None else first
+        if first not in depths:
+            raise ValueError(f"DepthController first must be one of its depths {depths}, got {first!r}")
         if not tree_gain > 0:
             raise ValueError(f"DepthController tree_gain must be > 0, got {tree_gain!r}")
         for name, value, least in (
@@ -159,7 +165,7 @@ class DepthController:
         self.num_draft_tokens, self.weight, self.prior = k, weight, prior
         self.cost_weight, self.learn_costs = cost_weight, learn_costs
         self.costs = costs
-        self.depths = tuple(range(1, k + 1)) if depths is None else tuple(depths)
+        self.depths, self.first = depths, first
         self.lanes: dict[int, list[float]] = {}  # lane -> [accepted drafts, rejections] (decayed, prior included)
         self.carried: dict[int, int] = {}  # lane -> drafts its window carries now
         self.admissions: dict[int, int] = {}  # lane -> admissions so far (tells its requests apart)
@@ -230,11 +236,13 @@ class DepthController:
         return expected_tokens(rate, drafts)
 
     def choose(self, ready: Collection[int] | None = None) -> int:
-        """The depth with the most expected tokens per cost over the lanes running now (K with none), among those
-        `ready` (None: all); the deepest allowed where none is."""
+        """The depth with the most expected tokens per cost over the lanes running now (the deepest ready with
+        none), among those `ready` (None: all); `first` where none is (the launch makes its graph)."""
         depths = [d for d in self.depths if ready is None or d in ready]
-        if not depths or not self.lanes:
-            return max(depths or self.depths)
+        if not depths:
+            return self.first
+        if not self.lanes:
+            return max(depths)
         s = self.tree_levels
         if self.learn_costs and s in depths and not self.chain_measured() and any(map(self.is_tree, self.measured)):
             self.trying = False

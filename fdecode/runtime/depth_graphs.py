@@ -3,12 +3,13 @@ the idle draft").
 
 An adaptive Engine launches only depths whose graphs are made (`Schedule.ready_depths`). On the plain path
 (`fdecode.compile`, then `fdecode.generate` or an Engine, no `warmup(depths=...)` call) the first launch of a
-window and plan makes depth K's graph alone; right after it, `DepthGraphs.after_launch` asks for the graphs of
-the step's other depths of that window and plan, made on a thread of their own (`fdecode.graphs.background`),
-so no stream waits for them: the steps run at depth K until a depth's graph joins, and the controller may
-choose it from the next launch. Order: the catch-up graph and depth 0 first (depth 0 is the target alone,
-what a stream whose drafts fail runs best at; the catch-up graph before it, which every other depth runs
-once a lane's draft lags), then the middle depths from K / 2 outwards.
+window and plan makes the graph of the step's `first_depth` alone (K, or a tree step's chain of depth S on a
+CPU); right after it, `DepthGraphs.after_launch` asks for the graphs of the step's other depths of that window
+and plan, made on a thread of their own (`fdecode.graphs.background`), so no stream waits for them: the steps
+run at that first depth until another depth's graph joins, and the controller may choose it from the next
+launch. Order: the catch-up graph and depth 0 first (depth 0 is the target alone, what a stream whose drafts
+fail runs best at; the catch-up graph before it, which every other depth runs once a lane's draft lags), then
+the middle depths from K / 2 outwards, K last where the first launch did not make it.
 
 Random plans are left at K: a seeded random lane's draws depend on the depths its steps verify, so random
 lanes run depth K unless `warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not
@@ -30,9 +31,9 @@ from fdecode.progress import notice
 
 
 def depth_order(depths, k: int) -> list[int]:
-    """The depths other than `k` in the order they are made: 0 first, then from k / 2 outwards (the deeper of
-    two equally near first). `DepthGraphs` puts the catch-up graph before them all."""
-    return sorted((d for d in depths if d != k), key=lambda d: (d != 0, abs(2 * d - k), -d))
+    """The depths in the order they are made: 0 first, then from k / 2 outwards (the deeper of two equally near
+    first), k last (where the first launch did not make it). `DepthGraphs` puts the catch-up graph before them."""
+    return sorted(depths, key=lambda d: (d == k, d != 0, abs(2 * d - k), -d))
 
 
 class DepthGraphs:
@@ -51,8 +52,9 @@ class DepthGraphs:
         self._seen: set[tuple] = set()  # (window in blocks, lanes' sampling) already looked at
 
     def after_launch(self, host: HostRecord) -> tuple[GraphKey, ...]:
-        """After a launch on a state of record `host`: ask for the graphs of the other depths of its window and
-        plan that are not made, unless its plan is random. Returns the keys asked for now."""
+        """After a launch on a state of record `host`: ask for the graphs of the depths of its window and plan
+        that are not made (`BackgroundGraphs.request` leaves those made out), unless its plan is random. Returns
+        the keys asked for now."""
         if not self.on:
             return ()
         schedule, graph_set, k = self.step.schedule, self.step.graph_set, self.step.config.K

@@ -138,7 +138,8 @@ def run_rank(rank: int, port: int, out: str, cases: tuple[str, ...] = CASES, siz
     group_exit.destroy_process_group()
 
 
-TREE = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3)  # 6 of the 10 nodes 3 levels of 2 children make
+# 6 of the 10 nodes 3 levels of 2 children make; a tree every step (on a CPU an Engine starts at the chain)
+TREE = dict(num_draft_tokens=6, draft_topk=2, draft_depth=3, adaptive_depth=False)
 TREE_CASES = ("qwen3_5", "deepseek_v3", "qwen3_5_draft")  # hybrid MTP head, MLA + NextN, hybrid draft LM
 
 
