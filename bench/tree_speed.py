@@ -5,6 +5,7 @@ time goes: can this machine pay for a tree's extra rows?
     python bench/tree_speed.py --model bundled-mtp --device cuda     # the bundled model and its MTP head on a GPU
     python bench/tree_speed.py --engine    # also through an adaptive Engine, which chooses among the shape's depths
     python bench/tree_speed.py --engine-only --batch 4 --shapes 4:1:4 8:3:4   # the Engines alone, four prompts at once
+    python bench/tree_speed.py --engine-only --no-warmup --shapes 4:1:4 8:3:4 # the default path: no warmup call
     python bench/tree_speed.py --quick                               # a smoke run: tiny random models, eager
 
 Each shape (`--shapes`, N:k:S; the chain is N:1:N) is compiled once with the default backend (Inductor on the
@@ -16,7 +17,10 @@ prompt's forward), and tokens per second over the steps; every shape must commit
 breakdown then times, eagerly, one target forward over the rows a verify of each shape runs (N + 1) and one draft
 forward over the rows a level runs (k): a chain of depth S runs the target on S + 1 rows and the draft S times on
 1 row (2 rows first); a tree of N nodes runs the target on N + 1 rows and the draft S times on k rows (S + 1 rows
-first).
+first). With --no-warmup the Engines run the default path: no warmup call, each step's first launch makes its
+`first_depth`'s graph and the other depths' graphs are made in the background (`fdecode.runtime.depth_graphs`),
+so the depths an Engine can choose grow over the rounds; a first round, which makes the first graphs, is not
+timed (`--rounds` more follow).
 """
 
 from __future__ import annotations
@@ -84,8 +88,12 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     shape launched. Exits where a run's tokens differ from the first run's (greedy: every schedule is lossless)."""
     from fdecode.bench.loops import engine_run
 
-    print("\n| N | k | S | warm-up step ms by depth (greedy) |\n|---|---|---|---|")
-    for (n, k, s), step in steps.items():  # the greedy graphs the greedy requests run (a sampling plan's unused)
+    if args.no_warmup:
+        firsts = ", ".join(f"{n}:{k}:{s} {step.first_depth}" for (n, k, s), step in steps.items())
+        print(f"\nno warmup call; the first depth of each shape: {firsts}", flush=True)
+    else:
+        print("\n| N | k | S | warm-up step ms by depth (greedy) |\n|---|---|---|---|")
+    for (n, k, s), step in steps.items() if not args.no_warmup else ():  # the greedy graphs greedy requests run
         step.warmup(plans=(GREEDY,), depths=step.depths)
         timed = " / ".join(f"{d}: {1e3 * step.depth_seconds[d]:.0f}" for d in sorted(step.depth_seconds))
         print(f"| {n} | {k} | {s} | {timed} |", flush=True)
@@ -98,7 +106,7 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     tokens = {shape: dict.fromkeys(runs, 0) for shape in steps}
     launched: dict = {shape: {} for shape in steps}
     expected: dict[str, list] = {}
-    for r in range(args.rounds):
+    for r in range(args.rounds + args.no_warmup):  # with --no-warmup, an untimed round first
         for shape in list(steps) if r % 2 == 0 else list(reversed(steps)):
             for name, batch in runs.items():
                 start = time.perf_counter()
@@ -106,6 +114,9 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
                 seconds[shape][name] += time.perf_counter() - start
                 if outs != expected.setdefault(name, outs):  # greedy: every shape, every schedule, one text
                     sys.exit(f"{shape} on {name!r}: the tokens differ from the first run's (not lossless)")
+                if args.no_warmup and r == 0:  # the round that made the first graphs
+                    seconds[shape][name] = 0.0
+                    continue
                 tokens[shape][name] += sum(len(out) for out in outs)
                 for depth, count in info["depths_launched"].items():
                     launched[shape][depth] = launched[shape].get(depth, 0) + count
@@ -134,6 +145,7 @@ def main() -> None:
     parser.add_argument("--engine", action="store_true", help="also each shape through an adaptive Engine")
     parser.add_argument("--engine-only", action="store_true", help="the Engine rounds alone (no fixed depth)")
     parser.add_argument("--batch", type=int, default=1, help="the Engine rounds' batch (max_batch of the steps)")
+    parser.add_argument("--no-warmup", action="store_true", help="the Engines' default path: no warmup call")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
