@@ -178,6 +178,9 @@ def test_on_a_cpu_a_tree_step_starts_at_its_chain_and_makes_the_tree_in_the_back
     step = tree_step("partial", 6, 2, 3)
     assert step.first_depth == 3 and step.depths == (0, 1, 2, 3, 4, 6)
     accelerator = fdecode.DecodeConfig(**{**vars_of(step.config), "device": "cuda"})
+    fixed = tree_step("partial", 6, 2, 3, adaptive_depth=False)  # every step the tree: so is the first
+    fixed.warmup()
+    assert fixed.first_depth == 6 and {key.depth for key in fixed.graphs} == {6}
     assert (
         first_depth(accelerator) == 6
         and first_depth(fdecode.DecodeConfig(num_draft_tokens=4, max_batch=1, max_seq_len=32)) == 4
@@ -197,6 +200,7 @@ def test_on_a_cpu_a_tree_step_starts_at_its_chain_and_makes_the_tree_in_the_back
     assert step.graph_set.background.wait(timeout=120)
     asked = [key.depth for key in engine.depth_graphs.asked if not key.catch_up]
     assert asked == [0, 4, 2, 1, 6], engine.depth_graphs  # the tree (K) last
+    assert {key.depth for key in step.graphs} >= {0, 1, 2, 3, 4, 6}, step.graph_set.background  # all made
 
 
 def test_an_engine_weighs_an_ngram_trees_rows_against_its_chains():

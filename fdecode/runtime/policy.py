@@ -76,8 +76,7 @@ def depth_policy(step) -> DepthPolicy:
     allowed = step.depths if 1 in step.depths else (cfg.K,)  # a recurrent chain runs 0 or K: K alone
     catch_up = cfg.draft_catch_up if step.idles_draft else 0  # `fdecode.ops.catch_up`
     tree = dict(tree_levels=cfg.levels) if cfg.tree and len(allowed) > 1 else {}  # 0, chains 1 .. S, the tree
-    first = step.first_depth if step.first_depth in allowed else cfg.K  # where no depth's graph is made
-    common = dict(depths=allowed, catch_up=catch_up, first=first, **tree)
+    common = dict(depths=allowed, catch_up=catch_up, first=step.first_depth, **tree)  # first: where none is made
     if getattr(step.target, "tp", None) is None:
         return DepthController(cfg.K, step_costs(step, allowed), **common)
     # every rank must launch the same depths: costs from the weights alone, never from timings

@@ -58,12 +58,12 @@ def tree_depths(cfg) -> tuple[int, ...]:
 
 
 def first_depth(cfg) -> int:
-    """The depth a step starts at where no other depth's graph is made (`Step.first_depth`): K, except a tree on
-    a CPU, where the chain of depth S. A CPU charges for each row, so a tree step costs more than its chain's (on the
-    real pair 16-25 % more at 8-12 nodes, S = 4, for 14-16 % more tokens: docs/design.md, "Trees"): an Engine
-    starts at the chain and launches the tree once its graph is made (in the background) and is worth its measured
-    cost. An accelerator reads the weights once for either: the tree first."""
-    return cfg.levels if cfg.tree and cfg.device_type == "cpu" else cfg.K
+    """The depth a step starts at where no other depth's graph is made (`Step.first_depth`): K, except an adaptive
+    tree on a CPU, where the chain of depth S. A CPU charges for each row, so a tree step costs more than its
+    chain's, by more than the tree adds on the real pair (docs/design.md, "Trees"): an Engine starts at the chain
+    and weighs the tree once its graph is made (in the background). An accelerator reads the weights once for
+    either: the tree first; and with `adaptive_depth=False` every step is the tree."""
+    return cfg.levels if cfg.tree and cfg.adaptive_depth and cfg.device_type == "cpu" else cfg.K
 
 
 def check_tree_shape(cfg) -> None:
