@@ -69,7 +69,7 @@ def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: boo
     launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
     engine = fdecode.Engine(step)
     if not adaptive:
-        engine.policy.depths = (step.config.K,)
+        engine.policy.depths, engine.policy.first = (step.config.K,), step.config.K  # (a CPU's tree starts at S)
     ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
     got = engine.run()
     info = {"depths_launched": {d: n for d, n in engine.policy.launches.items() if n}}
