@@ -29,7 +29,8 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="choose each step's depth (chains of 1 .. S and trees) by measured cost and acceptance; "
-        "--no-adaptive-depth verifies all K drafts (the whole tree) at every step (default: adaptive)",
+        "--no-adaptive-depth verifies all K drafts (the whole tree) at every step; n-gram chains keep their "
+        "on/off gate either way (default: adaptive)",
     )
 
 

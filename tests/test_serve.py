@@ -102,6 +102,26 @@ def test_serve_refuses_a_tree_that_cannot_be_before_loading(monkeypatch, capsys)
     assert "draft_depth=5 needs at least one node a level" in capsys.readouterr().err
 
 
+def test_serve_passes_the_draft_flags_to_the_config(monkeypatch, capsys):
+    """`fdecode serve`'s draft flags reach `load` (then `DecodeConfig`): --no-adaptive-depth, a tree's shape."""
+    import fdecode.serve
+    from fdecode.serve import cli
+
+    seen = []
+
+    def refuse(*args, **config):
+        seen.append(config)
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(fdecode.serve, "load", refuse)
+    assert cli.main(["-k", "6", "--draft-topk", "2", "--draft-depth", "3", "--no-adaptive-depth"]) == 2
+    assert cli.main(["-k", "4"]) == 2
+    assert "stopped before loading" in capsys.readouterr().err
+    tree, chain = ({f: c[f] for f in ("num_draft_tokens", "draft_topk", "draft_depth", "adaptive_depth")} for c in seen)
+    assert tree == dict(num_draft_tokens=6, draft_topk=2, draft_depth=3, adaptive_depth=False)
+    assert chain == dict(num_draft_tokens=4, draft_topk=1, draft_depth=None, adaptive_depth=True)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_equals_generate(client, stream):
     want = alone(PROMPTS[0], 20)
