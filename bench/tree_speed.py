@@ -82,7 +82,8 @@ def forward_seconds(model, rows: int, repeats: int, device: str) -> float:
 
 def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     """Each shape through an adaptive `Engine` (the default config's choice of depth per launch; every depth's
-    graph made first by `warmup`), `--rounds` rounds in alternating order: at `--batch` 1 each prompt alone,
+    graph made first by `warmup`, or with --no-warmup the default path's graphs: the first depth's, then the
+    others as the background thread makes them), `--rounds` rounds in alternating order: at `--batch` 1 each prompt alone,
     tok/s over its request (its prefill included) per prompt, with the geometric mean of the per-prompt ratios
     to the first shape; at a larger batch the prompts (cycled) at once, tok/s over the batch. And the depths each
     shape launched. Exits where a run's tokens differ from the first run's (greedy: every schedule is lossless)."""
@@ -93,10 +94,10 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
         print(f"\nno warmup call; the first depth of each shape: {firsts}", flush=True)
     else:
         print("\n| N | k | S | warm-up step ms by depth (greedy) |\n|---|---|---|---|")
-    for (n, k, s), step in steps.items() if not args.no_warmup else ():  # the greedy graphs greedy requests run
-        step.warmup(plans=(GREEDY,), depths=step.depths)
-        timed = " / ".join(f"{d}: {1e3 * step.depth_seconds[d]:.0f}" for d in sorted(step.depth_seconds))
-        print(f"| {n} | {k} | {s} | {timed} |", flush=True)
+        for (n, k, s), step in steps.items():  # the greedy graphs the greedy requests run
+            step.warmup(plans=(GREEDY,), depths=step.depths)
+            timed = " / ".join(f"{d}: {1e3 * step.depth_seconds[d]:.0f}" for d in sorted(step.depth_seconds))
+            print(f"| {n} | {k} | {s} | {timed} |", flush=True)
     if args.batch == 1:
         runs = {name: [ids] for name, ids in prompts.items()}
     else:
@@ -106,7 +107,8 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     tokens = {shape: dict.fromkeys(runs, 0) for shape in steps}
     launched: dict = {shape: {} for shape in steps}
     expected: dict[str, list] = {}
-    for r in range(args.rounds + args.no_warmup):  # with --no-warmup, an untimed round first
+    untimed = 1 if args.no_warmup else 0  # with --no-warmup, a round that makes the first graphs first
+    for r in range(untimed + args.rounds):
         for shape in list(steps) if r % 2 == 0 else list(reversed(steps)):
             for name, batch in runs.items():
                 start = time.perf_counter()
@@ -114,7 +116,7 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
                 seconds[shape][name] += time.perf_counter() - start
                 if outs != expected.setdefault(name, outs):  # greedy: every shape, every schedule, one text
                     sys.exit(f"{shape} on {name!r}: the tokens differ from the first run's (not lossless)")
-                if args.no_warmup and r == 0:  # the round that made the first graphs
+                if r < untimed:
                     seconds[shape][name] = 0.0
                     continue
                 tokens[shape][name] += sum(len(out) for out in outs)
@@ -148,6 +150,8 @@ def main() -> None:
     parser.add_argument("--no-warmup", action="store_true", help="the Engines' default path: no warmup call")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny random models, eager, one round")
     args = parser.parse_args()
+    if args.no_warmup and not args.engine_only:
+        parser.error("--no-warmup needs --engine-only (the fixed-depth rounds make the graphs first)")
     torch.set_grad_enabled(False)
     backend = args.backend
     if args.model != "pair":

@@ -145,6 +145,7 @@ def test_mixed_lanes_in_the_engine_commit_what_the_chain_commits(step):
     draft commits (all lossless), and transformers' tokens."""
     cfg = step.config
     adaptive = fdecode.compile(step.target, step.draft, dataclasses.replace(cfg, adaptive_depth=True))
+    adaptive.warmup(depths=adaptive.depths)  # every depth to choose from (a CPU's would start at the chain alone)
     chain = fdecode.compile(
         step.target, step.draft, dataclasses.replace(cfg, draft_topk=1, draft_depth=3, num_draft_tokens=3)
     )

@@ -1,22 +1,22 @@
 """Step graphs made on a thread of their own while the steps run (docs/design.md, "Adaptive depth and the idle
 draft").
 
-An adaptive `Engine` launches only depths whose graphs are made (`Schedule.ready_depths`), so a stream never
-waits for a compile once it has begun. Without a `Step.warmup(depths=...)` call only one depth's graph exists
+An adaptive `Engine` launches only depths whose graphs are made (`Schedule.ready_depths`), so a stream never waits for
+a compile once it has begun. Without a `Step.warmup(depths=...)` call only one depth's graph exists
 (`Step.first_depth`'s), so the Engine asks for the others here (`fdecode.runtime.depth_graphs`):
-`BackgroundGraphs.request` queues graph runs on an all-inactive state, and one daemon thread makes them in
-order (compiled, or loaded from the disk store: `GraphSet.run`'s first call), each joining the step's graphs once its first call is done. The steps go
-on meanwhile at the depths already made and use each new depth from the launch after it joins. All are made on
-one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool where an
-Engine holds one: the KV cache's memory once more, for that long).
+`BackgroundGraphs.request` queues graph runs on an all-inactive state, and one daemon thread makes them in order
+(compiled, or loaded from the disk store: `GraphSet.run`'s first call), each joining the step's graphs once its first
+call is done. The steps go on meanwhile at the depths already made and use each new depth from the launch after it
+joins. All are made on one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool
+where an Engine holds one: the KV cache's memory once more, for that long).
 
-The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux; compiler processes it
-starts inherit it, those of a pool the Engine's thread started do not), so on a machine whose cores the steps keep busy it compiles mostly between requests rather than
-slowing the stream; a step's Python still waits for the interpreter lock at most a switch interval (5 ms).
-A graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the main thread itself must make
-(a new sampling plan or window), or any other compile, waits for the one being made here to finish; and in the
-thread that asks for graphs a `torch.compile`d function called while one is being traced here runs as plain
-PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet Dynamo's error.
+The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux; compiler processes it starts
+inherit it, those of a pool the Engine's thread started do not), so on a machine whose cores the steps keep busy it
+compiles mostly between requests rather than slowing the stream; a step's Python still waits for the interpreter lock
+at most a switch interval (5 ms). A graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the
+main thread itself must make (a new sampling plan or window), or any other compile, waits for the one being made here
+to finish; and in the thread that asks for graphs a `torch.compile`d function called while one is being traced here
+runs as plain PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet Dynamo's error.
 
 `FDECODE_BACKGROUND_GRAPHS=0` turns it off (the test suite does, but for its tests of it): an adaptive Engine
 then chooses among the depths made by `warmup` alone.

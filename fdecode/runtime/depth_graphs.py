@@ -11,13 +11,13 @@ launch. Order: the catch-up graph and depth 0 first (depth 0 is the target alone
 fail runs best at; the catch-up graph before it, which every other depth runs once a lane's draft lags), then
 the middle depths from K / 2 outwards, K last where the first launch did not make it.
 
-Random plans are left at K: a seeded random lane's draws depend on the depths its steps verify, so random
-lanes run depth K unless `warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not
-under CUDA or ACL graphs either (`STATIC_KV` backends: a graph replays at the KV addresses it was captured
-at, and the steps own the pools), nor where the steps' graphs are Dynamo-wrapped functions (the disk store
-turned off, `aot_eager`, `dynamo`: one called during a background trace would run as plain PyTorch), nor on
-tensor-parallel ranks (each would make its graphs at its own pace, and the ranks must launch the same
-depths): there `warmup(depths=...)` makes them. Nor with `FDECODE_BACKGROUND_GRAPHS=0`.
+Random plans are left at the first depth: a seeded random lane's draws depend on the depths its steps verify, so
+random lanes run the step's `first_depth` (K, or a CPU tree step's chain of depth S) unless `warmup(depths=...)` made
+others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either (`STATIC_KV` backends: a
+graph replays at the KV addresses it was captured at, and the steps own the pools), nor where the steps' graphs are
+Dynamo-wrapped functions (the disk store turned off, `aot_eager`, `dynamo`: one called during a background trace would
+run as plain PyTorch), nor on tensor-parallel ranks (each would make its graphs at its own pace, and the ranks must
+launch the same depths): there `warmup(depths=...)` makes them. Nor with `FDECODE_BACKGROUND_GRAPHS=0`.
 """
 
 from __future__ import annotations
