@@ -83,10 +83,11 @@ def forward_seconds(model, rows: int, repeats: int, device: str) -> float:
 def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
     """Each shape through an adaptive `Engine` (the default config's choice of depth per launch; every depth's
     graph made first by `warmup`, or with --no-warmup the default path's graphs: the first depth's, then the
-    others as the background thread makes them), `--rounds` rounds in alternating order: at `--batch` 1 each prompt alone,
-    tok/s over its request (its prefill included) per prompt, with the geometric mean of the per-prompt ratios
-    to the first shape; at a larger batch the prompts (cycled) at once, tok/s over the batch. And the depths each
-    shape launched. Exits where a run's tokens differ from the first run's (greedy: every schedule is lossless)."""
+    others as the background thread makes them), `--rounds` rounds in alternating order: at `--batch` 1 each
+    prompt alone, tok/s over its request (its prefill included) per prompt, with the geometric mean of the
+    per-prompt ratios to the first shape; at a larger batch the prompts (cycled) at once, tok/s over the batch.
+    And the depths each shape launched. Exits where a run's tokens differ from the first run's (greedy: every
+    schedule is lossless)."""
     from fdecode.bench.loops import engine_run
 
     if args.no_warmup:
