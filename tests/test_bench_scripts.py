@@ -30,6 +30,7 @@ SCRIPTS = (
     "tree_acceptance.py",
     "tree_speed.py",
     "default_path.py",
+    "background_stalls.py",
 )
 HELPERS = ("compile_phases.py", "child_process.py")  # imported by the scripts, not run on their own
 ELSEWHERE = ("serve_load.py",)  # its --quick and --chaos --quick run in tests/test_serve.py, beside a server
