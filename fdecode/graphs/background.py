@@ -12,11 +12,12 @@ where an Engine holds one: the KV cache's memory once more, for that long).
 
 The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux; compiler processes it starts
 inherit it, those of a pool the Engine's thread started do not), so on a machine whose cores the steps keep busy it
-compiles mostly between requests rather than slowing the stream; a step's Python still waits for the interpreter lock
-at most a switch interval (5 ms). A graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the
-main thread itself must make (a new sampling plan or window), or any other compile, waits for the one being made here
-to finish; and in the thread that asks for graphs a `torch.compile`d function called while one is being traced here
-runs as plain PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet Dynamo's error.
+compiles mostly between requests; a step still waits where the compile holds the interpreter lock, now and then for
+seconds (docs/design.md gives the cost measured). A graph's first call holds Dynamo's compile lock (`GraphSet.run`),
+so a graph the main thread itself must make (a new sampling plan or window), or any other compile, waits for the one
+being made here to finish; and in the thread that asks for graphs a `torch.compile`d function called while one is
+being traced here runs as plain PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet
+Dynamo's error.
 
 `FDECODE_BACKGROUND_GRAPHS=0` turns it off (the test suite does, but for its tests of it): an adaptive Engine
 then chooses among the depths made by `warmup` alone.
