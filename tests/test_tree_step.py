@@ -173,8 +173,9 @@ def test_greedy_ngram_tree_equals_transformers():
 def test_on_a_cpu_a_tree_step_starts_at_its_chain_and_makes_the_tree_in_the_background(monkeypatch):
     """A CPU charges for a tree's rows, so a tree step there starts where no depth's graph is made at the chain of
     depth S (`Step.first_depth`): `warmup()` makes it, an Engine without a warmup call launches it, and the tree's
-    graph is asked for in the background (last), to be chosen once its measured cost pays. Tokens: transformers'
-    greedy ones. An accelerator starts at K, the tree, whose rows it reads with the same weights."""
+    graph is asked for in the background (last) and made, for the controller to weigh. Tokens: transformers'
+    greedy ones. An accelerator starts at K, the tree, whose rows it reads with the same weights; so does a step
+    with `adaptive_depth=False`, which runs the tree at every step."""
     step = tree_step("partial", 6, 2, 3)
     assert step.first_depth == 3 and step.depths == (0, 1, 2, 3, 4, 6)
     accelerator = fdecode.DecodeConfig(**{**vars_of(step.config), "device": "cuda"})
