@@ -114,12 +114,12 @@ def engine_rounds(steps: dict, prompts: dict[str, list[int]], args) -> None:
             for name, batch in runs.items():
                 start = time.perf_counter()
                 outs, _, info = engine_run(steps[shape], batch, args.new_tokens, adaptive=True)
-                seconds[shape][name] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
                 if outs != expected.setdefault(name, outs):  # greedy: every shape, every schedule, one text
                     sys.exit(f"{shape} on {name!r}: the tokens differ from the first run's (not lossless)")
                 if r < untimed:
-                    seconds[shape][name] = 0.0
                     continue
+                seconds[shape][name] += elapsed
                 tokens[shape][name] += sum(len(out) for out in outs)
                 for depth, count in info["depths_launched"].items():
                     launched[shape][depth] = launched[shape].get(depth, 0) + count
