@@ -69,7 +69,7 @@ def main() -> None:
     made = ", ".join(key.name(cfg.K) for key in step.graph_set.background.made)
     print(f"switch interval {args.switch_interval} ms, {backend}; made in the background: {made or 'none'}")
     for busy, label in ((True, "while graphs were made"), (False, "with every graph made")):
-        seconds = timed[busy][3:]  # the first steps compile the first graph
+        seconds = timed[busy][3:]  # (the first step, before any graph is asked for, compiles the first graph)
         print(f"{label}: {summary(seconds) if seconds else 'no steps'}")
 
 
