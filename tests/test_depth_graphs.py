@@ -9,6 +9,8 @@ pair (a 1-layer, 32-wide target and draft), whose tokens are checked against the
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 
 import pytest
@@ -18,6 +20,7 @@ from support.llama_models import fdecode_target, hf_greedy, independent_draft
 import fdecode
 from fdecode.bench import llama
 from fdecode.graphs import background
+from fdecode.graphs.graph_set import GraphSet
 from fdecode.runtime.depth_graphs import depth_order
 
 PROMPTS = [(5, 17, 33, 2, 9, 41, 60), (7, 3), (11, 12, 13, 14, 15, 80, 81, 82, 83, 84, 85, 86, 87)]
@@ -53,6 +56,36 @@ def test_an_engine_without_a_warmup_call_reaches_the_depth_its_draft_earns(monke
     first_two = [(key.depth, key.catch_up) for key in step.graph_set.background.made[:2]]
     assert first_two == [(0, True), (0, False)], step.graph_set.background
     assert launched(engine) - {2}, engine.policy  # the second round launched a shallower depth than K
+
+
+def test_graphs_made_in_the_background_run_their_compilers_at_the_threads_lowest_priority(monkeypatch):
+    """The thread runs at nice 19 (Linux), and while it makes a graph Inductor builds kernels in that thread (one
+    compile thread), not in its worker pool, whose processes carry the priority of the thread that first compiled
+    (often the Engine's): else a background compile takes a core from the steps at their priority. The Engine's
+    thread keeps its own setting."""
+    monkeypatch.setenv(background.ENV, "1")
+    seen = []
+    make = GraphSet.make
+
+    def recorded(self, *args):
+        thread = threading.current_thread()
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if hasattr(os, "getpriority") else None
+        seen.append((thread.name, torch._inductor.config.compile_threads, nice))
+        return make(self, *args)
+
+    monkeypatch.setattr(GraphSet, "make", recorded)
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(num_draft_tokens=2, max_batch=2, max_seq_len=64, block_size=4, backend="eager")
+    step = fdecode.compile(target, independent_draft("random", target), cfg)
+    with torch._inductor.config.patch(compile_threads=2):  # this thread's (the suite's conftest sets 1)
+        engine = fdecode.Engine(step)
+        engine.add_request(list(PROMPTS[0]), max_new_tokens=8)
+        engine.run()
+        assert step.graph_set.background.wait(timeout=60) and len(step.graph_set.background.made) == 3
+        assert torch._inductor.config.compile_threads == 2
+    assert {(name, threads) for name, threads, _ in seen} == {("fdecode-graphs", 1)}, seen
+    if sys.platform == "linux":
+        assert {nice for _, _, nice in seen} == {19}, seen
 
 
 def test_no_graph_is_made_in_the_background_when_it_is_turned_off_or_the_depth_is_fixed(monkeypatch):

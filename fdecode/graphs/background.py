@@ -10,14 +10,14 @@ call is done. The steps go on meanwhile at the depths already made and use each 
 joins. All are made on one throwaway state, which holds a KV pool of the step's until the queue is done (a second pool
 where an Engine holds one: the KV cache's memory once more, for that long).
 
-The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux; compiler processes it starts
-inherit it, those of a pool the Engine's thread started do not), so on a machine whose cores the steps keep busy it
-compiles mostly between requests; a step still waits where the compile holds the interpreter lock, now and then for
-seconds (docs/design.md gives the cost measured). A graph's first call holds Dynamo's compile lock (`GraphSet.run`),
-so a graph the main thread itself must make (a new sampling plan or window), or any other compile, waits for the one
-being made here to finish; and in the thread that asks for graphs a `torch.compile`d function called while one is
-being traced here runs as plain PyTorch (`_tolerate_traces_elsewhere`): another thread calling one then would meet
-Dynamo's error.
+The thread runs at the lowest CPU priority the system grants it (nice 19 on Linux), and builds its graphs' C++ kernels
+itself rather than in Inductor's worker pool (`_compilers_at_this_priority`), so the compiler processes inherit that
+priority too; on a machine whose cores the steps keep busy it compiles mostly between requests. A step still waits
+where the compile holds the interpreter lock, now and then for seconds (docs/design.md gives the cost measured). A
+graph's first call holds Dynamo's compile lock (`GraphSet.run`), so a graph the main thread itself must make (a new
+sampling plan or window), or any other compile, waits for the one being made here to finish; and in the thread that
+asks for graphs a `torch.compile`d function called while one is being traced here runs as plain PyTorch
+(`_tolerate_traces_elsewhere`): another thread calling one then would meet Dynamo's error.
 
 `FDECODE_BACKGROUND_GRAPHS=0` turns it off (the test suite does, but for its tests of it): an adaptive Engine
 then chooses among the depths made by `warmup` alone.
@@ -92,6 +92,19 @@ def _lowest_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: a thread's own nice value
     except (AttributeError, OSError):
         pass
+
+
+def _compilers_at_this_priority():
+    """While a graph is made here: Inductor builds its C++ kernels in this thread, one compiler process at a time,
+    not in its worker pool, so the compiler processes inherit this thread's lowest priority. The pool's threads
+    (and the processes they start) run at the priority of the thread that first compiled, often the Engine's,
+    where a compile for the background would take a core from the steps at their own priority. Inductor's settings
+    are the thread's own in torch 2.13 (context variables); where a torch keeps them for the process, a graph's
+    first call holds Dynamo's compile lock (`GraphSet.run`), so no other compile of fdecode's runs meanwhile.
+    `compile_threads` is no part of Inductor's cache keys."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(compile_threads=1)
 
 
 def _tolerate_traces_elsewhere() -> None:
@@ -180,7 +193,8 @@ class BackgroundGraphs:
     def _make(self, state, blocks: int, key: GraphKey):
         """The state after `key`'s graph's first call on `state` (unless another thread made it meanwhile)."""
         try:
-            after = self.graph_set.make(state, blocks, key)
+            with _compilers_at_this_priority():
+                after = self.graph_set.make(state, blocks, key)
         except Exception as error:  # left to the main thread, which meets it only where it runs the graph
             self.failed[key] = f"{type(error).__name__}: {error}"  # (not the error: its frames hold the state)
             if not _EXITING.is_set():  # (at exit a compile may find its pools shut: nothing to say)
