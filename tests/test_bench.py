@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.llama_models import fdecode_target, hf_greedy, independent_draft
+from support.ngram_steps import grounded_prompts, ngram_step
 
 from fdecode.bench import Result, main
 
@@ -212,3 +214,25 @@ def test_host_time_splits_the_step_at_the_compiled_code(tmp_path, capsys):
     )  # no device apart from the host here
     assert row["engine_ms"] > 0 and row["engine_cpu_ms"] > 0 and row["engine_own_cpu_ms"] < row["engine_cpu_ms"]
     assert "| micro | 1 | inductor | 1 |" in capsys.readouterr().out
+
+
+def test_engine_run_at_depth_k_launches_k_alone_and_asks_for_no_other_graph(monkeypatch):
+    """`engine_run(adaptive=False)`, the benches' "Engine depth K", is the Engine of an `adaptive_depth=False` step:
+    every launch at K, an n-gram step's too (its gate paused where no draft matched), a CPU tree step's (whose
+    first depth is its chain of S), and no other depth's graph made in the background meanwhile."""
+    import fdecode
+    from fdecode.bench.loops import engine_run
+    from fdecode.graphs import background
+
+    monkeypatch.setenv(background.ENV, "1")
+    target = fdecode_target(2)
+    cfg = fdecode.DecodeConfig(
+        num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=4, max_seq_len=64, block_size=4, backend="eager"
+    )
+    tree = fdecode.compile(target, independent_draft("partial", target), cfg)
+    prompts = [list(p) for p in grounded_prompts()]
+    for step in (ngram_step(), tree):
+        outs, _, info = engine_run(step, prompts, 12, adaptive=False)
+        assert set(info["depths_launched"]) == {step.config.K}, info
+        assert outs == [hf_greedy(tuple(p), 12) for p in prompts]
+        assert step.graph_set.background.wait(timeout=60) and step.graph_set.background.made == []

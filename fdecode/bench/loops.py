@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 import fdecode
+from fdecode.runtime.depth_graphs import DepthGraphs
 from fdecode.runtime.gate import DraftGate
+from fdecode.runtime.policy import FixedDepth
 
 
 def fdecode_loop(step, prompts, new_tokens, steps: int | None = None, gate: DraftGate | None = None):
@@ -66,10 +68,12 @@ def fixed_depth(step, prompts: list[list[int]], depth: int, new_tokens: int) -> 
 
 def engine_run(step, prompts: list[list[int]], new_tokens: int, *, adaptive: bool) -> tuple[list[list[int]], int, dict]:
     """Tokens of each prompt through an `Engine` (which reads one step behind), its steps and the depths it
-    launched. adaptive=False: every launch at depth K (True: as the default `DecodeConfig` runs, choosing)."""
+    launched. adaptive=False: every launch at depth K, an n-gram draft's too (its gate never pauses), and no
+    other depth's graph asked for (True: as the default `DecodeConfig` runs, choosing)."""
     engine = fdecode.Engine(step)
-    if not adaptive:
-        engine.policy.depths, engine.policy.first = (step.config.K,), step.config.K  # (a CPU's tree starts at S)
+    if not adaptive:  # the Engine of an `adaptive_depth=False` step, on this step's graphs
+        engine.policy = FixedDepth(step.config.K)
+        engine.depth_graphs = DepthGraphs(step, engine.policy)
     ids = [engine.add_request(p, max_new_tokens=new_tokens, ignore_eos=True) for p in prompts]
     got = engine.run()
     info = {"depths_launched": {d: n for d, n in engine.policy.launches.items() if n}}
