@@ -3,16 +3,16 @@
 
     python bench/background_stalls.py --cache /tmp/bg-cache        # cold: an empty cache, Inductor
     python bench/background_stalls.py --cache /tmp/bg-cache2 --switch-interval 0.5
-    flock /tmp/fdecode-realpair.lock python bench/background_stalls.py --pair --cache /tmp/bg-pair --new-tokens 200
+    python bench/background_stalls.py --pair --cache /tmp/bg-pair --new-tokens 200 --after 40   # the real pair
     python bench/background_stalls.py --quick                      # a smoke run: eager, a few steps
 
-The bundled model with its draft LM (K = 4; --pair: the real Qwen2.5-Coder 1.5B / 0.5B pair, fp32), one Engine, no warmup call, requests of --new-tokens greedy tokens
-one after another; every launch is held at depth K (the controller's depths narrowed to K), so each step is the
-same graph whether the background thread is making the others or not. Steps are timed on the Engine's thread and
-split by whether graphs were being made at their launch: median, mean, the longest and how many took over 100 ms,
-until --after steps have run with every graph made (or --limit seconds passed). --cache points the Inductor cache
-and fdecode's stored step graphs at one folder (empty: every graph is compiled); --switch-interval sets Python's
-(`sys.setswitchinterval`, in ms).
+The bundled model with its draft LM (K = 4; --pair: the real Qwen2.5-Coder 1.5B / 0.5B pair, fp32), one Engine, no
+warmup call, requests of --new-tokens greedy tokens one after another; every launch is held at depth K (the
+controller's depths narrowed to K), so each step is the same graph whether the background thread is making the others
+or not. Steps are timed on the Engine's thread and split by whether graphs were being made at their launch: median,
+mean, the longest and how many took over 100 ms, until --after steps have run with every graph made (or --limit
+seconds passed). --cache points the Inductor cache and fdecode's stored step graphs at one folder (empty: every graph
+is compiled); --switch-interval sets Python's (`sys.setswitchinterval`, in ms).
 """
 
 from __future__ import annotations
