@@ -22,7 +22,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from child_process import cache_env  # bench/child_process.py, beside this script
 
 
 def summary(seconds: list[float]) -> str:
@@ -44,8 +45,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="eager, short requests: a smoke run")
     args = parser.parse_args()
     if args.cache:  # before torch reads them
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache) / "inductor")
-        os.environ["FDECODE_CACHE_DIR"] = str(Path(args.cache) / "steps")
+        os.environ.update(cache_env(args.cache))
     if not args.quick:  # (a smoke run keeps the environment's: the test suite's runs in one process, off)
         os.environ["FDECODE_BACKGROUND_GRAPHS"] = "1"
     sys.setswitchinterval(args.switch_interval / 1e3)

@@ -1,14 +1,25 @@
-"""A bench script's measurement in a fresh Python process: run it, return the JSON its last line prints.
+"""A bench script's measurement in a fresh Python process: run it, return the JSON its last line prints; and the
+environment of a process whose caches lie in a folder of their own.
 
 Imported by the scripts that time things a process pays once (cold_start.py, weights_memory.py,
-step_vs_revision.py); not run on its own.
+step_vs_revision.py, default_path.py, background_stalls.py); not run on its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+
+def cache_env(folder: str) -> dict[str, str]:
+    """The variables that point the Inductor cache and fdecode's stored step graphs at `folder` (its "inductor"
+    and "steps"): empty there, every graph is compiled; filled by a run before, they load."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+        "FDECODE_CACHE_DIR": os.path.join(folder, "steps"),
+    }
 
 
 def run_json_child(args: list[str], env: dict[str, str], what: str, cwd: str | None = None) -> dict:

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from child_process import cache_env  # bench/child_process.py, beside this script
 from weights_memory import weights_bytes  # bench/weights_memory.py, beside this script
 
 
@@ -47,8 +48,7 @@ def main() -> None:
     parser.add_argument("--assisted", action="store_true", help="transformers' assisted generation in the rounds too")
     args = parser.parse_args()
     if args.cache:  # before torch reads them
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache) / "inductor")
-        os.environ["FDECODE_CACHE_DIR"] = str(Path(args.cache) / "steps")
+        os.environ.update(cache_env(args.cache))
     import torch
 
     import fdecode

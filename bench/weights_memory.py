@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from child_process import run_json_child  # bench/child_process.py, beside this script
+from child_process import cache_env, run_json_child  # bench/child_process.py, beside this script
 
 PROMPT = list(range(1000, 1060))
 
@@ -142,8 +142,7 @@ def child(spec: dict) -> dict:
 def run(spec: dict, cache: str) -> dict:
     env = {
         **os.environ,
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
-        "FDECODE_CACHE_DIR": os.path.join(cache, "steps"),
+        **cache_env(cache),
         "WEIGHTS_BENCH_CACHE": cache,
     }
     return run_json_child([__file__, "--child", json.dumps(spec)], env, str(spec))
