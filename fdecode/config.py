@@ -76,7 +76,7 @@ class DecodeConfig:
     # An `Engine` chooses each launch's depth (how many of the K drafts the step verifies and proposes) from
     # the acceptance it reads one step behind and each depth's step time (`fdecode.runtime.depth`), among the
     # depths whose graphs are made: `step.warmup(depths=step.depths)` makes them all; without it the first launch
-    # makes `step.first_depth`'s (K, or a tree step's chain of depth S on a CPU) and the others are made on a
+    # makes `step.first_depth`'s (K, or an adaptive tree step's chain of depth S) and the others are made on a
     # thread of their own (`fdecode.runtime.depth_graphs`). False: every step verifies K (a tree: all of it).
     # For draft LMs, MTP heads and n-gram trees (n-gram chains have `draft_gate`); recurrent chains keep K.
     adaptive_depth: bool = True

@@ -47,7 +47,7 @@ class Step:
     `attention_reason` (why `config.attention` is not a device kernel / the requested one), `buckets` (attention
     windows in tokens), `plans` (the sampling plans it can run), `covering_plans` (`warmup()`'s default: exact for
     any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay, `fdecode.runtime.gate`), `first_depth`
-    (the depth a stream starts at, `warmup()`'s default: K, or an adaptive tree step's chain of depth S on a CPU),
+    (the depth a stream starts at, `warmup()`'s default: K, or an adaptive tree step's chain of depth S),
     `seeds`, `fn` (the uncompiled pure function, whole-lane window, exact for any lanes). Its parts: `graph_set`
     (the graphs by `GraphKey`: capture, disk store, announcements; `graphs`, `compile_seconds`,
     `plan_compile_seconds` are its views), `schedule` (which graph runs, from the state's `HostRecord`, never a
@@ -99,7 +99,7 @@ class Step:
         self.covering_plans = covering(config.sampling, config.logit_processors)
         self.gated = drafter.gated(config)
         # The depth a stream starts at where no other depth's graph is made, and `warmup()`'s: K, or an adaptive tree
-        # step's chain of depth S on a CPU (`fdecode.tree.shape.first_depth`: one of `depths`).
+        # step's chain of depth S (`fdecode.tree.shape.first_depth`: one of `depths`).
         self.first_depth = first_depth(config)
         self._models = (target, draft, config)  # what priming and prefill take first
 
@@ -159,7 +159,7 @@ class Step:
         with); returns `compile_seconds` (per window, summed over plans). plans: None is `covering_plans`, after
         which no mix of requests compiles anything; `step.plans` makes the specialised graphs too, which every
         batch then runs where they are exact. depths: None is `first_depth` (K, or an adaptive tree step's chain of
-        depth S on a CPU), and 0 too for a `gated` step. progress: a tqdm bar over the runs (None:
+        depth S), and 0 too for a `gated` step. progress: a tqdm bar over the runs (None:
         `graph_set.announce`; never for eager). Each depth's step is then timed at the widest window
         (`Schedule.warmup_runs`, `fdecode.graphs.warmup`): the costs an `Engine` with `adaptive_depth` weighs depths
         by go in `depth_seconds` (where a depth was timed before, the least).

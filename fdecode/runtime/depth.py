@@ -102,7 +102,7 @@ class DepthController:
     nodes at S = 4 committed 1.14x the chain's tokens per verify on the real pair), a smaller tree's in
     proportion to its nodes past S, and each following its verified trees' tokens over that chain's (a tree
     teaches its gain, not the rate). A launch where no depth's graph is made (a window and plan's first, whose
-    graph it makes) takes `first`: K by default, a tree step's chain of depth S on a CPU (`Step.first_depth`)."""
+    graph it makes) takes `first`: K by default, an adaptive tree step's chain of depth S (`Step.first_depth`)."""
 
     reads_ready = True  # `launch` chooses among the depths whose graphs are made
 

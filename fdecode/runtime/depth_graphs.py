@@ -3,8 +3,8 @@ the idle draft").
 
 An adaptive Engine launches only depths whose graphs are made (`Schedule.ready_depths`). On the plain path
 (`fdecode.compile`, then `fdecode.generate` or an Engine, no `warmup(depths=...)` call) the first launch of a
-window and plan makes the graph of the step's `first_depth` alone (K, or a tree step's chain of depth S on a
-CPU); right after it, `DepthGraphs.after_launch` asks for the graphs of the step's other depths of that window
+window and plan makes the graph of the step's `first_depth` alone (K, or an adaptive tree step's chain of depth
+S); right after it, `DepthGraphs.after_launch` asks for the graphs of the step's other depths of that window
 and plan, made on a thread of their own (`fdecode.graphs.background`), so no stream waits for them: the steps
 run at that first depth until another depth's graph joins, and the controller may choose it from the next
 launch. Order: the catch-up graph and depth 0 first (depth 0 is the target alone, what a stream whose drafts
@@ -12,7 +12,7 @@ fail runs best at; the catch-up graph before it, which every other depth runs on
 the middle depths from K / 2 outwards, K last where the first launch did not make it.
 
 Random plans are left at the first depth: a seeded random lane's draws depend on the depths its steps verify, so
-random lanes run the step's `first_depth` (K, or a CPU tree step's chain of depth S) unless `warmup(depths=...)` made
+random lanes run the step's `first_depth` (K, or an adaptive tree step's chain of depth S) unless `warmup(depths=...)` made
 others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either (`STATIC_KV` backends: a
 graph replays at the KV addresses it was captured at, and the steps own the pools), nor where the steps' graphs are
 Dynamo-wrapped functions (the disk store turned off, `aot_eager`, `dynamo`: one called during a background trace would

@@ -59,11 +59,11 @@ def tree_depths(cfg) -> tuple[int, ...]:
 
 def first_depth(cfg) -> int:
     """The depth a step starts at where no other depth's graph is made (`Step.first_depth`): K, except an adaptive
-    tree on a CPU, where the chain of depth S. A CPU charges for each row, so a tree step costs more than its
-    chain's, by more than the tree adds on the real pair (docs/design.md, "Trees"): an Engine starts at the chain
-    and weighs the tree once its graph is made (in the background). An accelerator reads the weights once for
-    either: the tree first; and with `adaptive_depth=False` every step is the tree."""
-    return cfg.levels if cfg.tree and cfg.adaptive_depth and cfg.device_type == "cpu" else cfg.K
+    tree, which starts at its chain of depth S, the step a chain config of S runs, and weighs the tree once its
+    graph is made (in the background) and timed. A CPU charges for each row, so there a tree step costs more than
+    its chain's, by more than the tree adds on the real pair (docs/design.md, "Trees"); an accelerator has not
+    been measured: its first stream is the chain's too. With `adaptive_depth=False` every step is the tree."""
+    return cfg.levels if cfg.tree and cfg.adaptive_depth else cfg.K
 
 
 def check_tree_shape(cfg) -> None:
