@@ -91,8 +91,12 @@ class DecodeConfig:
     # Draft trees (`fdecode.tree`, docs/design.md "Trees"): k children kept per expanded node, S draft levels
     # (None: num_draft_tokens). k = 1 with S = num_draft_tokens is the chain; k > 1 drafts a tree of
     # num_draft_tokens nodes over S < num_draft_tokens levels, the best of the k + (S - 1) k^2 candidates by path
-    # probability (EAGLE-2).
-    draft_topk: int = 1
+    # probability (EAGLE-2). "auto": `fdecode.compile` chooses (`fdecode.tree.auto`; `step.config` holds the
+    # choice, `step.shape_reason` says why): on an accelerator, with adaptive_depth, a tree as deep as
+    # num_draft_tokens of 3x its nodes (k = 3), whose chains of 1 .. K the Engine weighs against the trees; on a
+    # CPU (which pays for every row a verify runs), or where no tree can run, the chain of num_draft_tokens.
+    # Until then the config is that chain.
+    draft_topk: int | str = "auto"
     draft_depth: int | None = None
     # Paged-attention kernel: "auto" (the best eligible one, see `fdecode.graphs.backends.choose_attention`),
     # "torch" (the reference), "flash_attn" (CUDA) or "npu_fused_infer_attention" (Ascend NPU).
@@ -162,7 +166,7 @@ class DecodeConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"DecodeConfig.{name} must be an int >= 0, got {value!r}")
         check_tree_shape(self)
-        if self.draft_topk == 1 and self.draft_depth == self.num_draft_tokens:  # the chain, spelled out
+        if self.draft_topk in (1, "auto") and self.draft_depth == self.num_draft_tokens:  # the chain, spelled out
             object.__setattr__(self, "draft_depth", None)
         if not isinstance(self.dynamic_window, bool):
             raise ValueError(f"DecodeConfig.dynamic_window must be True or False, got {self.dynamic_window!r}")
@@ -245,8 +249,9 @@ class DecodeConfig:
 
     @property
     def tree(self) -> bool:
-        """Whether the step drafts and verifies a tree (`draft_topk` > 1) rather than a chain."""
-        return self.draft_topk > 1
+        """Whether the step drafts and verifies a tree (`draft_topk` > 1) rather than a chain ("auto" is the chain
+        until `fdecode.compile` resolves it)."""
+        return self.draft_topk != "auto" and self.draft_topk > 1
 
     @property
     def levels(self) -> int:

@@ -9,7 +9,7 @@ import argparse
 
 def add_draft_flags(parser: argparse.ArgumentParser) -> None:
     """-k / --num-draft-tokens, --draft-topk, --draft-depth and --[no-]adaptive-depth, with `DecodeConfig`'s
-    defaults (a chain of 3, adaptive)."""
+    defaults (K = 3, draft_topk "auto": the chain of 3 on a CPU; adaptive)."""
     parser.add_argument(
         "-k",
         "--num-draft-tokens",
@@ -19,9 +19,10 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-topk",
-        type=int,
-        default=1,
-        help="children kept per drafted node; > 1 drafts a tree of K nodes (default: %(default)s, a chain)",
+        type=topk,
+        default="auto",
+        help="children kept per drafted node; > 1 drafts a tree of K nodes; auto: on an accelerator a tree of 3K "
+        "nodes over K levels (k = 3) beside the chains, on a CPU the chain of K (default: %(default)s)",
     )
     parser.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1")
     parser.add_argument(
@@ -34,7 +35,17 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def draft_settings(args: argparse.Namespace) -> dict[str, int | None]:
+def topk(text: str) -> int | str:
+    """--draft-topk's value: "auto" or an int (`DecodeConfig` checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int, got {text!r}") from None
+
+
+def draft_settings(args: argparse.Namespace) -> dict[str, int | str | None]:
     """The `DecodeConfig` fields the flags set, as keywords (for `DecodeConfig` and `fdecode.serve.load`), so a
     flag added here reaches both commands."""
     return dict(

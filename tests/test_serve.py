@@ -116,10 +116,17 @@ def test_serve_passes_the_draft_flags_to_the_config(monkeypatch, capsys):
     monkeypatch.setattr(fdecode.serve, "load", refuse)
     assert cli.main(["-k", "6", "--draft-topk", "2", "--draft-depth", "3", "--no-adaptive-depth"]) == 2
     assert cli.main(["-k", "4"]) == 2
+    assert cli.main(["-k", "4", "--draft-topk", "1"]) == 2
     assert "stopped before loading" in capsys.readouterr().err
-    tree, chain = ({f: c[f] for f in ("num_draft_tokens", "draft_topk", "draft_depth", "adaptive_depth")} for c in seen)
+    with pytest.raises(SystemExit, match="2"):  # argparse refuses it
+        cli.main(["--draft-topk", "wide"])
+    assert "expected 'auto' or an int, got 'wide'" in capsys.readouterr().err
+    tree, auto, chain = (
+        {f: c[f] for f in ("num_draft_tokens", "draft_topk", "draft_depth", "adaptive_depth")} for c in seen
+    )
     assert tree == dict(num_draft_tokens=6, draft_topk=2, draft_depth=3, adaptive_depth=False)
-    assert chain == dict(num_draft_tokens=4, draft_topk=1, draft_depth=None, adaptive_depth=True)
+    assert auto == dict(num_draft_tokens=4, draft_topk="auto", draft_depth=None, adaptive_depth=True)
+    assert chain == dict(auto, draft_topk=1)
 
 
 @pytest.mark.parametrize("stream", [False, True])

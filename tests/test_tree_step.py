@@ -44,7 +44,7 @@ def vars_of(cfg: fdecode.DecodeConfig) -> dict:
 
 
 def test_the_chain_spelled_out_is_the_chain():
-    chain = fdecode.DecodeConfig(num_draft_tokens=3, max_batch=2, max_seq_len=32)
+    chain = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=1, max_batch=2, max_seq_len=32)
     spelled = fdecode.DecodeConfig(num_draft_tokens=3, draft_topk=1, draft_depth=3, max_batch=2, max_seq_len=32)
     assert spelled == chain and hash(spelled) == hash(chain) and not spelled.tree and spelled.levels == 3
     tree = fdecode.DecodeConfig(num_draft_tokens=6, draft_topk=2, draft_depth=3, max_batch=2, max_seq_len=32)
@@ -57,7 +57,7 @@ def test_the_chain_spelled_out_is_the_chain():
         (4, 1, 2, "draft_topk=1 is the chain"),  # k = 1 makes S nodes
         (11, 2, 3, "at most 10 nodes"),  # 2 + 2 * 4
         (3, 2, 4, "at least one node a level"),
-        (3, 0, 2, "draft_topk must be a positive int"),
+        (3, 0, 2, "draft_topk must be 'auto' or a positive int"),
         (3, 2, 0, "draft_depth must be a positive int"),
         (4, 2, None, "needs draft_depth < num_draft_tokens"),  # S = N levels hold the chain alone
         (4, 3, 4, "needs draft_depth < num_draft_tokens"),

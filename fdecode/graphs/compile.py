@@ -36,6 +36,7 @@ from fdecode.progress import notice
 from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, StepOutput
 from fdecode.step import general_plan
+from fdecode.tree.auto import auto_shape
 from fdecode.tree.shape import check_tree, first_depth
 
 
@@ -44,7 +45,8 @@ class Step:
 
     Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (`fdecode.drafts`), `draft_kind`
     ("mtp", "ngram" or "model"), `config`, `backend` (what runs) and `fallback_reason` (why not the requested one),
-    `attention_reason` (why `config.attention` is not a device kernel / the requested one), `buckets` (attention
+    `attention_reason` (why `config.attention` is not a device kernel / the requested one), `shape_reason` (the
+    chain or tree `draft_topk="auto"` chose, and why; None where the config named k), `buckets` (attention
     windows in tokens), `plans` (the sampling plans it can run), `covering_plans` (`warmup()`'s default: exact for
     any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay, `fdecode.runtime.gate`), `first_depth`
     (the depth a stream starts at, `warmup()`'s default: K, or an adaptive tree step's chain of depth S),
@@ -69,6 +71,7 @@ class Step:
         backend: str,
         fallback_reason: str | None,
         attention_reason: str | None = None,
+        shape_reason: str | None = None,
         announce: bool = True,
     ):
         self.target = target
@@ -79,6 +82,7 @@ class Step:
         self.backend = backend
         self.fallback_reason = fallback_reason
         self.attention_reason = attention_reason
+        self.shape_reason = shape_reason
         # Default seeds of requests that give none, the same on every tensor-parallel rank.
         self.seeds = SeedSource(getattr(target, "tp", None), config.device)
         self.graph_set = GraphSet(target, draft, config, backend=backend, announce=announce)
@@ -242,9 +246,10 @@ class Step:
     def __repr__(self) -> str:
         cfg, t = self.config, self.target.config
         fallback = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
+        tree = f" (a tree: k={cfg.draft_topk}, S={cfg.levels})" if cfg.tree else ""
         return (
             f"Step(backend={self.backend!r}{fallback}, target={t.model_type} {t.num_layers}L/{t.hidden_size}H, "
-            f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
+            f"draft={self.draft_kind}, attention={cfg.attention!r}, K={cfg.K}{tree}, max_batch={cfg.max_batch}, max_seq_len={cfg.max_seq_len}, "
             f"block_size={cfg.block_size}, dtype={cfg.dtype}, device={cfg.device}"
             f"{f', tp={cfg.tp_size}' if cfg.tp_size > 1 else ''}"
             f"{f', packed weights: {self.packing}' if self.packing is not None else ''})"
@@ -293,6 +298,7 @@ def compile(
     latent = latent_reason(target_model, draft_model)  # an MLA latent cache: the reference reads it
     kernel, attention_reason = choose_attention(config, shapes, fallback=fallback, latent=latent)
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
+    config, shape_reason = auto_shape(target_model, draft_model, drafter, config)  # draft_topk "auto"
     check_tree(target_model, draft_model, drafter, config)  # a tree these models or features cannot run
     regions = resolve_regions(config.layer_regions, target_model, draft_model, drafter, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
@@ -316,6 +322,7 @@ def compile(
         backend=backend,
         fallback_reason=reason,
         attention_reason=attention_reason,
+        shape_reason=shape_reason,
         announce=announce,
     )
     step.packing = packing  # `repr(step)` shows it

@@ -1,6 +1,7 @@
 """Draft trees in the one step graph (docs/design.md, "Trees").
 
 - `shape`: the tree a `DecodeConfig` asks for (`draft_topk`, `draft_depth`) and what refuses it;
+- `auto`: what the default, `draft_topk="auto"`, resolves to (a tree on an accelerator, the chain on a CPU);
 - `draft`: a draft LM drafting a tree level by level, keeping the N best nodes by path probability;
 - `draft_state`: a recurrent (hybrid) draft LM's state, committed through the root and branched per node;
 - `processing`: the request features per node (each row after its own path: penalties, min_tokens, grammars);

@@ -69,8 +69,16 @@ def first_depth(cfg) -> int:
 def check_tree_shape(cfg) -> None:
     """Raise ValueError for `draft_topk` / `draft_depth` that make no tree of `num_draft_tokens` nodes."""
     n, k, s = cfg.num_draft_tokens, cfg.draft_topk, cfg.draft_depth
+    if k == "auto":  # `fdecode.tree.auto` chooses the levels too: a chain of n, or a tree as deep
+        if s is not None and s != n:
+            raise ValueError(
+                f"DecodeConfig(num_draft_tokens={n}, draft_depth={s}) with draft_topk='auto' (the default): "
+                f"draft_depth shapes a tree whose children per node you name; set draft_topk > 1 (e.g. "
+                f"draft_topk=3) for a tree of {n} nodes over {s} levels, or leave draft_depth unset"
+            )
+        return
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"DecodeConfig.draft_topk must be a positive int, got {k!r}")
+        raise ValueError(f"DecodeConfig.draft_topk must be 'auto' or a positive int, got {k!r}")
     if s is None:
         s = n
     elif isinstance(s, bool) or not isinstance(s, int) or s < 1:
