@@ -93,7 +93,7 @@ class DecodeConfig:
     # num_draft_tokens nodes over S < num_draft_tokens levels, the best of the k + (S - 1) k^2 candidates by path
     # probability (EAGLE-2). "auto": `fdecode.compile` chooses (`fdecode.tree.auto`; `step.config` holds the
     # choice, `step.shape_reason` says why): on an accelerator, with adaptive_depth, a tree as deep as
-    # num_draft_tokens of 3x its nodes (k = 3), whose chains of 1 .. K the Engine weighs against the trees; on a
+    # num_draft_tokens of 4x its nodes (k = 4), whose chains of 1 .. K the Engine weighs against the trees; on a
     # CPU (which pays for every row a verify runs), or where no tree can run, the chain of num_draft_tokens.
     # Until then the config is that chain.
     draft_topk: int | str = "auto"

@@ -21,8 +21,8 @@ def add_draft_flags(parser: argparse.ArgumentParser) -> None:
         "--draft-topk",
         type=topk,
         default="auto",
-        help="children kept per drafted node; > 1 drafts a tree of K nodes; auto: on an accelerator a tree of 3K "
-        "nodes over K levels (k = 3) beside the chains, on a CPU the chain of K (default: %(default)s)",
+        help="children kept per drafted node; > 1 drafts a tree of K nodes; auto: on an accelerator a tree of 4K "
+        "nodes over K levels (k = 4) beside the chains, on a CPU the chain of K (default: %(default)s)",
     )
     parser.add_argument("--draft-depth", type=int, help="a tree's draft levels, S < K, needed with --draft-topk > 1")
     parser.add_argument(

@@ -1,5 +1,5 @@
 """`DecodeConfig(draft_topk="auto")`, the default (`fdecode.tree.auto`): the chain of K on a CPU, without a depth
-controller, or where no tree can run; on an accelerator a tree of 3K nodes over K levels (k = 3) whose step also
+controller, or where no tree can run; on an accelerator a tree of 4K nodes over K levels (k = 4) whose step also
 runs the chains of 1 .. K, starting at the chain of K."""
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def pair():
     return target, draft, drafter_for(draft)
 
 
-@pytest.mark.parametrize(("k", "nodes"), [(4, 12), (2, 6), (1, 3)])
-def test_on_an_accelerator_auto_is_a_tree_of_3k_nodes_over_k_levels(pair, k, nodes):
+@pytest.mark.parametrize(("k", "nodes"), [(4, 16), (2, 8), (1, 4)])
+def test_on_an_accelerator_auto_is_a_tree_of_4k_nodes_over_k_levels(pair, k, nodes):
     cfg, reason = auto_shape(*pair, config(k, device="cuda"))
-    assert (cfg.num_draft_tokens, cfg.draft_topk, cfg.levels) == (nodes, 3, k)
+    assert (cfg.num_draft_tokens, cfg.draft_topk, cfg.levels) == (nodes, 4, k)
     assert first_depth(cfg) == k  # the chain a chain config of K runs first, the trees once measured
     assert f"a tree of {nodes} nodes over {k} levels" in reason and "on cuda" in reason
 
@@ -71,14 +71,14 @@ def test_compile_resolves_auto_and_says_why(pair):
 
 
 def test_the_tree_auto_chooses_on_an_accelerator_runs_losslessly_among_the_chains(pair):
-    """The accelerator's default, run here on the CPU: its depths are the chains 0 .. K and trees of 8 and 12
+    """The accelerator's default, run here on the CPU: its depths are the chains 0 .. K and trees of 10 and 16
     nodes, its first stream the chain of K, and greedy lanes commit transformers' tokens at every depth."""
     target, draft, drafter = pair
     tree, _ = auto_shape(target, draft, drafter, config(device="cuda", backend="eager"))
     step = fdecode.compile(target, draft, dataclasses.replace(tree, device="cpu"))
-    assert step.depths == (0, 1, 2, 3, 4, 8, 12) and step.first_depth == 4 and step.shape_reason is None
-    assert "a tree: k=3, S=4" in repr(step)
-    schedule = [12, 1, 8, 4, 0, 12, 3, 2, 8, 12]
+    assert step.depths == (0, 1, 2, 3, 4, 10, 16) and step.first_depth == 4 and step.shape_reason is None
+    assert "a tree: k=4, S=4" in repr(step)
+    schedule = [16, 1, 10, 4, 0, 16, 3, 2, 10, 16]
     state = step.prefill(PROMPTS, max_new_tokens=NEW)
     outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
     longest = 0
