@@ -93,8 +93,8 @@ SECTIONS = (
         "avx512",
         "2026-12-04",
         ("qwen_coder_b4.json",),
-        "Four prompts at once, 64 tokens each, one run (no spread); every lane's tokens equal that prompt's "
-        "batch-1 tokens, and transformers' padded batch equals them too.",
+        "Four prompts, 64 tokens each, one run (no spread); each lane's tokens equal its batch-1 tokens and "
+        "transformers'.",
         batch_body,
     ),
     Section(
@@ -193,12 +193,13 @@ SECTIONS = (
     Section(
         "Draft trees: tokens per verify on the real pair",
         "python bench/tree_acceptance.py --json bench/results/tree_acceptance_pair.json; python "
-        "bench/tree_acceptance.py --new-tokens 256 --shapes 4:1:4 8:3:4 12:3:4 --json "
+        "bench/tree_acceptance.py --new-tokens 256 --shapes 4:1:4 8:3:4 12:3:4 16:3:4 16:4:4 --json "
         "bench/results/tree_acceptance_pair_256.json",
         "avx2",
         "2026-12-06",
         ("tree_acceptance_pair.json", "tree_acceptance_pair_256.json"),
-        "Greedy, the chat prompts' mean, each step at its full depth (eager): tokens per verify against the chain.",
+        "Greedy, the prompts' mean, every step at full depth (eager): tokens per verify; 16:4:4 is "
+        '`draft_topk="auto"` on a GPU.',
         partial(t.tree_acceptance, "tree_acceptance_pair.json", "tree_acceptance_pair_256.json"),
     ),
     Section(
