@@ -1,15 +1,15 @@
 """The draft shape `DecodeConfig(draft_topk="auto")`, the default, resolves to at `fdecode.compile` (docs/design.md,
 "Trees", "The default shape").
 
-A tree pays where a verify of 4K rows costs about what one of K + 1 does: on an accelerator, which reads the
-weights once for every row. There the default drafts a tree as deep as the K asked for, of 4K nodes (k = 4,
-S = K: on the real Qwen2.5-Coder pair the best tree measured at S = 4, 16 nodes at k = 4, committed 1.23x the
-chain's tokens per verify over 256 tokens, 12 nodes at k = 3 1.18x); its step also runs the chains of 1 .. K and
-a tree of (K + 4K) // 2 nodes (`fdecode.tree.shape.tree_depths`), and the Engine's depth controller chooses among
-them by measured cost and acceptance, starting at the chain of K (`first_depth`). A CPU pays for every row: on
-this project's CPU a tree of 6 or 8 nodes cost 1.13-1.43x the chain of 4 for 1.05-1.14x its tokens, and the
-16-node tree 1.54x for 1.16x (0.75x the tokens per second), so the default there is the chain of K, as it is where a step verifies the whole window at every step
-(`adaptive_depth=False`: no controller weighs the tree) or where no tree can run
+A tree pays where a verify of 4K rows costs about what one of K + 1 does: on an accelerator, which reads the weights
+once for every row. There the default drafts a tree as deep as the K asked for, of 4K nodes (k = 4, S = K: on the
+real Qwen2.5-Coder pair the best tree measured at S = 4, 16 nodes at k = 4, committed 1.23x the chain's tokens per
+verify over 256 tokens, 12 nodes at k = 3 1.18x); its step also runs the chains of 1 .. K and a tree of (K + 4K) //
+2 nodes (`fdecode.tree.shape.tree_depths`), and the Engine's depth controller chooses among them by measured cost
+and acceptance, starting at the chain of K (`first_depth`). A CPU pays for every row: on this project's CPU a tree
+of 6 or 8 nodes cost 1.13-1.43x the chain of 4 for 1.05-1.14x its tokens, and the 16-node tree 1.54x for 1.16x
+(0.75x the tokens per second), so the default there is the chain of K, as it is where a step verifies the whole
+window at every step (`adaptive_depth=False`: no controller weighs the tree) or where no tree can run
 (`fdecode.tree.shape.tree_reason`).
 """
 
