@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 from support.llama_models import fdecode_target, hf_greedy, independent_draft
-from support.runs import NEW, PROMPTS
+from support.runs import NEW, PROMPTS, over_depths
 
 import fdecode
 from fdecode.drafts import drafter_for
@@ -79,15 +79,6 @@ def test_the_tree_auto_chooses_on_an_accelerator_runs_losslessly_among_the_chain
     assert step.depths == (0, 1, 2, 3, 4, 10, 16) and step.first_depth == 4 and step.shape_reason is None
     assert "a tree: k=4, S=4" in repr(step)
     schedule = [16, 1, 10, 4, 0, 16, 3, 2, 10, 16]
-    state = step.prefill(PROMPTS, max_new_tokens=NEW)
-    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
-    longest = 0
-    for i in range(60):
-        if bool(state.step_output.finished[: len(PROMPTS)].all()):
-            break
-        state, out = step(state, depth=schedule[i % len(schedule)])
-        for lane in range(len(PROMPTS)):
-            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
-        longest = max(longest, int(out.num_tokens.max()))
+    outs, longest = over_depths(step, step.prefill(PROMPTS, max_new_tokens=NEW), schedule, len(PROMPTS))
     assert outs == [hf_greedy(prompt, NEW) for prompt in PROMPTS]
     assert longest >= 3  # drafts were accepted, not only the target's own token

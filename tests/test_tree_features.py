@@ -18,6 +18,7 @@ from support.deepseek_models import compiled, deepseek_target, hf_deepseek
 from support.hand_grammar import HandGrammar, parity
 from support.llama_models import VOCAB, draft_of, fdecode_target
 from support.processor_oracle import TINY_REQUEST, hf_processed, reference_next
+from support.runs import over_depths
 from support.stats import ALPHA, chi2_pvalue
 from support.tiny_vocab import PROMPT, V, tiny_draft, tiny_target
 
@@ -348,12 +349,5 @@ def test_tree_steps_at_every_depth_with_processors_equal_transformers(step):
     ]
     # tree -> chain -> tree, the 4-node tree between, each depth after each
     schedule = [6, 1, 6, 3, 0, 2, 6, 6, 2, 1, 3, 0, 3, 6, 4, 6, 4, 4, 0, 4, 2, 4, 1, 4, 3]
-    state = step.prefill([list(p) for p in PROMPTS], params=params)
-    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]
-    for i in range(60):
-        if bool(state.step_output.finished[: len(PROMPTS)].all()):
-            break
-        state, out = step(state, depth=schedule[i % len(schedule)])
-        for lane in range(len(PROMPTS)):
-            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+    outs, _ = over_depths(step, step.prefill([list(p) for p in PROMPTS], params=params), schedule, len(PROMPTS))
     assert outs == [hf_processed(p, r, NEW, eos=EOS)[0] for p, r in zip(PROMPTS, params)]

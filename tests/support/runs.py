@@ -34,6 +34,21 @@ def run(step, prompts=PROMPTS, max_new_tokens=NEW, eos=None, **sampling):
         from_step = True
 
 
+def over_depths(step, state, schedule, lanes: int, steps: int = 60):
+    """Step `state` at the depths of `schedule` in turn (cycled) until its first `lanes` lanes finish: each lane's
+    tokens (the prefill's first, then every step's) and the most tokens a lane committed in one step."""
+    outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(lanes)]
+    longest = 0
+    for i in range(steps):
+        if bool(state.step_output.finished[:lanes].all()):
+            break
+        state, out = step(state, depth=schedule[i % len(schedule)])
+        for lane in range(lanes):
+            outs[lane] += out.tokens[lane, : int(out.num_tokens[lane])].tolist()
+        longest = max(longest, int(out.num_tokens[:lanes].max()))
+    return outs, longest
+
+
 def build(kind: str, draft_kind: str, k: int, backend: str = "eager", **changes):
     layers = 1 if (draft_kind == "mtp" and kind == "self") else 2
     target = fdecode_target(layers)
