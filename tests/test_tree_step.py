@@ -105,6 +105,10 @@ def test_a_tree_steps_chains_run_on_its_kernel_and_its_trees_on_the_reference(mo
     monkeypatch.setattr(attention, "paged_attention_reference", counted)
     step = tree_step("partial", 6, 2, 3, attention="flash_attn")
     assert step.config.attention == "flash_attn"
+    assert step.attention_reason == (
+        "flash_attn takes no tree mask: the trees' forwards (depths 4 and 6) run the reference, 'torch'"
+    )
+    assert tree_step("partial", 6, 2, 3).attention_reason is None  # the reference everywhere: nothing to say
     schedule = [6, 1, 6, 3, 0, 2, 6, 4, 2, 1, 3, 0, 3, 6, 4]
     state = step.prefill(PROMPTS, max_new_tokens=NEW)
     outs = [state.step_output.tokens[lane, :1].tolist() for lane in range(len(PROMPTS))]

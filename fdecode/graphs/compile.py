@@ -37,7 +37,7 @@ from fdecode.seeds import SeedSource
 from fdecode.state import DecodeState, StepOutput
 from fdecode.step import general_plan
 from fdecode.tree.auto import auto_shape
-from fdecode.tree.shape import check_tree, first_depth
+from fdecode.tree.shape import check_tree, first_depth, kernel_reason
 
 
 class Step:
@@ -45,7 +45,8 @@ class Step:
 
     Attributes: `target`, `draft` (fdecode models, or an `NgramDraft`), `drafter` (`fdecode.drafts`), `draft_kind`
     ("mtp", "ngram" or "model"), `config`, `backend` (what runs) and `fallback_reason` (why not the requested one),
-    `attention_reason` (why `config.attention` is not a device kernel / the requested one), `shape_reason` (the
+    `attention_reason` (why `config.attention` is not a device kernel / the requested one, or runs a tree step's chains
+    alone), `shape_reason` (the
     chain or tree `draft_topk="auto"` chose, and why; None where the config named k), `buckets` (attention
     windows in tokens), `plans` (the sampling plans it can run), `covering_plans` (`warmup()`'s default: exact for
     any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay, `fdecode.runtime.gate`), `first_depth`
@@ -300,6 +301,8 @@ def compile(
     config = dataclasses.replace(config, attention=kernel)  # before the backend: torchair's GE mode depends on it
     config, shape_reason = auto_shape(target_model, draft_model, drafter, config)  # draft_topk "auto"
     check_tree(target_model, draft_model, drafter, config)  # a tree these models or features cannot run
+    tree_kernel = kernel_reason(config)  # a device kernel runs a tree step's chains alone
+    attention_reason = "; ".join(r for r in (attention_reason, tree_kernel) if r) or None
     regions = resolve_regions(config.layer_regions, target_model, draft_model, drafter, config.K)
     config = dataclasses.replace(config, layer_regions=regions)  # "auto": by the layer copies of a step
     config, backend, reason = resolve_backend(config, target_model, draft_model, drafter, fallback=fallback)

@@ -129,6 +129,17 @@ def tree_reason(target, draft, drafter, cfg) -> str | None:
     return None
 
 
+def kernel_reason(cfg) -> str | None:
+    """Why a tree step's trees do not run on its device attention kernel (`step.attention_reason`; None for a
+    chain or the reference): a device kernel reads keys by position, and only the reference takes a tree mask, so
+    the forwards over tree nodes run the reference while the chains run the kernel
+    (`fdecode.ops.attention.paged_context`)."""
+    if not cfg.tree or cfg.attention == "torch":
+        return None
+    depths = " and ".join(str(d) for d in tree_sizes(cfg))
+    return f"{cfg.attention} takes no tree mask: the trees' forwards (depths {depths}) run the reference, 'torch'"
+
+
 def check_tree(target, draft, drafter, cfg) -> None:
     """Raise ValueError where `tree_reason` names one (before anything compiles)."""
     reason = tree_reason(target, draft, drafter, cfg)
