@@ -60,13 +60,13 @@ case "$stage" in
     ;;
   trees)  # trees against chains on the GPU, where a verify of 8-16 rows should cost about what 4 rows do
     for model in bundled-mtp bundled-draft; do
-      "$python3" bench/tree_speed.py --model "$model" --device cuda --shapes 3:1:3 6:2:3 8:3:3 4:1:4 8:3:4 12:3:4 \
+      "$python3" bench/tree_speed.py --model "$model" --device cuda --shapes 3:1:3 6:2:3 8:3:3 4:1:4 8:3:4 12:3:4 16:4:4 \
         2>&1 | tee "$out/gpu-trees-$model.log"
       # the adaptive Engines of the chain (draft_topk=1) and of the tree draft_topk="auto" makes of K = 4 on an
-      # accelerator (12:3:4, which chooses among both: fdecode/tree/auto.py), B = 1 and B = 4
+      # accelerator (16:4:4, which chooses among both: fdecode/tree/auto.py), B = 1 and B = 4
       for batch in 1 4; do
         "$python3" bench/tree_speed.py --model "$model" --device cuda --engine-only --batch "$batch" \
-          --shapes 4:1:4 12:3:4 2>&1 | tee "$out/gpu-trees-engine-$model-b$batch.log"
+          --shapes 4:1:4 16:4:4 2>&1 | tee "$out/gpu-trees-engine-$model-b$batch.log"
       done
     done
     ;;
