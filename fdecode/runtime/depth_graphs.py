@@ -12,8 +12,8 @@ fail runs best at; the catch-up graph before it, which every other depth runs on
 the middle depths from K / 2 outwards, K last where the first launch did not make it.
 
 Random plans are left at the first depth: a seeded random lane's draws depend on the depths its steps verify, so
-random lanes run the step's `first_depth` (K, or an adaptive tree step's chain of depth S) unless `warmup(depths=...)` made
-others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either (`STATIC_KV` backends: a
+random lanes run the step's `first_depth` (K, or an adaptive tree step's chain of depth S) unless
+`warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either (`STATIC_KV` backends: a
 graph replays at the KV addresses it was captured at, and the steps own the pools), nor where the steps' graphs are
 Dynamo-wrapped functions (the disk store turned off, `aot_eager`, `dynamo`: one called during a background trace would
 run as plain PyTorch), nor on tensor-parallel ranks (each would make its graphs at its own pace, and the ranks must
