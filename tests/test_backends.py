@@ -181,6 +181,9 @@ def test_torchair_ge_eligibility(fake_npu, monkeypatch, tmp_path):
     assert "% 32 == 0" in eligible("torchair", ge, target=weightless(40))
     # With the kernel installed, the GE mode takes both the greedy-only and the sampling step (nothing blocks).
     assert eligible("torchair", ge, target=weightless(48)) is None
+    # ... but not a tree step: its trees' forwards and its prepare op have no GE converter.
+    tree = dataclasses.replace(ge, num_draft_tokens=4, draft_topk=2, draft_depth=2)
+    assert "GE mode cannot capture a tree step" in eligible("torchair", tree, target=weightless(48))
     sampling = dataclasses.replace(ge, sampling=True)
     assert eligible("torchair", sampling, target=weightless(48)) is None
     # Were the step to contain an unconvertible op again, GE would be refused with its name.

@@ -377,6 +377,8 @@ def test_tree_step_is_one_graph_without_host_syncs(plan):
     report = fdecode.inspect(step, state, plan=plan)
     assert (report.graph_count, report.graph_break_count, report.host_syncs) == (1, 0, [])
     assert report.op_counts.get("aten::index_copy_", 0) + report.op_counts.get("aten::index_copy", 0) >= 1
+    assert report.op_counts["fdecode::prepare_tree_draft"] == 1  # the draft's first rows: one fused node
+    assert report.op_counts.get("fdecode::prepare_next_draft", 0) == 0
 
 
 @pytest.mark.slow  # 64 lanes x 40 batches of the eager tree step

@@ -149,6 +149,11 @@ def ge_reason(cfg: DecodeConfig, *, hidden_size: int) -> str | None:
             f"GE mode needs the NPU attention kernel (attention='npu_fused_infer_attention', which needs float16/"
             f"bfloat16 and block_size 128..512), the step's attention is {cfg.attention!r}"
         )
+    if cfg.tree:
+        return (
+            "GE mode cannot capture a tree step: its trees' forwards run the reference attention (no GE converter "
+            "takes a tree mask) and its fused prepare op, fdecode::prepare_tree_draft, has no GE converter"
+        )
     entry = installed_kernel()
     if entry is None:
         return (

@@ -37,6 +37,7 @@ from fdecode.drafts.tokens import agreed
 from fdecode.ops.attention import TreeRows
 from fdecode.ops.catch_up import missed_first
 from fdecode.ops.paging import slot_of
+from fdecode.ops.prepare_tree import prepare_tree_draft
 from fdecode.ops.processors import lane_vectors, processors
 from fdecode.ops.tree import rows_at
 from fdecode.processing import features, processed
@@ -51,15 +52,9 @@ def catch_up_rows(cfg, state, committed, rows: int) -> tuple[torch.Tensor, ...]:
     base_pos + 1 ..; all of it where L <= rows), right-aligned, each row's hidden_in [B, rows, H] and which rows
     are real [B, rows] (the rest pad). hidden_in is the target's hidden at the row before (an MTP head pairs the
     token at p with it; `committed.hidden` row j is the accepted path's node at depth j, which chose accepted[j])."""
-    accepted, length, hidden = committed.accepted, committed.length, committed.hidden
-    index = torch.arange(rows, device=length.device)[None, :] - rows + length[:, None]  # into accepted
-    real = (index >= 0) & (length > 0)[:, None]
-    at = index.clamp(0, accepted.shape[1] - 1)
-    tokens = torch.where(real, accepted.gather(1, at).clamp_min(0), 0)
-    positions = (state.base_pos[:, None] + 1 + index).clamp_min(0)
-    slots = torch.where(real, slot_of(state.block_tables, positions, cfg.block_size), torch.zeros_like(positions))
-    hidden_in = torch.where(real[..., None], rows_at(hidden, at), 0)
-    return tokens, positions, slots, hidden_in, real
+    return prepare_tree_draft(
+        committed.accepted, committed.length, committed.hidden, state.base_pos, state.block_tables, cfg.block_size, rows
+    )  # the fused op (`fdecode.ops.prepare_tree`): one graph node
 
 
 def draft_tree(
