@@ -9,9 +9,8 @@ last `rows` tokens right-aligned, row r standing for run index i = r - rows + L:
     real     i >= 0 and L > 0
 
 A padding row (not real) has token 0, hidden 0 and the scratch slot 0; its position is base_pos[b] + 1 + i
-clamped at 0. After a tree
-the step passes rows = S + 1 (the whole run: a branch's nodes wrote their draft KV to scratch), after a chain depth
-2, as a chain step's repair and current rows. `prepare_tree_draft_reference` is the spec; the registered op runs
+clamped at 0. After a tree the step passes rows = S + 1 (the whole run: a branch's nodes wrote their draft KV to
+scratch), after a chain depth 2, as a chain step's repair and current rows. `prepare_tree_draft_reference` is the spec; the registered op runs
 it, and a CPU step's Inductor pass compiles it into the step's kernels (`fdecode.backends.cpu.prepare`).
 """
 
@@ -20,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from fdecode.ops.paging import slot_of
+from fdecode.ops.tree import rows_at
 
 
 def prepare_tree_draft_reference(
@@ -38,8 +38,7 @@ def prepare_tree_draft_reference(
     tokens = torch.where(real, accepted.gather(1, at).clamp_min(0), 0)
     positions = (base_pos[:, None] + 1 + index).clamp_min(0)
     slots = torch.where(real, slot_of(block_tables, positions, block_size), torch.zeros_like(positions))
-    picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
-    hidden_in = torch.where(real[..., None], picked, 0)
+    hidden_in = torch.where(real[..., None], rows_at(hidden, at), 0)
     return tokens, positions, slots, hidden_in, real
 
 
