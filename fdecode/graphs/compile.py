@@ -48,8 +48,9 @@ class Step:
     `attention_reason` (why `config.attention` is not a device kernel / the requested one, or runs a tree step's
     chains alone), `shape_reason` (the chain or tree `draft_topk="auto"` chose, and why; None where the config named
     k), `buckets` (attention windows in tokens), `plans` (the sampling plans it can run), `covering_plans`
-    (`warmup()`'s default: exact for any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay, `fdecode.runtime.gate`), `first_depth`
-    (the depth a stream starts at, `warmup()`'s default: K, or an adaptive tree step's chain of depth S),
+    (`warmup()`'s default: exact for any lanes), `gated` (an `Engine` pauses verifying drafts that do not pay,
+    `fdecode.runtime.gate`), `first_depth` (the depth a stream starts at, `warmup()`'s default: K, or an adaptive
+    tree step's chain of depth S),
     `seeds`, `fn` (the uncompiled pure function, whole-lane window, exact for any lanes). Its parts: `graph_set`
     (the graphs by `GraphKey`: capture, disk store, announcements; `graphs`, `compile_seconds`,
     `plan_compile_seconds` are its views), `schedule` (which graph runs, from the state's `HostRecord`, never a

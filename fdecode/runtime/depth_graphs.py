@@ -13,12 +13,12 @@ the middle depths from K / 2 outwards, K last where the first launch did not mak
 
 Random plans are left at the first depth: a seeded random lane's draws depend on the depths its steps verify, so
 random lanes run the step's `first_depth` (K, or an adaptive tree step's chain of depth S) unless
-`warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either (`STATIC_KV` backends: a
-graph replays at the KV addresses it was captured at, and the steps own the pools), nor where the steps' graphs are
-Dynamo-wrapped functions (the disk store turned off, `aot_eager`, `dynamo`: one called during a background trace would
-run as plain PyTorch), nor on tensor-parallel ranks (each would make its graphs at its own pace, and the ranks must
-launch the same depths): there `warmup(depths=...)` makes them. Nor with `FDECODE_BACKGROUND_GRAPHS=0`.
-"""
+`warmup(depths=...)` made others (the guarantee `SamplingParams.seed` states). Not under CUDA or ACL graphs either
+(`STATIC_KV` backends: a graph replays at the KV addresses it was captured at, and the steps own the pools), nor
+where the steps' graphs are Dynamo-wrapped functions (the disk store turned off, `aot_eager`, `dynamo`: one called
+during a background trace would run as plain PyTorch), nor on tensor-parallel ranks (each would make its graphs at
+its own pace, and the ranks must launch the same depths): there `warmup(depths=...)` makes them. Nor with
+`FDECODE_BACKGROUND_GRAPHS=0`."""
 
 from __future__ import annotations
 
